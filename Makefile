@@ -1,0 +1,41 @@
+# streamfuzz. Every target bootstraps .venv on first use:
+#  - where a python3 already has torch (a GPU node), the venv reuses it;
+#  - otherwise it installs torch==2.13.0 (the CPU wheel) and the test tools.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BUDGET ?= 60
+EXAMPLES ?= 300
+
+.PHONY: fuzz test replay lint clean
+
+$(VENV)/.ready: pyproject.toml
+	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
+		echo "bootstrap: reusing the torch of $(PYTHON)"; \
+		$(PYTHON) -m venv --system-site-packages $(VENV) && \
+		$(PY) -m pip install -q --no-deps --no-build-isolation -e . ; \
+	else \
+		echo "bootstrap: installing torch==2.13.0 (CPU) and the test tools"; \
+		$(PYTHON) -m venv $(VENV) && \
+		$(PY) -m pip install -q torch==2.13.0 && \
+		$(PY) -m pip install -q -e '.[dev]'; \
+	fi
+	@touch $@
+
+# Every built-in target on --device auto, a bounded time each, then a table.
+# Exit status 1 (failures found and saved) is this command's purpose, not an error.
+fuzz: $(VENV)/.ready
+	@$(PY) -m fuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
+		--report reports/fuzz.json; rc=$$?; test $$rc -le 1
+
+test: $(VENV)/.ready
+	$(PY) -m pytest -n 2 -q
+
+replay: $(VENV)/.ready
+	$(PY) -m fuzz replay corpus
+
+lint: $(VENV)/.ready
+	$(PY) -m ruff check fuzz strategies tests
+
+clean:
+	rm -rf $(VENV) reports .hypothesis .pytest_cache

@@ -1,0 +1,260 @@
+"""``python -m fuzz`` / ``streamfuzz``: run, replay.
+
+Exit status: 0 nothing found (or every replayed entry behaves as recorded),
+1 a failure was found and saved (or a replay disagreed), 2 bad usage or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fuzz import corpus, profiles, targets
+from fuzz.ranks import RankPool, RankStartError, probe_gpus
+
+
+class UsageError(Exception):
+    """Bad usage or configuration: one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        raise UsageError(f"{message} (see --help)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="streamfuzz", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+        q.add_argument("--timeout", type=_seconds, default=60.0,
+                       help="seconds one example may take before it is a hang (default 60)")
+
+    r = sub.add_parser("run", help="fuzz targets; shrunk failures go to the corpus")
+    r.add_argument("--target", action="append", metavar="T",
+                   help="built-in name or package.module:attr; repeatable (default: all built-ins)")
+    common(r)
+    r.add_argument("--world-size", type=_positive, default=None,
+                   help="ranks (default: 2 on cpu, every GPU on cuda)")
+    r.add_argument("--max-examples", type=_positive, default=200)
+    r.add_argument("--budget", type=_seconds, default=None, help="seconds per target")
+    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--corpus", type=Path, default=Path("corpus"))
+    r.add_argument("--report", type=Path, default=None)
+    r.add_argument("--profile", choices=profiles.PROFILES, default="default")
+
+    y = sub.add_parser("replay", help="replay corpus entries as regressions")
+    y.add_argument("paths", nargs="+", type=Path)
+    common(y)
+    y.add_argument("--attempts", type=_positive, default=3,
+                   help="tries for an entry found on a GPU (races need not show at once)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        if args.command == "run":
+            return _run(args)
+        return _replay(args)
+    except UsageError as exc:
+        print(f"streamfuzz: error: {exc}", file=sys.stderr)
+        return 2
+    except (targets.TargetError, corpus.CorpusError, RankStartError) as exc:
+        print(f"streamfuzz: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("streamfuzz: interrupted", file=sys.stderr)
+        return 130
+
+
+def _device(requested: str) -> tuple[str, int]:
+    gpus = probe_gpus() if requested in ("cuda", "auto") else 0
+    if requested == "cuda" and gpus == 0:
+        raise UsageError("--device cuda: no CUDA GPU is visible here")
+    return ("cuda" if gpus else "cpu"), gpus
+
+
+def _world_size(device: str, gpus: int, requested: int | None) -> int:
+    if device == "cpu":
+        return requested or 2
+    size = requested or gpus
+    if size > gpus:
+        raise UsageError(f"--world-size {size} needs {size} GPUs (one per rank; NCCL refuses "
+                         f"two ranks on one GPU) but {gpus} visible")
+    return size
+
+
+def _found_on(pool: RankPool, device: str) -> dict[str, Any]:
+    import hypothesis
+
+    info = pool.info[0] if pool.info else {}
+    return {"torch": info.get("torch"), "device": device, "device_name": info.get("device_name"),
+            "backend": info.get("backend"), "world_size": pool.world_size,
+            "hypothesis": hypothesis.__version__}
+
+
+class _Progress:
+    """A live line on a terminal; silent otherwise."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.tty = sys.stderr.isatty()
+        self.failures = 0
+        self.last = 0.0
+
+    def __call__(self, examples: int, elapsed: float, failed: int) -> None:
+        self.failures += failed
+        now = time.monotonic()
+        if self.tty and now - self.last > 0.2:
+            self.last = now
+            rate = examples / elapsed if elapsed else 0.0
+            sys.stderr.write(f"\r[{self.target}] {examples} examples, {rate:.1f}/s, "
+                             f"{self.failures} failing (shrinking)" if self.failures else
+                             f"\r[{self.target}] {examples} examples, {rate:.1f}/s, 0 failures")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fuzz import driver
+
+    names = args.target or list(targets.BUILTIN)
+    for name in names:
+        targets.check_importable(name)
+    device, gpus = _device(args.device)
+    world = _world_size(device, gpus, args.world_size)
+    settings = profiles.get(args.profile)
+    results = []
+    with RankPool(world, device, timeout=args.timeout) as pool:
+        found_on = _found_on(pool, device)
+        for name in names:
+            progress = _Progress(name)
+            res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
+                              seed=args.seed, budget_s=args.budget, corpus_dir=args.corpus,
+                              found_on=found_on, progress=progress)
+            progress.done()
+            results.append(res)
+            _print_result(res)
+        restarts = pool.restarts
+    _print_table(results, device, world)
+    if args.report:
+        _write_report(args.report, results, device, world, restarts)
+    return 1 if any(r.failure for r in results) else 0
+
+
+def _print_result(res: Any) -> None:
+    if res.failure is None:
+        print(f"{res.target}: clean over {res.examples} examples ({res.elapsed_s:.1f}s)")
+        return
+    flaky = " [flaky: the shrunk case did not fail again]" if res.flaky else ""
+    print(f"{res.target}: FOUND {res.failure.kind} after {res.first_failure_examples} examples "
+          f"({res.first_failure_s:.1f}s){flaky}\n  {res.failure.message}\n"
+          f"  shrunk: {res.scenario.describe()}\n  saved: {res.corpus_path}")
+
+
+def _print_table(results: list, device: str, world: int) -> None:
+    rows = [("target", "result", "examples", "ex/s", "first failure", "seconds", "corpus")]
+    for r in results:
+        first = (f"{r.first_failure_examples} ex / {r.first_failure_s:.1f}s"
+                 if r.failure else "-")
+        rows.append((r.target, r.failure.kind if r.failure else "clean", str(r.examples),
+                     f"{r.examples_per_s:.1f}", first, f"{r.elapsed_s:.1f}",
+                     str(r.corpus_path or "-")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print(f"\nstreamfuzz on {device}, world size {world}:")
+    for row in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _write_report(path: Path, results: list, device: str, world: int, restarts: int) -> None:
+    examples = sum(r.examples for r in results)
+    elapsed = sum(r.elapsed_s for r in results)
+    report = {
+        "target": results[0].target if len(results) == 1 else [r.target for r in results],
+        "device": device, "world_size": world, "examples": examples,
+        "elapsed_s": round(elapsed, 3),
+        "examples_per_s": round(examples / elapsed, 3) if elapsed else 0.0,
+        "rank_restarts": restarts,
+        "failures": [{"target": r.target, "kind": r.failure.kind,
+                      "corpus_path": str(r.corpus_path), "message": r.failure.message,
+                      "flaky": r.flaky} for r in results if r.failure],
+        "targets": [{"target": r.target, "examples": r.examples,
+                     "elapsed_s": round(r.elapsed_s, 3),
+                     "examples_per_s": round(r.examples_per_s, 3),
+                     "first_failure_examples": r.first_failure_examples,
+                     "first_failure_s": r.first_failure_s, "held_by": r.held}
+                    for r in results],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    corpus.write_json_atomic(path, report)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from fuzz import driver
+
+    entries = [corpus.load(p) for p in corpus.discover(args.paths)]
+    if not entries:
+        raise UsageError("no corpus entries (*.json) under the given paths")
+    device, gpus = _device(args.device)
+    bad = 0
+    by_world: dict[tuple[str, int], list[corpus.Entry]] = {}
+    for e in entries:
+        targets.check_importable(e.target)
+        need = e.device
+        if need == "cuda" and device != "cuda":
+            print(f"{e.path}: skipped (found on cuda; no GPU here)")
+            continue
+        by_world.setdefault((need, e.scenario.world_size), []).append(e)
+    for (dev, world), group in sorted(by_world.items()):
+        if dev == "cuda" and world > gpus:
+            for e in group:
+                print(f"{e.path}: skipped (needs {world} GPUs, {gpus} visible)")
+            continue
+        with RankPool(world, dev, timeout=args.timeout) as pool:
+            for e in group:
+                bad += _replay_one(driver, pool, e, args.attempts if dev == "cuda" else 1)
+    return 1 if bad else 0
+
+
+def _replay_one(driver: Any, pool: RankPool, e: corpus.Entry, attempts: int) -> int:
+    v = driver.replay(pool, e, attempts=attempts)
+    status = f"still fails ({v.first.kind}: {v.first.message})" if not v.ok else "PASSES"
+    wrong = v.ok
+    line = f"{e.path}: {e.target} {status}"
+    if e.target in targets.BUILTIN and e.target not in targets.CORRECT:
+        fixed = driver.replay(pool, e, target="main-gather")
+        line += "; main-gather " + ("passes" if fixed.ok else f"FAILS ({fixed.first.message})")
+        wrong = wrong or not fixed.ok
+    print(line)
+    return int(wrong)
+

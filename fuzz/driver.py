@@ -1,0 +1,119 @@
+"""The Hypothesis driver: scenarios in, verdicts out, shrunk failures saved.
+
+It runs in a process that never touches a device. Each example goes to the
+rank pool; the oracles judge the observations; a failure is raised back into
+Hypothesis so that it shrinks, and the smallest failing scenario is saved to
+the corpus before anything else happens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.errors import Flaky
+
+from fuzz import corpus, oracles
+from fuzz.ranks import RankPool
+from fuzz.scenario import Scenario
+from fuzz.verdict import Failure, Verdict
+from strategies import scenarios
+
+Progress = Callable[[int, float, int], None]
+
+
+def evaluate(pool: RankPool, target: str, scenario: Scenario) -> Verdict:
+    """Run one scenario on every rank and judge it with every oracle."""
+    outcome = pool.run(target, scenario)
+    if outcome.failure is not None:
+        return Verdict([outcome.failure])
+    held = sorted({h for obs in outcome.observations for h in obs.get("held", [])})
+    return Verdict(oracles.check_values(scenario, outcome.observations), held=held)
+
+
+class _Found(Exception):
+    """Raised into Hypothesis so that it shrinks; carries nothing Hypothesis needs."""
+
+
+@dataclass
+class CampaignResult:
+    target: str
+    examples: int = 0
+    elapsed_s: float = 0.0
+    failure: Failure | None = None
+    scenario: Scenario | None = None
+    corpus_path: Path | None = None
+    flaky: bool = False
+    first_failure_examples: int | None = None
+    first_failure_s: float | None = None
+    held: list[str] = field(default_factory=list)
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.examples / self.elapsed_s if self.elapsed_s else 0.0
+
+
+def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_examples: int,
+         seed: int | None = None, budget_s: float | None = None,
+         corpus_dir: Path | None = None, found_on: dict[str, Any] | None = None,
+         strategy: st.SearchStrategy[Scenario] | None = None,
+         progress: Progress | None = None) -> CampaignResult:
+    """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure."""
+    result = CampaignResult(target=target)
+    strategy = strategy if strategy is not None else scenarios(world_size=pool.world_size)
+    start = time.monotonic()
+    held: set[str] = set()
+
+    def body(scenario: Scenario) -> None:
+        elapsed = time.monotonic() - start
+        if result.failure is None and budget_s is not None and elapsed > budget_s:
+            return
+        verdict = evaluate(pool, target, scenario)
+        result.examples += 1
+        held.update(verdict.held)
+        if progress is not None:
+            progress(result.examples, time.monotonic() - start, 0 if verdict.ok else 1)
+        if not verdict.ok:
+            if result.first_failure_examples is None:
+                result.first_failure_examples = result.examples
+                result.first_failure_s = time.monotonic() - start
+            result.failure, result.scenario = verdict.first, scenario
+            raise _Found(verdict.summary())
+
+    # A distinct test identity per target keeps database entries apart.
+    body.__qualname__ = f"streamfuzz[{target}]"
+    body = hypothesis.settings(settings, max_examples=max_examples)(given(strategy)(body))
+    if seed is not None:
+        body = hypothesis.seed(seed)(body)
+    try:
+        body()
+    except _Found:
+        pass
+    except Flaky:
+        # The last failure seen is the smallest that ever failed; keep it.
+        result.flaky = True
+    result.elapsed_s = time.monotonic() - start
+    result.held = sorted(held)
+    if result.failure is not None and corpus_dir is not None:
+        entry = corpus.Entry(target=target, kind=result.failure.kind,
+                             message=result.failure.message, scenario=result.scenario,
+                             found_on=dict(found_on or {}), flaky=result.flaky)
+        result.corpus_path = corpus.save(corpus_dir, entry)
+    return result
+
+
+def replay(pool: RankPool, entry: corpus.Entry, target: str | None = None,
+           attempts: int = 1) -> Verdict:
+    """Replay a corpus entry; a race found on a GPU gets ``attempts`` tries to show."""
+    verdict = Verdict()
+    for _ in range(max(1, attempts)):
+        verdict = evaluate(pool, target or entry.target, entry.scenario)
+        if not verdict.ok:
+            break
+    return verdict

@@ -1,0 +1,72 @@
+"""The value oracle: every rank's outputs equal the CPU reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fuzz.reference import expected_applied, expected_sent
+from fuzz.scenario import Scenario
+from fuzz.verdict import Failure
+
+_MAX_ROWS = 4
+
+
+def check(scenario: Scenario, observations: list[dict[str, Any]]) -> list[Failure]:
+    """Compare what each rank sent or applied with what it should have."""
+    last = scenario.world_size - 1
+    failures: list[Failure] = []
+    for obs in observations:
+        rank = obs["rank"]
+        if rank == last:
+            failures += _check_sender(scenario, obs, rank)
+        else:
+            failures += _check_receiver(scenario, obs, rank)
+    return failures
+
+
+def _check_sender(scenario: Scenario, obs: dict[str, Any], rank: int) -> list[Failure]:
+    want = expected_sent(scenario)
+    got = {i: rows for i, rows in obs["sent"]}
+    if sorted(got) != sorted(want):
+        return [Failure("value", f"sent on steps {sorted(got)}, expected steps {sorted(want)}", rank)]
+    for i in sorted(want):
+        idx = scenario.steps[i].idx_mapping
+        diff = _row_diff(want[i], got[i], labels=[f"row {r} (slot {s})" for r, s in enumerate(idx)])
+        if diff:
+            return [Failure("value", f"step {i}: rank {rank} sent wrong drafts: {diff}", rank, i)]
+    return []
+
+
+def _check_receiver(scenario: Scenario, obs: dict[str, Any], rank: int) -> list[Failure]:
+    want = expected_applied(scenario)
+    got = obs["applied"]
+    steps_got = [a[0] for a in got]
+    steps_want = [a.step for a in want]
+    if steps_got != steps_want:
+        return [Failure("value", f"applied steps {steps_got}, expected {steps_want}", rank)]
+    for exp, (i, table, tokens, ns, nr) in zip(want, got):
+        idx = scenario.steps[i].idx_mapping
+        rows = [f"row {r} (slot {s})" for r, s in enumerate(idx)]
+        checks = (
+            ("draft table", exp.table, table, [f"slot {s}" for s in range(len(table))]),
+            ("sampled tokens", exp.tokens, tokens, rows),
+            ("num_sampled", [exp.num_sampled], [ns], ["counts"]),
+            ("num_rejected", [exp.num_rejected], [nr], ["counts"]),
+        )
+        for what, e, a, labels in checks:
+            diff = _row_diff(e, a, labels)
+            if diff:
+                return [Failure("value", f"step {i}: rank {rank} {what} wrong after apply: {diff}",
+                                rank, i)]
+    return []
+
+
+def _row_diff(expected: list, actual: list, labels: list[str]) -> str:
+    if len(expected) != len(actual):
+        return f"{len(actual)} rows, expected {len(expected)}"
+    bad = [(lab, e, a) for lab, e, a in zip(labels, expected, actual) if e != a]
+    if not bad:
+        return ""
+    shown = "; ".join(f"{lab}: expected {e} got {a}" for lab, e, a in bad[:_MAX_ROWS])
+    more = f"; and {len(bad) - _MAX_ROWS} more rows" if len(bad) > _MAX_ROWS else ""
+    return f"{len(bad)} row(s) differ: {shown}{more}"

@@ -1,0 +1,247 @@
+"""The controller side of the rank processes: start, dispatch, replace.
+
+The driver never touches a device: it only talks to ranks over local sockets.
+Ranks are started once and reused; a rank that dies or hangs costs one restart
+of the whole world (a process group cannot take a new member), and the example
+that did it becomes a ``crash`` or ``hang`` finding.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Listener, wait
+from pathlib import Path
+from typing import Any
+
+from fuzz.scenario import Scenario
+from fuzz.verdict import Failure
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class RankStartError(RuntimeError):
+    """The ranks could not be brought up (bad device, NCCL/gloo init failure)."""
+
+
+@dataclass
+class Outcome:
+    """One example on every rank: observations, or how the ranks failed."""
+
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    failure: Failure | None = None
+
+
+def probe_gpus() -> int:
+    """Count GPUs in a throwaway process, so the driver itself never loads CUDA."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class RankPool:
+    """``world_size`` rank processes on ``device`` ('cpu' or 'cuda')."""
+
+    def __init__(self, world_size: int, device: str, timeout: float = 60.0,
+                 startup_timeout: float = 180.0, env: dict[str, str] | None = None) -> None:
+        self.world_size = world_size
+        self.device = device
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.extra_env = dict(env or {})
+        self.info: list[dict[str, Any]] = []
+        self.restarts = 0
+        self._procs: list[subprocess.Popen] = []
+        self._conns: list[Connection] = []
+        self._logs: list[Path] = []
+        self._logdir = Path(tempfile.mkdtemp(prefix="streamfuzz-ranks-"))
+        self._eid = 0
+
+    # -- lifecycle ---------------------------------------------------------
+    def __enter__(self) -> RankPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        authkey = secrets.token_bytes(16)
+        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        try:
+            self._spawn(listener.address, authkey)
+            self._accept(listener)
+        except BaseException:
+            self._kill()
+            raise
+        finally:
+            listener.close()
+
+    def _spawn(self, address: tuple[str, int], authkey: bytes) -> None:
+        master_port = _free_port()
+        base = dict(os.environ)
+        base.update(self.extra_env)
+        base.update({
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+            "WORLD_SIZE": str(self.world_size), "STREAMFUZZ_DEVICE": self.device,
+            "STREAMFUZZ_DRIVER": f"{address[0]}:{address[1]}",
+            "STREAMFUZZ_AUTHKEY": authkey.hex(), "PYTHONUNBUFFERED": "1",
+        })
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), base.get("PYTHONPATH")) if p)
+        if self.device == "cpu":
+            base.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        self._logs = []
+        for rank in range(self.world_size):
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            log = self._logdir / f"rank{rank}.{self.restarts}.log"
+            self._logs.append(log)
+            with open(log, "wb") as fh:
+                self._procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "fuzz.rank_main"], env=env, stdout=fh,
+                    stderr=subprocess.STDOUT, start_new_session=True))
+
+    def _accept(self, listener: Listener) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        conns: dict[int, tuple[Connection, dict[str, Any]]] = {}
+        sock = listener._listener._socket  # accept() has no timeout of its own
+        while len(conns) < self.world_size:
+            for rank, p in enumerate(self._procs):
+                if p.poll() is not None:
+                    raise RankStartError(f"rank {rank} {_signal_name(p.returncode)} while starting: "
+                                         f"{self._tail(rank)}")
+            if time.monotonic() > deadline:
+                raise RankStartError(f"ranks did not start within {self.startup_timeout:.0f}s: "
+                                     f"{self._tail(0)}")
+            sock.settimeout(0.5)
+            try:
+                conn = listener.accept()
+            except (socket.timeout, TimeoutError):
+                continue
+            kind, info = conn.recv()
+            conns[info["rank"]] = (conn, info)
+        self._conns = [conns[r][0] for r in range(self.world_size)]
+        self.info = [conns[r][1] for r in range(self.world_size)]
+
+    def restart(self) -> None:
+        self._kill()
+        self.restarts += 1
+        self.start()
+
+    def close(self) -> None:
+        for c in self._conns:
+            try:
+                c.send(("stop",))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        for p in self._procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+
+    def _kill(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    p.kill()
+                p.wait()
+        for c in self._conns:
+            c.close()
+        self._procs, self._conns = [], []
+
+    def _tail(self, rank: int, limit: int = 600) -> str:
+        try:
+            text = self._logs[rank].read_text(errors="replace").strip()
+        except (OSError, IndexError):
+            return "(no output)"
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return " | ".join(lines[-4:])[-limit:] or "(no output)"
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    # -- one example -------------------------------------------------------
+    def run(self, target: str, scenario: Scenario) -> Outcome:
+        """Run one example on every rank; replaces the ranks if they broke."""
+        self._eid += 1
+        eid = self._eid
+        msg = ("run", eid, target, scenario.to_dict())
+        for c in self._conns:
+            try:
+                c.send(msg)
+            except OSError:
+                pass
+        replies: dict[int, tuple] = {}
+        failure: Failure | None = None
+        broken = False
+        deadline = time.monotonic() + self.timeout
+        waiting = {c: r for r, c in enumerate(self._conns)}
+        while waiting:
+            ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                ranks = sorted(waiting.values())
+                failure = failure or Failure(
+                    "hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s", ranks[0])
+                broken = True
+                break
+            for c in ready:
+                rank = waiting.pop(c)
+                try:
+                    reply = c.recv()
+                except (EOFError, OSError):
+                    proc = self._procs[rank]
+                    try:
+                        proc.wait(5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    code = proc.poll()
+                    how = _signal_name(code) if code is not None else "closed its connection"
+                    failure = failure or Failure("crash", f"rank {rank} {how}: {self._tail(rank)}",
+                                                 rank)
+                    broken = True
+                    deadline = min(deadline, time.monotonic() + 2.0)
+                    continue
+                if reply[0] == "error":
+                    _, _, r, text, _tb, fatal = reply
+                    failure = failure or Failure("crash", f"rank {r} raised {text}", r)
+                    broken = broken or fatal
+                    # Peers are likely blocked in a collective: give them a moment only.
+                    deadline = min(deadline, time.monotonic() + 2.0)
+                else:
+                    replies[rank] = reply
+        if broken:
+            self.restart()
+        if failure is not None:
+            return Outcome(failure=failure)
+        return Outcome(observations=[replies[r][3] for r in range(self.world_size)])

@@ -1,0 +1,215 @@
+"""The stream API a target sees as ``ctx.streams``.
+
+Targets are written once against ``Stream()``, ``stream(s)``,
+``current_stream()``, ``Event()`` and ``synchronize()`` with torch.cuda's
+meaning. On GPUs these are the real CUDA objects; on CPU they are simulated
+streams that run every op at once, in program order, and report each stream
+operation to listeners (the lifetime oracle is one) so that races can be
+reasoned about without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+Listener = Callable[..., None]
+
+
+class CudaStreams:
+    """torch.cuda's stream API bound to one device, plus harness-only helpers."""
+
+    kind = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.created: list[Any] = []
+
+    def Stream(self, priority: int = 0) -> torch.cuda.Stream:  # noqa: N802 - torch's name
+        s = torch.cuda.Stream(self.device, priority=priority)
+        self.created.append(s)
+        return s
+
+    def stream(self, s: Any) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(s)
+
+    def current_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def Event(self, **kwargs: Any) -> torch.cuda.Event:  # noqa: N802
+        return torch.cuda.Event(**kwargs)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def spin(self, s: Any, cycles: int) -> str:
+        """Hold ``s`` for about ``cycles`` GPU cycles; returns how it was held."""
+        if cycles > 0:
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(cycles)
+        return "spin"
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        yield
+
+
+class SimStream(torch.Stream):
+    """A CPU stream that exists only as an identity and a clock for listeners."""
+
+    _api: SimStreams
+
+    def __new__(cls, api: SimStreams, stream_id: int) -> SimStream:
+        self = super().__new__(cls, stream_id=stream_id, device_type=0, device_index=0)
+        self._api = api
+        return self
+
+    def __init__(self, api: SimStreams, stream_id: int) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:  # type: ignore[override]
+        self._api.emit("wait_stream", self, other)
+
+    def wait_event(self, event: Any) -> None:  # type: ignore[override]
+        event.wait(self)
+
+    def record_event(self, event: Any = None) -> SimEvent:  # type: ignore[override]
+        event = event or self._api.Event()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:  # type: ignore[override]
+        self._api.emit("sync_stream", self)
+
+    def query(self) -> bool:  # type: ignore[override]
+        return True
+
+    def __repr__(self) -> str:
+        return f"SimStream({self._api.name_of(self)})"
+
+    def __hash__(self) -> int:
+        return hash(self.stream_id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SimStream) and other.stream_id == self.stream_id
+
+
+class SimEvent:
+    """An event on simulated streams: its clock is kept by the listeners."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, api: SimStreams, **_: Any) -> None:
+        self._api = api
+        self.event_id = next(self._ids)
+        self.recorded = False
+
+    def record(self, stream: Any = None) -> None:
+        stream = stream or self._api.current_stream()
+        self.recorded = True
+        self._api.emit("record_event", self, stream)
+
+    def wait(self, stream: Any = None) -> None:
+        stream = stream or self._api.current_stream()
+        self._api.emit("wait_event", stream, self)
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        self._api.emit("sync_event", self)
+
+
+class SimStreams:
+    """Simulated streams for CPU tensors.
+
+    Every op runs eagerly, so values never race here; what the listeners see
+    is the order the program *asked for*, which is what a race detector needs.
+    """
+
+    kind = "sim"
+
+    def __init__(self) -> None:
+        self._next_id = itertools.count(1)
+        self.main = SimStream(self, 0)
+        self._current = self.main
+        self.created: list[SimStream] = []
+        self.listeners: list[Listener] = []
+        self._by_id = {0: self.main}
+
+    def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
+        s = SimStream(self, next(self._next_id))
+        self.created.append(s)
+        self._by_id[s.stream_id] = s
+        self.emit("new_stream", s)
+        return s
+
+    @contextlib.contextmanager
+    def stream(self, s: Any) -> Iterator[None]:
+        if s is None:
+            yield
+            return
+        before, self._current = self._current, s
+        try:
+            yield
+        finally:
+            self._current = before
+
+    def current_stream(self) -> SimStream:
+        return self._current
+
+    def Event(self, **kwargs: Any) -> SimEvent:  # noqa: N802
+        return SimEvent(self, **kwargs)
+
+    def synchronize(self) -> None:
+        self.emit("sync_device")
+
+    def spin(self, s: Any, cycles: int) -> str:
+        return "none"
+
+    def by_id(self, stream_id: int) -> SimStream:
+        """The simulated stream behind a plain ``torch.Stream`` seen by aten."""
+        return self._by_id[stream_id]
+
+    def name_of(self, s: SimStream) -> str:
+        if s.stream_id == 0:
+            return "main"
+        return f"side{s.stream_id}"
+
+    def emit(self, what: str, *args: Any) -> None:
+        for listener in self.listeners:
+            listener(what, *args)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Run the example under the dispatch mode that makes CPU streams work."""
+        self._current = self.main
+        with _SimDispatch(self):
+            yield
+
+
+class _SimDispatch(TorchDispatchMode):
+    """Routes every aten op through the listeners; executes ``record_stream``.
+
+    CPU tensors have no ``record_stream`` kernel; here it becomes an event for
+    the listeners, which is exactly the information a lifetime checker needs.
+    """
+
+    def __init__(self, api: SimStreams) -> None:
+        super().__init__()
+        self.api = api
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.record_stream.default:
+            self.api.emit("record_stream", args[0], self.api.by_id(args[1].stream_id))
+            return None
+        out = func(*args, **kwargs)
+        if self.api.listeners:
+            self.api.emit("op", func, args, kwargs, out, self.api.current_stream())
+        return out

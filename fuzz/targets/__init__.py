@@ -1,0 +1,116 @@
+"""The target API: what a handler under test receives and must provide.
+
+A target is a callable ``factory(ctx) -> handler``. The harness calls it on
+every rank at the start of every example (a fresh runner), then per step:
+
+* last rank: ``handler.broadcast_drafts(draft_table, batch)`` returns the
+  tensor it broadcast (or ``None`` when nothing was broadcast);
+* other ranks: ``handler.receive_drafts(batch)`` every step, and, pipeline
+  depth steps after a step that broadcast, ``handler.apply_received(draft_table)``
+  which applies the oldest parked step and returns the received
+  ``(sampled_tokens, num_sampled, num_rejected)``.
+
+Built-in targets are named; a user's target is ``package.module:attr``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+BUILTIN: dict[str, str] = {
+    "pre-fix": "fuzz.targets.pp_draft:pre_fix",
+    "pr-fix": "fuzz.targets.pp_draft:pr_fix",
+    "main-gather": "fuzz.targets.pp_draft:main_gather",
+}
+"""Built-in targets: name -> import spec. Correct ones are listed in CORRECT."""
+
+CORRECT: frozenset[str] = frozenset({"main-gather"})
+
+
+class TargetError(ValueError):
+    """A target spec that does not name a loadable factory."""
+
+
+@dataclass
+class TargetContext:
+    """What one rank's handler is built from."""
+
+    rank: int
+    world_size: int
+    last_rank: int
+    device: torch.device
+    group: Any
+    max_num_reqs: int
+    num_spec_steps: int
+    streams: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_last_rank(self) -> bool:
+        return self.rank == self.last_rank
+
+
+@dataclass
+class Batch:
+    """One step's scheduled batch as a runner hands it to the handler.
+
+    ``idx_mapping`` is a fresh device tensor (batch row -> request slot), copied
+    on the main stream. The sampling tensors exist on the last rank only. The
+    harness keeps no reference once the handler call returns.
+    """
+
+    step: int
+    idx_mapping: torch.Tensor
+    final: list[bool]
+    sampled_tokens: torch.Tensor | None = None
+    num_sampled: torch.Tensor | None = None
+    num_rejected: torch.Tensor | None = None
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.final)
+
+    @property
+    def samples(self) -> bool:
+        """False when every request is a non-final prefill chunk: nothing is broadcast."""
+        return any(self.final)
+
+
+Factory = Callable[[TargetContext], Any]
+
+
+def resolve(name: str) -> str:
+    """Built-in name or ``module:attr`` -> import spec; raises TargetError."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if ":" not in name:
+        known = ", ".join(sorted(BUILTIN))
+        raise TargetError(f"unknown target {name!r}: use one of {known} or package.module:attr")
+    return name
+
+
+def load(name: str) -> Factory:
+    """Import a target factory by built-in name or ``module:attr``."""
+    spec = resolve(name)
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetError(f"target {name!r}: cannot import {module_name!r} ({exc})") from None
+    factory = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise TargetError(f"target {name!r}: {module_name!r} has no attribute {attr!r}")
+    if not callable(factory):
+        raise TargetError(f"target {name!r}: {attr!r} is not callable")
+    return factory
+
+
+def check_importable(name: str) -> None:
+    """Fail early, in the driver, on a target that cannot be imported."""
+    load(name)

@@ -1,0 +1,30 @@
+"""Whole scenarios: a world, table shape, pipeline depth and a few steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from fuzz.scenario import Scenario, Step
+from strategies.batches import batches
+from strategies.churn import churn_ops
+from strategies.interleavings import delays
+
+
+def steps(max_num_reqs: int, num_spec_steps: int) -> st.SearchStrategy[Step]:
+    return st.builds(
+        lambda b, churn, d: Step(**b, churn=churn, delays=d),
+        batches(max_num_reqs, num_spec_steps), churn_ops(max_num_reqs), delays())
+
+
+@st.composite
+def scenarios(draw: Any, world_size: int = 1, max_steps: int = 6,
+              max_num_reqs: st.SearchStrategy[int] | None = None) -> Scenario:
+    """Scenarios for a fixed world size (the ranks are already running)."""
+    reqs = draw(max_num_reqs if max_num_reqs is not None else st.integers(1, 16))
+    k = draw(st.integers(1, 4))
+    depth = draw(st.integers(1, 3))
+    body = draw(st.lists(steps(reqs, k), min_size=1, max_size=max_steps))
+    return Scenario(world_size=world_size, max_num_reqs=reqs, num_spec_steps=k,
+                    pipeline_depth=depth, steps=tuple(body))
