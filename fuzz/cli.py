@@ -110,15 +110,6 @@ def _world_size(device: str, gpus: int, requested: int | None) -> int:
     return size
 
 
-def _found_on(pool: RankPool, device: str) -> dict[str, Any]:
-    import hypothesis
-
-    info = pool.info[0] if pool.info else {}
-    return {"torch": info.get("torch"), "device": device, "device_name": info.get("device_name"),
-            "backend": info.get("backend"), "world_size": pool.world_size,
-            "hypothesis": hypothesis.__version__}
-
-
 class _Progress:
     """A live line on a terminal; silent otherwise."""
 
@@ -156,12 +147,11 @@ def _run(args: argparse.Namespace) -> int:
     settings = profiles.get(args.profile)
     results = []
     with RankPool(world, device, timeout=args.timeout) as pool:
-        found_on = _found_on(pool, device)
         for name in names:
             progress = _Progress(name)
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget, corpus_dir=args.corpus,
-                              found_on=found_on, progress=progress)
+                              progress=progress)
             progress.done()
             results.append(res)
             _print_result(res)

@@ -59,9 +59,17 @@ class CampaignResult:
         return self.examples / self.elapsed_s if self.elapsed_s else 0.0
 
 
+def found_on(pool: RankPool) -> dict[str, Any]:
+    """Where a failure was found, for the corpus entry."""
+    info = pool.info[0] if pool.info else {}
+    return {"torch": info.get("torch"), "device": pool.device,
+            "device_name": info.get("device_name"), "backend": info.get("backend"),
+            "world_size": pool.world_size, "hypothesis": hypothesis.__version__}
+
+
 def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_examples: int,
          seed: int | None = None, budget_s: float | None = None,
-         corpus_dir: Path | None = None, found_on: dict[str, Any] | None = None,
+         corpus_dir: Path | None = None,
          strategy: st.SearchStrategy[Scenario] | None = None,
          progress: Progress | None = None) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure."""
@@ -103,7 +111,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     if result.failure is not None and corpus_dir is not None:
         entry = corpus.Entry(target=target, kind=result.failure.kind,
                              message=result.failure.message, scenario=result.scenario,
-                             found_on=dict(found_on or {}), flaky=result.flaky)
+                             found_on=found_on(pool), flaky=result.flaky)
         result.corpus_path = corpus.save(corpus_dir, entry)
     return result
 

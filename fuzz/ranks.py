@@ -65,8 +65,103 @@ def _signal_name(code: int) -> str:
     return f"exited with code {code}"
 
 
+class _World:
+    """One set of rank processes sharing a process group and a listener."""
+
+    def __init__(self, pool: RankPool, generation: int) -> None:
+        self.authkey = secrets.token_bytes(16)
+        self.listener = Listener(("127.0.0.1", 0), authkey=self.authkey)
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+        self.info: list[dict[str, Any]] = []
+        self.logs: list[Path] = []
+        base = dict(os.environ)
+        base.update(pool.extra_env)
+        host, port = self.listener.address
+        base.update({
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+            "WORLD_SIZE": str(pool.world_size), "STREAMFUZZ_DEVICE": pool.device,
+            "STREAMFUZZ_DRIVER": f"{host}:{port}",
+            "STREAMFUZZ_AUTHKEY": self.authkey.hex(), "PYTHONUNBUFFERED": "1",
+        })
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), base.get("PYTHONPATH")) if p)
+        if pool.device == "cpu":
+            base.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        for rank in range(pool.world_size):
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            log = pool.logdir / f"rank{rank}.{generation}.log"
+            self.logs.append(log)
+            with open(log, "wb") as fh:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "fuzz.rank_main"], env=env, stdout=fh,
+                    stderr=subprocess.STDOUT, start_new_session=True))
+
+    def accept(self, world_size: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        conns: dict[int, tuple[Connection, dict[str, Any]]] = {}
+        sock = self.listener._listener._socket  # accept() has no timeout of its own
+        try:
+            while len(conns) < world_size:
+                for rank, p in enumerate(self.procs):
+                    if p.poll() is not None:
+                        how = _signal_name(p.returncode)
+                        raise RankStartError(f"rank {rank} {how} while starting: {self.tail(rank)}")
+                if time.monotonic() > deadline:
+                    raise RankStartError(f"ranks did not start within {timeout:.0f}s: "
+                                         f"{self.tail(0)}")
+                sock.settimeout(0.5)
+                try:
+                    conn = self.listener.accept()
+                except TimeoutError:
+                    continue
+                _, info = conn.recv()
+                conns[info["rank"]] = (conn, info)
+        finally:
+            self.listener.close()
+        self.conns = [conns[r][0] for r in range(world_size)]
+        self.info = [conns[r][1] for r in range(world_size)]
+
+    def stop(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(("stop",))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    p.kill()
+                p.wait()
+        for c in self.conns:
+            c.close()
+        self.listener.close()
+
+    def tail(self, rank: int, limit: int = 600) -> str:
+        try:
+            text = self.logs[rank].read_text(errors="replace").strip()
+        except (OSError, IndexError):
+            return "(no output)"
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return " | ".join(lines[-4:])[-limit:] or "(no output)"
+
+
 class RankPool:
-    """``world_size`` rank processes on ``device`` ('cpu' or 'cuda')."""
+    """``world_size`` rank processes on ``device`` ('cpu' or 'cuda').
+
+    After the first replacement a spare world is kept starting in the
+    background, so that shrinking a crash does not pay a full start per example.
+    """
 
     def __init__(self, world_size: int, device: str, timeout: float = 60.0,
                  startup_timeout: float = 180.0, env: dict[str, str] | None = None) -> None:
@@ -75,12 +170,11 @@ class RankPool:
         self.timeout = timeout
         self.startup_timeout = startup_timeout
         self.extra_env = dict(env or {})
-        self.info: list[dict[str, Any]] = []
         self.restarts = 0
-        self._procs: list[subprocess.Popen] = []
-        self._conns: list[Connection] = []
-        self._logs: list[Path] = []
-        self._logdir = Path(tempfile.mkdtemp(prefix="streamfuzz-ranks-"))
+        self.logdir = Path(tempfile.mkdtemp(prefix="streamfuzz-ranks-"))
+        self._generation = 0
+        self._world: _World | None = None
+        self._spare: _World | None = None
         self._eid = 0
 
     # -- lifecycle ---------------------------------------------------------
@@ -91,101 +185,47 @@ class RankPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _new_world(self) -> _World:
+        self._generation += 1
+        return _World(self, self._generation)
+
     def start(self) -> None:
-        authkey = secrets.token_bytes(16)
-        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        world = self._spare or self._new_world()
+        self._spare = None
         try:
-            self._spawn(listener.address, authkey)
-            self._accept(listener)
+            world.accept(self.world_size, self.startup_timeout)
         except BaseException:
-            self._kill()
+            world.kill()
             raise
-        finally:
-            listener.close()
-
-    def _spawn(self, address: tuple[str, int], authkey: bytes) -> None:
-        master_port = _free_port()
-        base = dict(os.environ)
-        base.update(self.extra_env)
-        base.update({
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-            "WORLD_SIZE": str(self.world_size), "STREAMFUZZ_DEVICE": self.device,
-            "STREAMFUZZ_DRIVER": f"{address[0]}:{address[1]}",
-            "STREAMFUZZ_AUTHKEY": authkey.hex(), "PYTHONUNBUFFERED": "1",
-        })
-        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), base.get("PYTHONPATH")) if p)
-        if self.device == "cpu":
-            base.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        self._logs = []
-        for rank in range(self.world_size):
-            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            log = self._logdir / f"rank{rank}.{self.restarts}.log"
-            self._logs.append(log)
-            with open(log, "wb") as fh:
-                self._procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "fuzz.rank_main"], env=env, stdout=fh,
-                    stderr=subprocess.STDOUT, start_new_session=True))
-
-    def _accept(self, listener: Listener) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        conns: dict[int, tuple[Connection, dict[str, Any]]] = {}
-        sock = listener._listener._socket  # accept() has no timeout of its own
-        while len(conns) < self.world_size:
-            for rank, p in enumerate(self._procs):
-                if p.poll() is not None:
-                    raise RankStartError(f"rank {rank} {_signal_name(p.returncode)} while starting: "
-                                         f"{self._tail(rank)}")
-            if time.monotonic() > deadline:
-                raise RankStartError(f"ranks did not start within {self.startup_timeout:.0f}s: "
-                                     f"{self._tail(0)}")
-            sock.settimeout(0.5)
-            try:
-                conn = listener.accept()
-            except (socket.timeout, TimeoutError):
-                continue
-            kind, info = conn.recv()
-            conns[info["rank"]] = (conn, info)
-        self._conns = [conns[r][0] for r in range(self.world_size)]
-        self.info = [conns[r][1] for r in range(self.world_size)]
+        self._world = world
 
     def restart(self) -> None:
-        self._kill()
+        if self._world is not None:
+            self._world.kill()
         self.restarts += 1
         self.start()
+        self._spare = self._new_world()
 
     def close(self) -> None:
-        for c in self._conns:
-            try:
-                c.send(("stop",))
-            except OSError:
-                pass
-        deadline = time.monotonic() + 10
-        for p in self._procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        self._kill()
+        for w in (self._world, self._spare):
+            if w is not None:
+                w.stop() if w.conns else w.kill()
+        self._world = self._spare = None
 
-    def _kill(self) -> None:
-        for p in self._procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    p.kill()
-                p.wait()
-        for c in self._conns:
-            c.close()
-        self._procs, self._conns = [], []
+    @property
+    def info(self) -> list[dict[str, Any]]:
+        return self._world.info if self._world else []
 
-    def _tail(self, rank: int, limit: int = 600) -> str:
-        try:
-            text = self._logs[rank].read_text(errors="replace").strip()
-        except (OSError, IndexError):
-            return "(no output)"
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        return " | ".join(lines[-4:])[-limit:] or "(no output)"
+    def _tail(self, rank: int) -> str:
+        return self._world.tail(rank) if self._world else "(no output)"
+
+    @property
+    def _conns(self) -> list[Connection]:
+        return self._world.conns if self._world else []
+
+    @property
+    def _procs(self) -> list[subprocess.Popen]:
+        return self._world.procs if self._world else []
 
     @property
     def pids(self) -> list[int]:

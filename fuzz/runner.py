@@ -100,7 +100,8 @@ class _Run:
             batch.num_rejected = self._to_device(list(step.num_rejected), torch.int32)
         return batch
 
-    def _to_device(self, values: list, dtype: torch.dtype, shape: tuple | None = None) -> torch.Tensor:
+    def _to_device(self, values: list, dtype: torch.dtype,
+                   shape: tuple | None = None) -> torch.Tensor:
         host = torch.tensor(values, dtype=dtype)
         if shape is not None:
             host = host.reshape(shape)

@@ -138,7 +138,8 @@ class Scenario:
                 _check(st.final[r] or ns == 0, f"{w}: a non-final chunk samples nothing")
             for j, c in enumerate(st.churn):
                 _check(c.stream in STREAMS, f"{w}.churn[{j}].stream must be one of {STREAMS}")
-                _check(c.dtype in CHURN_DTYPES, f"{w}.churn[{j}].dtype must be one of {CHURN_DTYPES}")
+                _check(c.dtype in CHURN_DTYPES,
+                       f"{w}.churn[{j}].dtype must be one of {CHURN_DTYPES}")
                 _check(isinstance(c.numel, int) and 1 <= c.numel <= 1 << 20,
                        f"{w}.churn[{j}].numel must be in 1..2**20")
                 lo, hi = FILL_RANGE.get(c.dtype, (0, 0))
@@ -146,7 +147,8 @@ class Scenario:
                        f"{w}.churn[{j}].fill must be an integer in {lo}..{hi} for {c.dtype}")
             for j, d in enumerate(st.delays):
                 _check(d.stream in STREAMS, f"{w}.delays[{j}].stream must be one of {STREAMS}")
-                _check(d.point in DELAY_POINTS, f"{w}.delays[{j}].point must be one of {DELAY_POINTS}")
+                _check(d.point in DELAY_POINTS,
+                       f"{w}.delays[{j}].point must be one of {DELAY_POINTS}")
                 _check(isinstance(d.cycles, int) and 0 <= d.cycles <= 10**8,
                        f"{w}.delays[{j}].cycles must be in 0..1e8")
 

@@ -15,7 +15,8 @@ def check(scenario: Scenario, observations: list[dict[str, Any]]) -> list[Failur
     """Compare what each rank sent or applied with what it should have."""
     last = scenario.world_size - 1
     failures: list[Failure] = []
-    for obs in observations:
+    # The sender first: a wrong send explains every receiver's wrong table.
+    for obs in sorted(observations, key=lambda o: o["rank"] != last):
         rank = obs["rank"]
         if rank == last:
             failures += _check_sender(scenario, obs, rank)
@@ -28,7 +29,7 @@ def _check_sender(scenario: Scenario, obs: dict[str, Any], rank: int) -> list[Fa
     want = expected_sent(scenario)
     got = {i: rows for i, rows in obs["sent"]}
     if sorted(got) != sorted(want):
-        return [Failure("value", f"sent on steps {sorted(got)}, expected steps {sorted(want)}", rank)]
+        return [Failure("value", f"sent on steps {sorted(got)}, expected {sorted(want)}", rank)]
     for i in sorted(want):
         idx = scenario.steps[i].idx_mapping
         diff = _row_diff(want[i], got[i], labels=[f"row {r} (slot {s})" for r, s in enumerate(idx)])

@@ -16,8 +16,9 @@ Built-in targets are named; a user's target is ``package.module:attr``.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

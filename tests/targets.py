@@ -1,0 +1,60 @@
+"""Deliberately wrong targets: the suite proves the fuzzer catches them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from fuzz.targets import Batch, TargetContext
+from fuzz.targets.pp_draft import MainGather
+
+
+class ShiftedRows(MainGather):
+    """Sends each row one slot off once a batch has 3 or more requests."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if batch.num_reqs >= 3:
+            send = draft_table[batch.idx_mapping.roll(1)]
+            with self.streams.stream(self.side):
+                self.side.wait_stream(self.main)
+                self._send_sampled(batch)
+                self._bcast(send)
+                send.record_stream(self.side)
+            return send
+        return super()._send(draft_table, batch)
+
+
+class KillsRank(MainGather):
+    """Kills its own process on a batch of 2 or more requests."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if batch.num_reqs >= 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super()._send(draft_table, batch)
+
+
+class Hangs(MainGather):
+    """Never returns on a batch of 4 or more requests."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if batch.num_reqs >= 4:
+            time.sleep(3600)
+        return super()._send(draft_table, batch)
+
+
+def shifted_rows(ctx: TargetContext) -> ShiftedRows:
+    return ShiftedRows(ctx)
+
+
+def kills_rank(ctx: TargetContext) -> KillsRank:
+    return KillsRank(ctx)
+
+
+def hangs(ctx: TargetContext) -> Hangs:
+    return Hangs(ctx)
+
+
+not_callable = 42

@@ -1,0 +1,48 @@
+"""Every committed corpus entry is a regression test.
+
+An entry found on a built-in buggy target must still fail there and pass on
+``main-gather``; an entry found on a user target must still fail there. An
+entry found on a GPU replays only where a GPU is.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from fuzz import corpus, driver, targets
+from fuzz.ranks import RankPool, probe_gpus
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRIES = corpus.discover([ROOT / "corpus"])
+_pools: dict = {}
+
+
+@pytest.fixture(scope="module")
+def pools():
+    yield _pools
+    for pool in _pools.values():
+        pool.close()
+
+
+def _pool(pools, device, world):
+    if (device, world) not in pools:
+        pools[(device, world)] = RankPool(world, device, timeout=60.0)
+        pools[(device, world)].start()
+    return pools[(device, world)]
+
+
+@pytest.mark.parametrize("path", ENTRIES, ids=[str(p.relative_to(ROOT)) for p in ENTRIES])
+def test_corpus_entry_still_behaves_as_recorded(path, pools):
+    entry = corpus.load(path)
+    world = entry.scenario.world_size
+    attempts = 1
+    if entry.device == "cuda":
+        if probe_gpus() < world:
+            pytest.skip(f"found on cuda with {world} GPU(s); not enough here")
+        attempts = 5
+    pool = _pool(pools, entry.device, world)
+    verdict = driver.replay(pool, entry, attempts=attempts)
+    assert not verdict.ok, f"{path} no longer fails on {entry.target}"
+    if entry.target in targets.BUILTIN and entry.target not in targets.CORRECT:
+        fixed = driver.replay(pool, entry, target="main-gather")
+        assert fixed.ok, f"main-gather fails {path}: {fixed.summary()}"

@@ -1,0 +1,61 @@
+"""The whole pipeline on CPU ranks: strategies -> driver -> ranks -> oracle -> corpus."""
+
+from hypothesis import strategies as st
+
+from fuzz import corpus, driver
+from fuzz.ranks import RankPool
+from fuzz.scenario import Scenario, Step
+from strategies import scenarios
+
+SHIFTED = "tests.targets:shifted_rows"
+
+
+def test_value_oracle_catches_shifted_rows_and_shrinks_to_minimal_batch(cpu_pool, ci_settings,
+                                                                        tmp_path):
+    res = driver.fuzz(cpu_pool, SHIFTED, ci_settings, max_examples=300, seed=0,
+                      corpus_dir=tmp_path)
+    assert res.failure is not None and res.failure.kind == "value"
+    assert "sent wrong drafts" in res.failure.message
+    shrunk = res.scenario
+    assert len(shrunk.steps) == 1
+    assert shrunk.steps[0].num_reqs == 3  # the smallest batch the bug needs
+    entry = corpus.load(res.corpus_path)
+    assert entry.scenario == shrunk and entry.kind == "value" and entry.target == SHIFTED
+    assert entry.found_on["world_size"] == 2
+    # The saved case is a regression: it fails again, and the correct design passes it.
+    assert not driver.replay(cpu_pool, entry).ok
+    assert driver.replay(cpu_pool, entry, target="main-gather").ok
+
+
+def test_correct_target_is_clean(cpu_pool, ci_settings):
+    res = driver.fuzz(cpu_pool, "main-gather", ci_settings, max_examples=60, seed=1)
+    assert res.failure is None and res.examples == 60
+
+
+def test_killed_rank_is_a_crash_nothing_lost_and_campaign_goes_on(ci_settings, tmp_path):
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        before = pool.restarts
+        # Few steps and slots: every failing example costs a restart of the world.
+        narrow = scenarios(world_size=2, max_steps=2, max_num_reqs=st.just(3))
+        res = driver.fuzz(pool, "tests.targets:kills_rank", ci_settings, max_examples=100,
+                          seed=0, corpus_dir=tmp_path, strategy=narrow)
+        assert res.failure is not None and res.failure.kind == "crash"
+        assert "killed by SIGKILL" in res.failure.message
+        assert pool.restarts > before
+        assert max(s.num_reqs for s in res.scenario.steps) == 2
+        assert corpus.load(res.corpus_path).kind == "crash"
+        after = driver.fuzz(pool, "main-gather", ci_settings, max_examples=20, seed=0)
+        assert after.failure is None and after.examples == 20
+
+
+def test_hung_rank_is_a_hang_and_ranks_are_replaced(ci_settings):
+    step = Step(idx_mapping=(0, 1, 2, 3), final=(True,) * 4, num_sampled=(1,) * 4,
+                num_rejected=(0,) * 4)
+    scn = Scenario(world_size=2, max_num_reqs=4, steps=(step,))
+    with RankPool(2, "cpu", timeout=3.0) as pool:
+        pids = pool.pids
+        res = driver.fuzz(pool, "tests.targets:hangs", ci_settings, max_examples=1,
+                          strategy=st.just(scn))
+        assert res.failure is not None and res.failure.kind == "hang"
+        assert set(pool.pids).isdisjoint(pids)
+        assert driver.evaluate(pool, "main-gather", scn).ok
