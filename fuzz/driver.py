@@ -28,13 +28,20 @@ from strategies import scenarios
 Progress = Callable[[int, float, int], None]
 
 
-def evaluate(pool: RankPool, target: str, scenario: Scenario) -> Verdict:
-    """Run one scenario on every rank and judge it with every oracle."""
-    outcome = pool.run(target, scenario)
+def evaluate(pool: RankPool, target: str, scenario: Scenario,
+             options: dict[str, Any] | None = None) -> Verdict:
+    """Run one scenario on every rank and judge it with every oracle.
+
+    Rank-side oracles report ``findings`` in the observations; the value
+    oracle runs here. Rank-side findings come first: they name the cause.
+    """
+    outcome = pool.run(target, scenario, options)
     if outcome.failure is not None:
         return Verdict([outcome.failure])
-    held = sorted({h for obs in outcome.observations for h in obs.get("held", [])})
-    return Verdict(oracles.check_values(scenario, outcome.observations), held=held)
+    obs = outcome.observations
+    held = sorted({h for o in obs for h in o.get("held", [])})
+    found = [Failure(**f) for o in obs for f in o.get("findings", [])]
+    return Verdict(found + oracles.check_values(scenario, obs), held=held)
 
 
 class _Found(Exception):

@@ -70,13 +70,13 @@ def serve(device_kind: str, address: str, authkey: bytes) -> int:
             return 0
         if msg[0] == "stop":
             break
-        _, eid, target, scenario_dict = msg[:4]
+        _, eid, target, scenario_dict, options = msg
         try:
             scenario = Scenario.from_dict(scenario_dict)
             if target not in factories:
                 factories[target] = targets.load(target)
             ctx = _context(device, group, scenario)
-            obs = run_scenario(scenario, factories[target], ctx)
+            obs = run_scenario(scenario, factories[target], ctx, options)
             conn.send(("ok", eid, info["rank"], obs))
         except Exception as exc:  # the target's failure is the finding
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -232,11 +232,12 @@ class RankPool:
         return [p.pid for p in self._procs]
 
     # -- one example -------------------------------------------------------
-    def run(self, target: str, scenario: Scenario) -> Outcome:
+    def run(self, target: str, scenario: Scenario,
+            options: dict[str, Any] | None = None) -> Outcome:
         """Run one example on every rank; replaces the ranks if they broke."""
         self._eid += 1
         eid = self._eid
-        msg = ("run", eid, target, scenario.to_dict())
+        msg = ("run", eid, target, scenario.to_dict(), dict(options or {}))
         for c in self._conns:
             try:
                 c.send(msg)

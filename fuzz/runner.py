@@ -23,16 +23,23 @@ _DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32,
            "uint8": torch.uint8}
 
 
-def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext) -> dict[str, Any]:
-    """Run every step on this rank; returns plain observations for the oracles."""
+def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
+                 options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run every step on this rank; returns plain observations for the oracles.
+
+    ``options`` come from the driver unchanged (which oracles run on the rank,
+    how streams are held); rank-side oracles add their ``findings``.
+    """
     streams = ctx.streams
     with streams.session():
-        return _Run(scenario, factory, ctx).run()
+        return _Run(scenario, factory, ctx, options or {}).run()
 
 
 class _Run:
-    def __init__(self, scenario: Scenario, factory: Factory, ctx: TargetContext) -> None:
+    def __init__(self, scenario: Scenario, factory: Factory, ctx: TargetContext,
+                 options: dict[str, Any]) -> None:
         self.sc = scenario
+        self.options = options
         self.ctx = ctx
         self.streams = ctx.streams
         self.dev = ctx.device
@@ -62,6 +69,7 @@ class _Run:
             "sent": [[i, t.tolist()] for i, t in self.sent],
             "applied": [[i] + [t.tolist() for t in ts] for i, ts in self.applied],
             "held": sorted(set(self.held)),
+            "findings": [],
         }
 
     # -- the step -----------------------------------------------------------

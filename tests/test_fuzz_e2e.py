@@ -52,10 +52,11 @@ def test_hung_rank_is_a_hang_and_ranks_are_replaced(ci_settings):
     step = Step(idx_mapping=(0, 1, 2, 3), final=(True,) * 4, num_sampled=(1,) * 4,
                 num_rejected=(0,) * 4)
     scn = Scenario(world_size=2, max_num_reqs=4, steps=(step,))
-    with RankPool(2, "cpu", timeout=3.0) as pool:
+    with RankPool(2, "cpu", timeout=8.0) as pool:
         pids = pool.pids
         res = driver.fuzz(pool, "tests.targets:hangs", ci_settings, max_examples=1,
                           strategy=st.just(scn))
         assert res.failure is not None and res.failure.kind == "hang"
         assert set(pool.pids).isdisjoint(pids)
-        assert driver.evaluate(pool, "main-gather", scn).ok
+        after = driver.evaluate(pool, "main-gather", scn)
+        assert after.ok, after.summary()

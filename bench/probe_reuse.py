@@ -1,0 +1,74 @@
+"""Probe: does a crafted pre-fix scenario corrupt the sent drafts on this GPU?"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from fuzz import oracles, targets
+from fuzz.rank_main import _context
+from fuzz.runner import run_scenario
+from fuzz.scenario import Churn, Delay, Scenario, Step
+
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("MASTER_PORT", "29555")
+os.environ.update(RANK="0", WORLD_SIZE="1")
+dev = torch.device("cuda", 0)
+torch.cuda.set_device(dev)
+dist.init_process_group("nccl", device_id=dev)
+group = dist.new_group(backend="nccl")
+
+import fuzz.runner as R
+
+log = []
+_orig_batch = R._Run._batch
+_orig_churn = R._Run._churn
+
+
+def _batch(self, i, step):
+    b = _orig_batch(self, i, step)
+    log.append(("idx", b.idx_mapping.data_ptr()))
+    return b
+
+
+def _churn(self, step):
+    real_empty = torch.empty
+
+    def empty(*a, **k):
+        t = real_empty(*a, **k)
+        log.append(("churn", t.data_ptr()))
+        return t
+    R.torch.empty = empty
+    try:
+        _orig_churn(self, step)
+    finally:
+        R.torch.empty = real_empty
+
+
+R._Run._batch = _batch
+R._Run._churn = _churn
+
+
+def steps(n, cycles, fill, idx_dtype="int64"):
+    st = Step(idx_mapping=tuple(range(n)), idx_dtype=idx_dtype, final=(True,) * n,
+              num_sampled=(1,) * n, num_rejected=(0,) * n,
+              churn=(Churn(stream="main", numel=n, dtype=idx_dtype, fill=fill),),
+              delays=(Delay("pre_call", "side", cycles),) if cycles else ())
+    return Scenario(world_size=1, max_num_reqs=8, num_spec_steps=2, steps=(st,))
+
+
+for target in sys.argv[1:] or ["pre-fix", "pr-fix", "main-gather"]:
+    f = targets.load(target)
+    for cycles in (2_000_000, 5_000_000, 10_000_000):
+        for dt in ("int64", "int32"):
+            bad = 0
+            for trial in range(40):
+                scn = steps(4, cycles, 1, dt)
+                obs = run_scenario(scn, f, _context(dev, group, scn))
+                fails = oracles.check_values(scn, [obs])
+                bad += bool(fails)
+
+            print(f"{target} cycles={cycles} idx={dt}: {bad}/40 wrong", flush=True)
+            if bad and fails:
+                print("  e.g.", fails[0].message[:200])
+dist.destroy_process_group()
