@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="ranks (default: 2 on cpu, every GPU on cuda)")
     r.add_argument("--max-examples", type=_positive, default=200)
     r.add_argument("--budget", type=_seconds, default=None, help="seconds per target")
+    r.add_argument("--shrink-budget", type=_seconds, default=120.0,
+                   help="seconds of shrinking per failure before the case is saved (default 120)")
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--corpus", type=Path, default=Path("corpus"))
     r.add_argument("--report", type=Path, default=None)
@@ -150,7 +152,8 @@ def _run(args: argparse.Namespace) -> int:
         for name in names:
             progress = _Progress(name)
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
-                              seed=args.seed, budget_s=args.budget, corpus_dir=args.corpus,
+                              seed=args.seed, budget_s=args.budget,
+                              shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
                               progress=progress)
             progress.done()
             results.append(res)
@@ -167,6 +170,8 @@ def _print_result(res: Any) -> None:
         print(f"{res.target}: clean over {res.examples} examples ({res.elapsed_s:.1f}s)")
         return
     flaky = " [flaky: the shrunk case did not fail again]" if res.flaky else ""
+    if res.shrink_cut:
+        flaky += " [shrinking stopped at --shrink-budget]"
     print(f"{res.target}: FOUND {res.failure.kind} after {res.first_failure_examples} examples "
           f"({res.first_failure_s:.1f}s){flaky}\n  {res.failure.message}\n"
           f"  shrunk: {res.scenario.describe()}\n  saved: {res.corpus_path}")

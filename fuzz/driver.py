@@ -57,6 +57,7 @@ class CampaignResult:
     scenario: Scenario | None = None
     corpus_path: Path | None = None
     flaky: bool = False
+    shrink_cut: bool = False
     first_failure_examples: int | None = None
     first_failure_s: float | None = None
     held: list[str] = field(default_factory=list)
@@ -76,18 +77,26 @@ def found_on(pool: RankPool) -> dict[str, Any]:
 
 def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_examples: int,
          seed: int | None = None, budget_s: float | None = None,
-         corpus_dir: Path | None = None,
+         shrink_budget_s: float | None = 120.0, corpus_dir: Path | None = None,
          strategy: st.SearchStrategy[Scenario] | None = None,
          progress: Progress | None = None) -> CampaignResult:
-    """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure."""
+    """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
+
+    Shrinking stops after ``shrink_budget_s``: on a GPU every crash costs a new
+    CUDA context, and a smaller case found late is worth less than one saved now.
+    """
     result = CampaignResult(target=target)
     strategy = strategy if strategy is not None else scenarios(world_size=pool.world_size)
     start = time.monotonic()
     held: set[str] = set()
 
     def body(scenario: Scenario) -> None:
-        elapsed = time.monotonic() - start
-        if result.failure is None and budget_s is not None and elapsed > budget_s:
+        now = time.monotonic()
+        if result.failure is None and budget_s is not None and now - start > budget_s:
+            return
+        if (result.failure is not None and shrink_budget_s is not None
+                and now - start - result.first_failure_s > shrink_budget_s):
+            result.shrink_cut = True
             return
         verdict = evaluate(pool, target, scenario)
         result.examples += 1
@@ -112,7 +121,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
         pass
     except Flaky:
         # The last failure seen is the smallest that ever failed; keep it.
-        result.flaky = True
+        result.flaky = not result.shrink_cut
     result.elapsed_s = time.monotonic() - start
     result.held = sorted(held)
     if result.failure is not None and corpus_dir is not None:
