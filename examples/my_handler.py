@@ -1,0 +1,56 @@
+"""A complete user target: gather on main, broadcast on a side stream."""
+
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+
+class MyHandler:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.main = ctx.streams.current_stream()
+        self.side = ctx.streams.Stream()
+        self.parked = deque()
+
+    def _bcast(self, t):
+        dist.broadcast(t, src=self.ctx.last_rank, group=self.ctx.group)
+
+    # last rank
+    def broadcast_drafts(self, draft_table, batch):
+        if not batch.samples:
+            return None
+        send = draft_table[batch.idx_mapping]          # on main: no cross-stream read
+        with self.ctx.streams.stream(self.side):
+            self.side.wait_stream(self.main)
+            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
+                t.record_stream(self.side)             # made on main, used on side
+                self._bcast(t)
+        return send
+
+    # every other rank
+    def receive_drafts(self, batch):
+        if not batch.samples:
+            return
+        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, self.ctx.device
+        with self.ctx.streams.stream(self.side):
+            got = [torch.empty((n, k + 1), dtype=torch.int64, device=dev),
+                   torch.empty((n,), dtype=torch.int32, device=dev),
+                   torch.empty((n,), dtype=torch.int32, device=dev),
+                   torch.empty((n, k), dtype=torch.int64, device=dev)]
+            for t in got:
+                self._bcast(t)
+                t.record_stream(self.main)             # made on side, read on main
+            done = self.ctx.streams.Event()
+            done.record(self.side)
+        self.parked.append((batch.idx_mapping, got, done))
+
+    def apply_received(self, draft_table):
+        idx_mapping, (tokens, num_sampled, num_rejected, drafts), done = self.parked.popleft()
+        done.wait(self.main)
+        draft_table[idx_mapping] = drafts
+        return tokens, num_sampled, num_rejected
+
+
+def make_handler(ctx):
+    return MyHandler(ctx)
