@@ -119,6 +119,8 @@ def discover(paths: list[Path]) -> list[Path]:
     for p in map(Path, paths):
         if p.is_dir():
             found += sorted(q for q in p.rglob("*.json") if not q.name.startswith("."))
-        else:
+        elif p.exists():
             found.append(p)
+        else:
+            raise CorpusError(f"{p}: no such file or directory")
     return found

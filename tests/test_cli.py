@@ -63,3 +63,8 @@ def test_run_finds_saves_and_reports_then_replay_confirms(tmp_path):
     rep = _cli("replay", failure["corpus_path"], "--device", "cpu")
     assert rep.returncode == 0, rep.stdout + rep.stderr
     assert "still fails" in rep.stdout
+
+
+def test_replay_of_a_missing_path_is_one_line():
+    out = _cli("replay", "no/such/dir")
+    assert out.returncode == 2 and "no/such/dir: no such file or directory" in out.stderr
