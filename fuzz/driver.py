@@ -59,6 +59,7 @@ class CampaignResult:
     flaky: bool = False
     first_failure_examples: int | None = None
     first_failure_s: float | None = None
+    failures: int = 0
     held: list[str] = field(default_factory=list)
 
     @property
@@ -78,8 +79,14 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
          seed: int | None = None, budget_s: float | None = None,
          corpus_dir: Path | None = None,
          strategy: st.SearchStrategy[Scenario] | None = None,
-         progress: Progress | None = None) -> CampaignResult:
-    """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure."""
+         progress: Progress | None = None, options: dict[str, Any] | None = None,
+         stop_on_failure: bool = True) -> CampaignResult:
+    """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
+
+    ``options`` go to every rank unchanged (see ``fuzz.runner``). With
+    ``stop_on_failure`` False failures are counted in ``failures`` and the run
+    goes on (the benchmark measures throughput that way).
+    """
     result = CampaignResult(target=target)
     strategy = strategy if strategy is not None else scenarios(world_size=pool.world_size)
     start = time.monotonic()
@@ -89,7 +96,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
         elapsed = time.monotonic() - start
         if result.failure is None and budget_s is not None and elapsed > budget_s:
             return
-        verdict = evaluate(pool, target, scenario)
+        verdict = evaluate(pool, target, scenario, options)
         result.examples += 1
         held.update(verdict.held)
         if progress is not None:
@@ -98,6 +105,9 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
             if result.first_failure_examples is None:
                 result.first_failure_examples = result.examples
                 result.first_failure_s = time.monotonic() - start
+            result.failures += 1
+            if not stop_on_failure:
+                return
             result.failure, result.scenario = verdict.first, scenario
             raise _Found(verdict.summary())
 
