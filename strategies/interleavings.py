@@ -11,6 +11,8 @@ smallest spin that still breaks the target.
 
 from __future__ import annotations
 
+from functools import cache
+
 from hypothesis import strategies as st
 
 from fuzz.scenario import Delay
@@ -19,10 +21,19 @@ CYCLES = (100_000, 1_000_000, 5_000_000)
 UNTIL = ("after_churn", "before_next_call", "after_call", "")
 
 
+_HOLDS = st.sampled_from(
+    [(point, "side", until) for until in UNTIL for point in ("pre_call", "post_call")]
+    + [(point, "main", "") for point in ("pre_call", "post_call")])
+_CYCLES = st.sampled_from(CYCLES)
+
+
+@st.composite
+def _delay(draw) -> Delay:  # noqa: ANN001 - Hypothesis draw
+    point, stream, until = draw(_HOLDS)
+    return Delay(point=point, stream=stream, cycles=draw(_CYCLES), until=until)
+
+
+@cache
 def delays(max_size: int = 2) -> st.SearchStrategy[tuple[Delay, ...]]:
-    points = st.sampled_from(("pre_call", "post_call"))
-    side = st.builds(Delay, point=points, stream=st.just("side"),
-                     cycles=st.sampled_from(CYCLES), until=st.sampled_from(UNTIL))
-    main = st.builds(Delay, point=points, stream=st.just("main"),
-                     cycles=st.sampled_from(CYCLES))
-    return st.lists(st.one_of(side, main), max_size=max_size).map(tuple)
+    """Two draws a delay: (point, stream, until) together, and the cycles."""
+    return st.lists(_delay(), max_size=max_size).map(tuple)
