@@ -82,9 +82,10 @@ def serve(device_kind: str, address: str, authkey: bytes) -> int:
             return 0
         if msg[0] == "stop":
             break
-        _, eid, target, scenario_dict, options = msg
+        _, eid, target, scenario, options = msg
         try:
-            scenario = Scenario.from_dict(scenario_dict)
+            if not isinstance(scenario, Scenario):  # plain values from another client
+                scenario = Scenario.from_dict(scenario)
             if target not in factories:
                 factories[target] = targets.load(target)
             ctx = _context(device, group, scenario)
