@@ -127,7 +127,10 @@ def crafted(bug: str, world_size: int, cycles: int = 1_000_000) -> Scenario:
                 num_sampled=(1,) * n, num_rejected=(0,) * n)
     if bug == "reuse":
         hold = Delay("pre_call", "side", cycles, until="after_churn")
-        steps = (Step(**base, churn=(Churn("main", n, "int64", 1, True),), delays=(hold,)),)
+        # Several same-class blocks, kept: whichever free block the allocator
+        # picks first, idx_mapping's is among those handed out.
+        churn = tuple(Churn("main", n, "int64", 1, True) for _ in range(4))
+        steps = (Step(**base, churn=churn, delays=(hold,)),)
     else:
         hold = Delay("pre_call", "side", cycles, until="before_next_call")
         steps = (Step(**base, delays=(hold,)), Step(**base))
