@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="examples for throughput (fuzzer and loop each)")
     b.add_argument("--detect-examples", type=_positive, default=200,
                    help="examples for each gate-vs-spin detection rate")
+    b.add_argument("--random-examples", type=_positive, default=100,
+                   help="random scenarios (no Hypothesis) for the detection rates")
+    b.add_argument("--oracle-examples", type=_positive, default=50,
+                   help="examples the oracle costs are measured on")
+    b.add_argument("--shrink-budget", type=_seconds, default=30.0,
+                   help="most seconds of shrinking timed (first seed)")
     b.add_argument("--ff-examples", type=_positive, default=1000,
                    help="most examples per seed when looking for the first failure")
     b.add_argument("--ff-budget", type=_seconds, default=60.0,
@@ -243,7 +249,10 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--cuda-world-size {args.cuda_world_size}: {gpus} GPU(s) visible")
     devices = {"cpu": ["cpu"], "cuda": ["cuda"], "auto": ["cpu"] + (["cuda"] if gpus else [])}
     report = bench.run(devices[args.device], names, seeds=args.seeds, examples=args.examples,
-                       detect_examples=args.detect_examples, ff_examples=args.ff_examples,
+                       detect_examples=args.detect_examples,
+                       random_examples=args.random_examples,
+                       oracle_examples=args.oracle_examples,
+                       shrink_budget_s=args.shrink_budget, ff_examples=args.ff_examples,
                        ff_budget_s=args.ff_budget, timeout=args.timeout,
                        world_sizes={"cpu": args.cpu_world_size, "cuda": args.cuda_world_size},
                        log=lambda line: print(line, flush=True))

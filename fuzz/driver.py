@@ -60,6 +60,7 @@ class CampaignResult:
     first_failure_examples: int | None = None
     first_failure_s: float | None = None
     failures: int = 0
+    shrink_truncated: bool = False
     held: list[str] = field(default_factory=list)
 
     @property
@@ -80,12 +81,16 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
          corpus_dir: Path | None = None,
          strategy: st.SearchStrategy[Scenario] | None = None,
          progress: Progress | None = None, options: dict[str, Any] | None = None,
-         stop_on_failure: bool = True) -> CampaignResult:
+         stop_on_failure: bool = True,
+         shrink_budget_s: float | None = None) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
     ``options`` go to every rank unchanged (see ``fuzz.runner``). With
     ``stop_on_failure`` False failures are counted in ``failures`` and the run
-    goes on (the benchmark measures throughput that way).
+    goes on (the benchmark measures throughput that way). ``shrink_budget_s``
+    bounds shrinking: past it no more examples run, the smallest failure so far
+    is kept and ``shrink_truncated`` is set (a crash costs a rank restart per
+    shrink step, which a benchmark cannot afford without a bound).
     """
     result = CampaignResult(target=target)
     strategy = strategy if strategy is not None else scenarios(world_size=pool.world_size)
@@ -95,6 +100,10 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     def body(scenario: Scenario) -> None:
         elapsed = time.monotonic() - start
         if result.failure is None and budget_s is not None and elapsed > budget_s:
+            return
+        if (shrink_budget_s is not None and result.first_failure_s is not None
+                and elapsed - result.first_failure_s > shrink_budget_s):
+            result.shrink_truncated = True
             return
         verdict = evaluate(pool, target, scenario, options)
         result.examples += 1
