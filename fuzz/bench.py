@@ -222,12 +222,15 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
         detect_examples: int = 200, random_examples: int = 100, oracle_examples: int = 50,
         ff_examples: int = 1000, ff_budget_s: float = 60.0, shrink_budget_s: float = 30.0,
         world_sizes: dict[str, int] | None = None, timeout: float = 60.0,
-        log: Log = print) -> dict[str, Any]:
+        log: Log = print,
+        save: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
     """Every measurement for every device and target; returns the report.
 
     Shrinking is timed on the first seed only (bounded by ``shrink_budget_s``);
-    the other seeds stop at their first failure.
+    the other seeds stop at their first failure. ``save`` gets the report after
+    every stage, so a run cut short still leaves its tables behind.
     """
+    save = save or (lambda _: None)
     report: dict[str, Any] = {"machine": {"host": platform.node(), "cpu": platform.processor()
                                           or platform.machine(),
                                           "python": platform.python_version()},
@@ -259,6 +262,7 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
                 }
                 log(f"  {name}: detection {row['detection']}")
                 run_info["targets"].append(row)
+                save(report)
         for row in run_info["targets"]:
             name = row["target"]
             if name in targets.CORRECT:
@@ -277,6 +281,7 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
             }
             log(f"  {name}: first failure found {row['first_failure']['found']}/{seeds}, "
                 f"median cold {row['first_failure']['median_cold_s']}")
+            save(report)
     return report
 
 

@@ -255,7 +255,8 @@ def _bench(args: argparse.Namespace) -> int:
                        shrink_budget_s=args.shrink_budget, ff_examples=args.ff_examples,
                        ff_budget_s=args.ff_budget, timeout=args.timeout,
                        world_sizes={"cpu": args.cpu_world_size, "cuda": args.cuda_world_size},
-                       log=lambda line: print(line, flush=True))
+                       log=lambda line: print(line, flush=True),
+                       save=lambda partial: bench.write(args.out, partial))
     json_path, md_path = bench.write(args.out, report)
     print(f"\n{md_path.read_text()}\nwrote {json_path} and {md_path}")
     return 0
