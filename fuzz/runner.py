@@ -63,8 +63,9 @@ class _Run:
         oracles = options.get("oracles", DEFAULT_ORACLES)
         self.values = "value" in oracles
         self.gates = self.streams.gates if options.get("hold", "gate") == "gate" else None
-        # Gates not yet opened: (gate, until, stream that opens it).
-        self.open: list[tuple[Any, str, Any]] = []
+        # Gates not yet opened: (gate, until, stream that opens it, step placed).
+        self.open: list[tuple[Any, str, Any, int]] = []
+        self.step = 0
         self.watch = None
         if "reuse" in oracles and self.dev.type == "cuda":
             from fuzz.oracles.reuse import ReuseWatch
@@ -75,10 +76,11 @@ class _Run:
         last = self.ctx.is_last_rank
         try:
             for i, step in enumerate(self.sc.steps):
+                self.step = i
                 if self.watch is not None:
                     self.watch.step = i
                 if not last:
-                    self._release(3)
+                    self._release(3, before_step=i)
                     self._apply_due(i)
                 self._delays(step, "pre_call")
                 self._call(i, step)
@@ -86,13 +88,13 @@ class _Run:
                 self._delays(step, "post_call")
                 self._churn(step)
                 self._release(2)
-            self._release(3)
+            self._release(3, before_step=len(self.sc.steps))
             if not last:
                 self._apply_due(None)
             self.streams.synchronize()
         finally:
             # Nothing is ever left held: on an error, open every gate from the host.
-            for gate, _, _ in self.open:
+            for gate, *_ in self.open:
                 gate.release()
         if self.gates is not None:
             self._gate_outcomes()
@@ -111,7 +113,8 @@ class _Run:
         if self.ctx.is_last_rank:
             if step.num_reqs:
                 self._drafter(i, batch.idx_mapping)
-            self._release(3)
+            # Earlier steps' gates held "until the next call": after this drafter.
+            self._release(3, before_step=i)
             if self.watch is not None:
                 with self.watch.call():
                     out = self.handler.broadcast_drafts(self.table, batch)
@@ -189,21 +192,26 @@ class _Run:
                 gate = self.streams.hold(s)
                 if gate is not None:
                     other = self._stream("side" if d.stream == "main" else "main")
-                    self.open.append((gate, d.until, other))
+                    self.open.append((gate, d.until, other, self.step))
                     self.held.add("gate")
                     continue
             cycles = d.cycles or (DEFAULT_SPIN if d.until else 0)
             if cycles:
                 self.held.add(self.streams.spin(s, cycles))
 
-    def _release(self, upto: int) -> None:
-        """Open the gates due by this point, in the opening stream's order."""
+    def _release(self, upto: int, before_step: int | None = None) -> None:
+        """Open the gates due by this point, in the opening stream's order.
+
+        ``upto`` ranks the point (``_UNTIL_ORDER``); ``before_step`` limits it
+        to gates placed in earlier steps (``before_next_call``).
+        """
         if not self.open:
             return
         keep = []
-        for gate, until, other in self.open:
-            if _UNTIL_ORDER[until] > upto:
-                keep.append((gate, until, other))
+        for entry in self.open:
+            gate, until, other, placed = entry
+            if _UNTIL_ORDER[until] > upto or (before_step is not None and placed >= before_step):
+                keep.append(entry)
             elif other is None:
                 gate.release()
             else:
