@@ -221,6 +221,7 @@ def _median(values: list[float | None]) -> float | None:
 def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, examples: int = 200,
         detect_examples: int = 200, random_examples: int = 100, oracle_examples: int = 50,
         ff_examples: int = 1000, ff_budget_s: float = 60.0, shrink_budget_s: float = 30.0,
+        warmup_examples: int = 30,
         world_sizes: dict[str, int] | None = None, timeout: float = 60.0,
         log: Log = print,
         save: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
@@ -247,6 +248,10 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
                 "gates": info.get("gates"), "warm_start_s": start_s, "targets": []}
             report["runs"].append(run_info)
             log(f"[{device}] world {world}, {run_info['device_name']}, gates: {run_info['gates']}")
+            # Warm up first (imports, strategy caches, the ranks' allocators), so
+            # that the first target's numbers are not the warm-up's.
+            driver.fuzz(pool, "main-gather", _settings(True), max_examples=warmup_examples,
+                        seed=99, stop_on_failure=False)
             rng = random.Random(1234)
             random_batch = [random_scenario(rng, world) for _ in range(random_examples)]
             for name in names:
