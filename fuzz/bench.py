@@ -147,7 +147,7 @@ def _settings(generate_only: bool) -> hypothesis.settings:
 
 def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
                options: dict[str, Any] | None = None,
-               oracle_examples: int = 50) -> dict[str, Any]:
+               oracle_examples: int = 50, oracle_rounds: int = 2) -> dict[str, Any]:
     """Fuzzer and loop on the same scenarios, then the loop per oracle set
     (on the first ``oracle_examples`` of them)."""
     options = dict(options or {})
@@ -158,10 +158,14 @@ def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
                      strategy=strategy, options=options, stop_on_failure=False)
     fuzz_restarts = pool.restarts - restarts
     loop = hand_loop(pool, target, drawn, options)
-    per_oracle = {}
-    for name, oracle_set in ORACLE_SETS.items():
-        r = hand_loop(pool, target, drawn[:oracle_examples], dict(options, oracles=oracle_set))
-        per_oracle[name] = 1000 * r.elapsed_s / max(1, r.examples)
+    # Interleaved rounds, best of each: one pass is at the mercy of a busy host.
+    per_oracle: dict[str, float] = {}
+    for _ in range(oracle_rounds):
+        for name, oracle_set in ORACLE_SETS.items():
+            r = hand_loop(pool, target, drawn[:oracle_examples],
+                          dict(options, oracles=oracle_set))
+            ms = 1000 * r.elapsed_s / max(1, r.examples)
+            per_oracle[name] = min(ms, per_oracle.get(name, ms))
     return {
         "examples": fz.examples, "fuzzer_ex_s": fz.examples_per_s,
         "loop_ex_s": loop.examples_per_s,
