@@ -20,7 +20,8 @@ COLUMNS = ["target", "fuzzer ex/s", "loop ex/s", "fuzzer/loop", "held by", "valu
 
 def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path):
     report = bench.run(["cpu"], ["pre-fix"], seeds=1, examples=4, detect_examples=2,
-                       ff_examples=3, ff_budget_s=20, timeout=30, log=lambda _: None)
+                       ff_examples=3, ff_budget_s=20, timeout=30, warmup_examples=2,
+                       oracle_examples=2, log=lambda _: None)
     json_path, md_path = bench.write(tmp_path, report)
     data = json.loads(json_path.read_text())
     (run,) = data["runs"]
