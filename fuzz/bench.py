@@ -242,36 +242,10 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
                               "hypothesis": hypothesis.__version__, "runs": []}
     for device in devices:
         world = (world_sizes or {}).get(device, 2 if device == "cpu" else 1)
-        t0 = time.perf_counter()
-        with RankPool(world, device, timeout=timeout) as pool:
-            start_s = time.perf_counter() - t0
-            info = pool.info[0] if pool.info else {}
-            run_info: dict[str, Any] = {
-                "device": device, "world_size": world, "device_name": info.get("device_name"),
-                "torch": info.get("torch"), "backend": info.get("backend"),
-                "gates": info.get("gates"), "warm_start_s": start_s, "targets": []}
-            report["runs"].append(run_info)
-            log(f"[{device}] world {world}, {run_info['device_name']}, gates: {run_info['gates']}")
-            # Warm up first (imports, strategy caches, the ranks' allocators), so
-            # that the first target's numbers are not the warm-up's.
-            driver.fuzz(pool, "main-gather", _settings(True), max_examples=warmup_examples,
-                        seed=99, stop_on_failure=False)
-            rng = random.Random(1234)
-            random_batch = [random_scenario(rng, world) for _ in range(random_examples)]
-            for name in names:
-                row: dict[str, Any] = {"target": name}
-                row["throughput"] = throughput(pool, name, examples,
-                                               oracle_examples=oracle_examples)
-                log(f"  {name}: fuzzer {row['throughput']['fuzzer_ex_s']:.1f} ex/s, "
-                    f"loop {row['throughput']['loop_ex_s']:.1f} ex/s")
-                row["detection"] = {
-                    "crafted": detection(pool, name, [crafted(
-                        "reuse" if name == "pre-fix" else "war", world)] * detect_examples),
-                    "random": detection(pool, name, random_batch),
-                }
-                log(f"  {name}: detection {row['detection']}")
-                run_info["targets"].append(row)
-                save(report)
+        run_info: dict[str, Any] = {"device": device, "world_size": world,
+                                    "targets": [{"target": name} for name in names]}
+        report["runs"].append(run_info)
+        # Cold starts first: the headline numbers survive a run cut short.
         for row in run_info["targets"]:
             name = row["target"]
             if name in targets.CORRECT:
@@ -287,10 +261,39 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
                 "median_start_s": _median([r["start_s"] for r in runs]),
                 "median_shrink_s": _median([r["shrink_s"] for r in runs]),
                 "shrink_truncated": any(r["shrink_truncated"] for r in runs),
+                "gates": runs[0]["gates"],
             }
-            log(f"  {name}: first failure found {row['first_failure']['found']}/{seeds}, "
-                f"median cold {row['first_failure']['median_cold_s']}")
+            log(f"[{device}] {name}: first failure found {row['first_failure']['found']}/"
+                f"{seeds}, median cold {row['first_failure']['median_cold_s']}, "
+                f"gates: {runs[0]['gates']}")
             save(report)
+        t0 = time.perf_counter()
+        with RankPool(world, device, timeout=timeout) as pool:
+            info = pool.info[0] if pool.info else {}
+            run_info.update({"device_name": info.get("device_name"), "torch": info.get("torch"),
+                             "backend": info.get("backend"), "gates": info.get("gates"),
+                             "warm_start_s": time.perf_counter() - t0})
+            log(f"[{device}] world {world}, {run_info['device_name']}, gates: {run_info['gates']}")
+            # Warm up first (imports, strategy caches, the ranks' allocators), so
+            # that the first target's numbers are not the warm-up's.
+            driver.fuzz(pool, "main-gather", _settings(True), max_examples=warmup_examples,
+                        seed=99, stop_on_failure=False)
+            rng = random.Random(1234)
+            random_batch = [random_scenario(rng, world) for _ in range(random_examples)]
+            for row in run_info["targets"]:
+                name = row["target"]
+                row["throughput"] = throughput(pool, name, examples,
+                                               oracle_examples=oracle_examples)
+                log(f"  {name}: fuzzer {row['throughput']['fuzzer_ex_s']:.1f} ex/s, "
+                    f"loop {row['throughput']['loop_ex_s']:.1f} ex/s")
+                save(report)
+                row["detection"] = {
+                    "crafted": detection(pool, name, [crafted(
+                        "reuse" if name == "pre-fix" else "war", world)] * detect_examples),
+                    "random": detection(pool, name, random_batch),
+                }
+                log(f"  {name}: detection {row['detection']}")
+                save(report)
     return report
 
 
@@ -303,22 +306,24 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The tables the README quotes."""
+    """The tables the README quotes (stages not run yet show as '-')."""
     lines = []
     for r in report["runs"]:
-        lines += [f"### {r['device']}: {r['device_name']}, world size {r['world_size']}, "
-                  f"{r['backend']}, torch {r['torch']}, gates: {r['gates']}", "",
+        lines += [f"### {r['device']}: {r.get('device_name')}, world size {r['world_size']}, "
+                  f"{r.get('backend')}, torch {r.get('torch')}, gates: {r.get('gates')}", "",
                   "| target | fuzzer ex/s | loop ex/s | fuzzer/loop | held by | value oracle "
                   "ms/ex | reuse oracle ms/ex | found (seeds) | examples to 1st failure | "
                   "s to 1st failure (cold) | of which start s | shrink s |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for t in r["targets"]:
-            tp, ff = t["throughput"], t.get("first_failure") or {}
-            seeds = len(ff.get("seeds", [])) if ff else 0
+            tp, ff = t.get("throughput"), t.get("first_failure") or {}
+            cost = tp["oracle_cost_ms"] if tp else {}
+            seeds = len(ff.get("seeds", []))
             lines.append(
-                f"| {t['target']} | {tp['fuzzer_ex_s']:.1f} | {tp['loop_ex_s']:.1f} | "
-                f"{tp['ratio']:.2f} | {', '.join(tp['held_by']) or '-'} | "
-                f"{tp['oracle_cost_ms']['value']:.2f} | {tp['oracle_cost_ms']['reuse']:.2f} | "
+                f"| {t['target']} | {_fmt(tp and tp['fuzzer_ex_s'])} | "
+                f"{_fmt(tp and tp['loop_ex_s'])} | {_fmt(tp and tp['ratio'], 2)} | "
+                f"{', '.join(tp['held_by']) if tp and tp['held_by'] else '-'} | "
+                f"{_fmt(cost.get('value'), 2)} | {_fmt(cost.get('reuse'), 2)} | "
                 f"{(str(ff['found']) + '/' + str(seeds)) if ff else '-'} | "
                 f"{_fmt(ff.get('median_examples'), 0)} | {_fmt(ff.get('median_cold_s'), 2)} | "
                 f"{_fmt(ff.get('median_start_s'), 2)} | "
@@ -327,7 +332,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "| target | crafted: gates | crafted: spins (1e6 cycles) | random: gates | "
                   "random: spins |", "|---|---|---|---|---|"]
         for t in r["targets"]:
-            c, q = t["detection"]["crafted"], t["detection"]["random"]
+            det = t.get("detection")
+            if not det:
+                lines.append(f"| {t['target']} | - | - | - | - |")
+                continue
+            c, q = det["crafted"], det["random"]
             lines.append(f"| {t['target']} | {c['gate']}/{c['examples']} | "
                          f"{c['spin']}/{c['examples']} | {q['gate']}/{q['examples']} | "
                          f"{q['spin']}/{q['examples']} |")
