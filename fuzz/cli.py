@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--corpus", type=Path, default=Path("corpus"))
     r.add_argument("--report", type=Path, default=None)
     r.add_argument("--profile", choices=profiles.PROFILES, default="default")
+    r.add_argument("--hold", choices=("gate", "spin"), default="gate",
+                   help="how delays that name a point hold a stream: a gate kernel opened "
+                        "at that point (falls back to spins without Triton) or a spin")
 
     y = sub.add_parser("replay", help="replay corpus entries as regressions")
     y.add_argument("paths", nargs="+", type=Path)
@@ -178,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
             progress = _Progress(name)
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget, corpus_dir=args.corpus,
-                              progress=progress)
+                              progress=progress, options={"hold": args.hold})
             progress.done()
             results.append(res)
             _print_result(res)

@@ -46,14 +46,10 @@ def _digits(value: int, base: int, n: int) -> list[int]:
 
 @st.composite
 def _idx(draw: Any, max_num_reqs: int, min_size: int) -> tuple[int, ...]:
-    while True:
-        mask = draw(_ints(0, (1 << max_num_reqs) - 1))
-        slots = [s for s in range(max_num_reqs) if (mask >> s) & 1]
-        if len(slots) >= min_size:
-            break
+    mask = draw(_ints(0, (1 << max_num_reqs) - 1))
+    if bin(mask).count("1") < min_size:
         mask |= (1 << min_size) - 1
-        slots = [s for s in range(max_num_reqs) if (mask >> s) & 1]
-        break
+    slots = [s for s in range(max_num_reqs) if (mask >> s) & 1]
     rank = draw(_ints(0, factorial(len(slots)) - 1)) if len(slots) > 1 else 0
     return _unrank(slots, rank)
 
