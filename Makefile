@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUDGET ?= 60
 EXAMPLES ?= 300
 
-.PHONY: fuzz test replay lint clean
+.PHONY: fuzz test replay lint bench clean
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -35,7 +35,13 @@ replay: $(VENV)/.ready
 	$(PY) -m fuzz replay corpus
 
 lint: $(VENV)/.ready
-	$(PY) -m ruff check fuzz strategies tests
+	$(PY) -m ruff check fuzz strategies tests bench
+
+# Throughput against a hand-written loop, time to first failure, gates vs spins,
+# on every available device; JSON and a markdown table under BENCH_OUT.
+BENCH_OUT ?= reports/bench
+bench: $(VENV)/.ready
+	$(PY) -m fuzz bench --device auto --out $(BENCH_OUT)
 
 clean:
 	rm -rf $(VENV) reports .hypothesis .pytest_cache

@@ -1,10 +1,14 @@
-"""Probe: does a crafted pre-fix scenario corrupt the sent drafts on this GPU?"""
+"""Probe: does a crafted pre-fix scenario corrupt the sent drafts on this GPU?
+
+Spins only (``hold: spin``); ``python -m fuzz bench`` measures gates against spins.
+"""
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 
+import fuzz.runner as runner_module
 from fuzz import oracles, targets
 from fuzz.rank_main import _context
 from fuzz.runner import run_scenario
@@ -18,38 +22,36 @@ torch.cuda.set_device(dev)
 dist.init_process_group("nccl", device_id=dev)
 group = dist.new_group(backend="nccl")
 
-import fuzz.runner as R
-
 log = []
-_orig_batch = R._Run._batch
-_orig_churn = R._Run._churn
+_orig_batch = runner_module._Run._batch
+_orig_churn = runner_module._Run._churn
 
 
-def _batch(self, i, step):
+def _batch(self, i: int, step: Step) -> object:  # noqa: ANN001
     b = _orig_batch(self, i, step)
     log.append(("idx", b.idx_mapping.data_ptr()))
     return b
 
 
-def _churn(self, step):
+def _churn(self, step: Step) -> None:  # noqa: ANN001
     real_empty = torch.empty
 
-    def empty(*a, **k):
+    def empty(*a: object, **k: object) -> torch.Tensor:
         t = real_empty(*a, **k)
         log.append(("churn", t.data_ptr()))
         return t
-    R.torch.empty = empty
+    runner_module.torch.empty = empty
     try:
         _orig_churn(self, step)
     finally:
-        R.torch.empty = real_empty
+        runner_module.torch.empty = real_empty
 
 
-R._Run._batch = _batch
-R._Run._churn = _churn
+runner_module._Run._batch = _batch
+runner_module._Run._churn = _churn
 
 
-def steps(n, cycles, fill, idx_dtype="int64"):
+def steps(n: int, cycles: int, fill: int, idx_dtype: str = "int64") -> Scenario:
     st = Step(idx_mapping=tuple(range(n)), idx_dtype=idx_dtype, final=(True,) * n,
               num_sampled=(1,) * n, num_rejected=(0,) * n,
               churn=(Churn(stream="main", numel=n, dtype=idx_dtype, fill=fill),),
@@ -62,9 +64,9 @@ for target in sys.argv[1:] or ["pre-fix", "pr-fix", "main-gather"]:
     for cycles in (2_000_000, 5_000_000, 10_000_000):
         for dt in ("int64", "int32"):
             bad = 0
-            for trial in range(40):
+            for _trial in range(40):
                 scn = steps(4, cycles, 1, dt)
-                obs = run_scenario(scn, f, _context(dev, group, scn))
+                obs = run_scenario(scn, f, _context(dev, group, scn), {"hold": "spin"})
                 fails = oracles.check_values(scn, [obs])
                 bad += bool(fails)
 

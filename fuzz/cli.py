@@ -1,4 +1,4 @@
-"""``python -m fuzz`` / ``streamfuzz``: run, replay.
+"""``python -m fuzz`` / ``streamfuzz``: run, replay, bench.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config.
@@ -69,12 +69,40 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--corpus", type=Path, default=Path("corpus"))
     r.add_argument("--report", type=Path, default=None)
     r.add_argument("--profile", choices=profiles.PROFILES, default="default")
+    r.add_argument("--hold", choices=("gate", "spin"), default="gate",
+                   help="how delays that name a point hold a stream: a gate kernel opened "
+                        "at that point (falls back to spins without Triton) or a spin")
 
     y = sub.add_parser("replay", help="replay corpus entries as regressions")
     y.add_argument("paths", nargs="+", type=Path)
     common(y)
     y.add_argument("--attempts", type=_positive, default=3,
                    help="tries for an entry found on a GPU (races need not show at once)")
+
+    b = sub.add_parser("bench", help="throughput vs a hand-written loop, time to first failure")
+    b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
+                   help="auto: the CPU, and CUDA too where a GPU is visible")
+    b.add_argument("--target", action="append", metavar="T",
+                   help="repeatable (default: all built-ins)")
+    b.add_argument("--seeds", type=_positive, default=5)
+    b.add_argument("--examples", type=_positive, default=200,
+                   help="examples for throughput (fuzzer and loop each)")
+    b.add_argument("--detect-examples", type=_positive, default=200,
+                   help="examples for each gate-vs-spin detection rate")
+    b.add_argument("--random-examples", type=_positive, default=100,
+                   help="random scenarios (no Hypothesis) for the detection rates")
+    b.add_argument("--oracle-examples", type=_positive, default=50,
+                   help="examples the oracle costs are measured on")
+    b.add_argument("--shrink-budget", type=_seconds, default=30.0,
+                   help="most seconds of shrinking timed (first seed)")
+    b.add_argument("--ff-examples", type=_positive, default=1000,
+                   help="most examples per seed when looking for the first failure")
+    b.add_argument("--ff-budget", type=_seconds, default=60.0,
+                   help="most seconds per seed when looking for the first failure")
+    b.add_argument("--cpu-world-size", type=_positive, default=2)
+    b.add_argument("--cuda-world-size", type=_positive, default=1)
+    b.add_argument("--timeout", type=_seconds, default=60.0)
+    b.add_argument("--out", type=Path, default=Path("reports/bench"))
     return p
 
 
@@ -83,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         if args.command == "run":
             return _run(args)
+        if args.command == "bench":
+            return _bench(args)
         return _replay(args)
     except UsageError as exc:
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
@@ -154,7 +184,7 @@ def _run(args: argparse.Namespace) -> int:
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget,
                               shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                              progress=progress)
+                              progress=progress, options={"hold": args.hold})
             progress.done()
             results.append(res)
             _print_result(res)
@@ -170,7 +200,7 @@ def _print_result(res: Any) -> None:
         print(f"{res.target}: clean over {res.examples} examples ({res.elapsed_s:.1f}s)")
         return
     flaky = " [flaky: the shrunk case did not fail again]" if res.flaky else ""
-    if res.shrink_cut:
+    if res.shrink_truncated:
         flaky += " [shrinking stopped at --shrink-budget]"
     print(f"{res.target}: FOUND {res.failure.kind} after {res.first_failure_examples} examples "
           f"({res.first_failure_s:.1f}s){flaky}\n  {res.failure.message}\n"
@@ -212,6 +242,32 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     corpus.write_json_atomic(path, report)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fuzz import bench
+
+    names = args.target or list(targets.BUILTIN)
+    for name in names:
+        targets.check_importable(name)
+    gpus = probe_gpus() if args.device in ("cuda", "auto") else 0
+    if args.device == "cuda" and gpus == 0:
+        raise UsageError("--device cuda: no CUDA GPU is visible here")
+    if args.cuda_world_size > max(gpus, 1) and args.device != "cpu":
+        raise UsageError(f"--cuda-world-size {args.cuda_world_size}: {gpus} GPU(s) visible")
+    devices = {"cpu": ["cpu"], "cuda": ["cuda"], "auto": ["cpu"] + (["cuda"] if gpus else [])}
+    report = bench.run(devices[args.device], names, seeds=args.seeds, examples=args.examples,
+                       detect_examples=args.detect_examples,
+                       random_examples=args.random_examples,
+                       oracle_examples=args.oracle_examples,
+                       shrink_budget_s=args.shrink_budget, ff_examples=args.ff_examples,
+                       ff_budget_s=args.ff_budget, timeout=args.timeout,
+                       world_sizes={"cpu": args.cpu_world_size, "cuda": args.cuda_world_size},
+                       log=lambda line: print(line, flush=True),
+                       save=lambda partial: bench.write(args.out, partial))
+    json_path, md_path = bench.write(args.out, report)
+    print(f"\n{md_path.read_text()}\nwrote {json_path} and {md_path}")
+    return 0
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -57,9 +57,10 @@ class CampaignResult:
     scenario: Scenario | None = None
     corpus_path: Path | None = None
     flaky: bool = False
-    shrink_cut: bool = False
     first_failure_examples: int | None = None
     first_failure_s: float | None = None
+    failures: int = 0
+    shrink_truncated: bool = False
     held: list[str] = field(default_factory=list)
 
     @property
@@ -77,13 +78,20 @@ def found_on(pool: RankPool) -> dict[str, Any]:
 
 def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_examples: int,
          seed: int | None = None, budget_s: float | None = None,
-         shrink_budget_s: float | None = 120.0, corpus_dir: Path | None = None,
+         corpus_dir: Path | None = None,
          strategy: st.SearchStrategy[Scenario] | None = None,
-         progress: Progress | None = None) -> CampaignResult:
+         progress: Progress | None = None, options: dict[str, Any] | None = None,
+         stop_on_failure: bool = True,
+         shrink_budget_s: float | None = 120.0) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
-    Shrinking stops after ``shrink_budget_s``: on a GPU every crash costs a new
-    CUDA context, and a smaller case found late is worth less than one saved now.
+    ``options`` go to every rank unchanged (see ``fuzz.runner``). With
+    ``stop_on_failure`` False failures are counted in ``failures`` and the run
+    goes on (the benchmark measures throughput that way). ``shrink_budget_s``
+    bounds shrinking: past it no more examples run, the smallest failure so far
+    is kept and ``shrink_truncated`` is set (on a GPU every crash costs a new
+    CUDA context per shrink step; a smaller case found late is worth less than
+    one saved now).
     """
     result = CampaignResult(target=target)
     strategy = strategy if strategy is not None else scenarios(world_size=pool.world_size)
@@ -91,14 +99,14 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     held: set[str] = set()
 
     def body(scenario: Scenario) -> None:
-        now = time.monotonic()
-        if result.failure is None and budget_s is not None and now - start > budget_s:
+        elapsed = time.monotonic() - start
+        if result.failure is None and budget_s is not None and elapsed > budget_s:
             return
-        if (result.failure is not None and shrink_budget_s is not None
-                and now - start - result.first_failure_s > shrink_budget_s):
-            result.shrink_cut = True
+        if (shrink_budget_s is not None and result.first_failure_s is not None
+                and elapsed - result.first_failure_s > shrink_budget_s):
+            result.shrink_truncated = True
             return
-        verdict = evaluate(pool, target, scenario)
+        verdict = evaluate(pool, target, scenario, options)
         result.examples += 1
         held.update(verdict.held)
         if progress is not None:
@@ -107,6 +115,9 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
             if result.first_failure_examples is None:
                 result.first_failure_examples = result.examples
                 result.first_failure_s = time.monotonic() - start
+            result.failures += 1
+            if not stop_on_failure:
+                return
             result.failure, result.scenario = verdict.first, scenario
             raise _Found(verdict.summary())
 
@@ -121,7 +132,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
         pass
     except Flaky:
         # The last failure seen is the smallest that ever failed; keep it.
-        result.flaky = not result.shrink_cut
+        result.flaky = not result.shrink_truncated
     result.elapsed_s = time.monotonic() - start
     result.held = sorted(held)
     if result.failure is not None and corpus_dir is not None:

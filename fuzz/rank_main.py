@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from fuzz import targets
+from fuzz.gates import Gates, GateUnavailable
 from fuzz.runner import run_scenario
 from fuzz.scenario import Scenario
 from fuzz.streams import CudaStreams, SimStreams
@@ -45,12 +46,23 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
     if device_kind == "cuda":
         torch.cuda.synchronize(device)
     info = {"rank": rank, "pid": os.getpid(), "torch": torch.__version__, "device_name": name,
-            "backend": dist.get_backend(group)}
+            "backend": dist.get_backend(group), "gates": "none"}
+    if device_kind == "cuda":
+        global _GATES
+        try:
+            _GATES = Gates.create(device)
+            info["gates"] = _GATES.kind
+        except GateUnavailable as exc:
+            info["gates"] = f"unavailable ({exc}); spins instead"
     return device, group, info
 
 
+_GATES: Gates | None = None
+"""The rank's gate pool, made once (compiling the kernel) before the first example."""
+
+
 def _context(device: torch.device, group: Any, scenario: Scenario) -> TargetContext:
-    streams = CudaStreams(device) if device.type == "cuda" else SimStreams()
+    streams = CudaStreams(device, _GATES) if device.type == "cuda" else SimStreams()
     world = dist.get_world_size()
     return TargetContext(rank=dist.get_rank(), world_size=world, last_rank=world - 1,
                          device=device, group=group, max_num_reqs=scenario.max_num_reqs,
@@ -70,9 +82,10 @@ def serve(device_kind: str, address: str, authkey: bytes) -> int:
             return 0
         if msg[0] == "stop":
             break
-        _, eid, target, scenario_dict, options = msg
+        _, eid, target, scenario, options = msg
         try:
-            scenario = Scenario.from_dict(scenario_dict)
+            if not isinstance(scenario, Scenario):  # plain values from another client
+                scenario = Scenario.from_dict(scenario)
             if target not in factories:
                 factories[target] = targets.load(target)
             ctx = _context(device, group, scenario)

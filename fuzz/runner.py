@@ -5,7 +5,13 @@ copied on the main stream from pinned memory), runs the drafter on the last
 rank, calls the handler, drops every reference to the batch, then applies the
 scenario's delays and allocation churn. Outputs are copied on the main stream
 and read only after a final synchronize, so the harness adds no ordering of its
-own between the streams.
+own between the streams — except what a scenario's gates ask for.
+
+Options (from the driver, unchanged): ``hold`` is ``"gate"`` (default; falls
+back to spins where gates are unavailable) or ``"spin"``; ``oracles`` lists
+the rank-side oracles to run (default: ``value`` and ``reuse``; ``reuse`` is a
+no-op on CPU). ``held`` in the observations says how streams were actually held:
+``gate``, ``gate-timeout`` (a gate nobody opened in time), ``spin``, ``none``.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from typing import Any
 import torch
 
 from fuzz.reference import token_rows
-from fuzz.scenario import Scenario, Step
+from fuzz.scenario import DEFAULT_SPIN, Scenario, Step
 from fuzz.targets import Batch, Factory, TargetContext
 
 _DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32,
            "uint8": torch.uint8}
+_UNTIL_ORDER = {"after_call": 1, "after_churn": 2, "before_next_call": 3}
+DEFAULT_ORACLES = ("value", "reuse")
 
 
 def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
@@ -51,25 +59,52 @@ class _Run:
         self.sent: list[tuple[int, torch.Tensor]] = []
         self.applied: list[tuple[int, tuple[torch.Tensor, ...]]] = []
         self.parked: deque[int] = deque()
-        self.held: list[str] = []
+        self.held: set[str] = set()
+        oracles = options.get("oracles", DEFAULT_ORACLES)
+        self.values = "value" in oracles
+        self.gates = self.streams.gates if options.get("hold", "gate") == "gate" else None
+        # Gates not yet opened: (gate, until, stream that opens it, step placed).
+        self.open: list[tuple[Any, str, Any, int]] = []
+        self.step = 0
+        self.watch = None
+        if "reuse" in oracles and self.dev.type == "cuda":
+            from fuzz.oracles.reuse import ReuseWatch
+
+            self.watch = ReuseWatch(self.main, ctx.rank)
 
     def run(self) -> dict[str, Any]:
-        for i, step in enumerate(self.sc.steps):
-            if not self.ctx.is_last_rank:
-                self._apply_due(i)
-            self._delays(step, "pre_call")
-            self._call(i, step)
-            self._delays(step, "post_call")
-            self._churn(step)
-        if not self.ctx.is_last_rank:
-            self._apply_due(None)
-        self.streams.synchronize()
+        last = self.ctx.is_last_rank
+        try:
+            for i, step in enumerate(self.sc.steps):
+                self.step = i
+                if self.watch is not None:
+                    self.watch.step = i
+                if not last:
+                    self._release(3, before_step=i)
+                    self._apply_due(i)
+                self._delays(step, "pre_call")
+                self._call(i, step)
+                self._release(1)
+                self._delays(step, "post_call")
+                self._churn(step)
+                self._release(2)
+            self._release(3, before_step=len(self.sc.steps))
+            if not last:
+                self._apply_due(None)
+            self.streams.synchronize()
+        finally:
+            # Nothing is ever left held: on an error, open every gate from the host.
+            for gate, *_ in self.open:
+                gate.release()
+        if self.gates is not None:
+            self._gate_outcomes()
+        findings = self.watch.findings if self.watch is not None else []
         return {
             "rank": self.ctx.rank,
             "sent": [[i, t.tolist()] for i, t in self.sent],
             "applied": [[i] + [t.tolist() for t in ts] for i, ts in self.applied],
-            "held": sorted(set(self.held)),
-            "findings": [],
+            "held": sorted(self.held),
+            "findings": findings,
         }
 
     # -- the step -----------------------------------------------------------
@@ -78,9 +113,20 @@ class _Run:
         if self.ctx.is_last_rank:
             if step.num_reqs:
                 self._drafter(i, batch.idx_mapping)
-            out = self.handler.broadcast_drafts(self.table, batch)
-            if out is not None:
+            # Earlier steps' gates held "until the next call": after this drafter.
+            self._release(3, before_step=i)
+            if self.watch is not None:
+                with self.watch.call():
+                    out = self.handler.broadcast_drafts(self.table, batch)
+            else:
+                out = self.handler.broadcast_drafts(self.table, batch)
+            if out is not None and self.values:
                 self.sent.append((i, out))
+        elif self.watch is not None:
+            with self.watch.call():
+                self.handler.receive_drafts(batch)
+            if step.broadcasts:
+                self.parked.append(i)
         else:
             self.handler.receive_drafts(batch)
             if step.broadcasts:
@@ -93,9 +139,10 @@ class _Run:
         while self.parked and (now is None or self.parked[0] + depth <= now):
             i = self.parked.popleft()
             received = self.handler.apply_received(self.table)
-            # Copies on main: ordered after the apply, never after the side stream.
-            snap = (self.table.clone(),) + tuple(t.clone() for t in received)
-            self.applied.append((i, snap))
+            if self.values:
+                # Copies on main: ordered after the apply, never after the side stream.
+                snap = (self.table.clone(),) + tuple(t.clone() for t in received)
+                self.applied.append((i, snap))
 
     def _batch(self, i: int, step: Step) -> Batch:
         k = self.sc.num_spec_steps
@@ -106,6 +153,11 @@ class _Run:
             batch.sampled_tokens = self._to_device(rows, torch.int64, shape=(step.num_reqs, k + 1))
             batch.num_sampled = self._to_device(list(step.num_sampled), torch.int32)
             batch.num_rejected = self._to_device(list(step.num_rejected), torch.int32)
+        if self.watch is not None:
+            for name in ("idx_mapping", "sampled_tokens", "num_sampled", "num_rejected"):
+                t = getattr(batch, name)
+                if t is not None:
+                    self.watch.check(t, f"step {i}'s {name}")
         return batch
 
     def _to_device(self, values: list, dtype: torch.dtype,
@@ -134,8 +186,46 @@ class _Run:
     def _delays(self, step: Step, point: str) -> None:
         for d in step.delays:
             s = self._stream(d.stream)
-            if d.point == point and s is not None and d.cycles:
-                self.held.append(self.streams.spin(s, d.cycles))
+            if d.point != point or s is None:
+                continue
+            if d.until and self.gates is not None:
+                gate = self.streams.hold(s)
+                if gate is not None:
+                    other = self._stream("side" if d.stream == "main" else "main")
+                    self.open.append((gate, d.until, other, self.step))
+                    self.held.add("gate")
+                    continue
+            cycles = d.cycles or (DEFAULT_SPIN if d.until else 0)
+            if cycles:
+                self.held.add(self.streams.spin(s, cycles))
+
+    def _release(self, upto: int, before_step: int | None = None) -> None:
+        """Open the gates due by this point, in the opening stream's order.
+
+        ``upto`` ranks the point (``_UNTIL_ORDER``); ``before_step`` limits it
+        to gates placed in earlier steps (``before_next_call``).
+        """
+        if not self.open:
+            return
+        keep = []
+        for entry in self.open:
+            gate, until, other, placed = entry
+            if _UNTIL_ORDER[until] > upto or (before_step is not None and placed >= before_step):
+                keep.append(entry)
+            elif other is None:
+                gate.release()
+            else:
+                gate.release_after(other)
+        self.open = keep
+
+    def _gate_outcomes(self) -> None:
+        """After the final synchronize: did any gate time out? Then free the slots."""
+        gates = self.streams.gates
+        if gates is None:
+            return
+        if any(gates.timed_out(slot) for slot in range(gates.used)):
+            self.held.add("gate-timeout")
+        gates.reset()
 
     def _churn(self, step: Step) -> None:
         kept = []
@@ -143,6 +233,8 @@ class _Run:
             s = self._stream(c.stream)
             with self.streams.stream(s):
                 t = torch.empty((c.numel,), dtype=_DTYPES[c.dtype], device=self.dev)
+                if self.watch is not None and c.stream == "main":
+                    self.watch.check(t, "churn")
                 t.fill_(c.fill)
             if c.keep:
                 kept.append(t)

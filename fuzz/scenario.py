@@ -11,7 +11,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STREAMS = ("main", "side")
+DEFAULT_SPIN = 5_000_000
+"""Cycles a gate-delay spins when gates are unavailable and it names no cycles:
+about 2.5 ms on an H200, long enough to outlast the handler's host work."""
 DELAY_POINTS = ("pre_call", "post_call")
+GATE_UNTIL = ("", "after_call", "after_churn", "before_next_call")
+"""Where a gate is released: ``""`` means a spin; the others name a point of the
+step, and the release is queued on the *other* stream at that point, so the
+held stream resumes exactly when that stream's work up to the point has run."""
 CHURN_DTYPES = ("int32", "int64", "float32", "uint8")
 FILL_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
               "float32": (-(2**24), 2**24), "uint8": (0, 255)}
@@ -40,15 +47,22 @@ class Churn:
 
 @dataclass(frozen=True)
 class Delay:
-    """A spin of ``cycles`` GPU cycles on ``stream`` at ``point`` of a step.
+    """Hold ``stream`` at ``point`` of a step: a spin, or a gate ``until`` a point.
 
     ``side`` is the first stream the handler created (its broadcast stream).
-    Simulated CPU streams ignore delays: the lifetime oracle needs none.
+    With ``until`` set and gates available (``options["hold"] == "gate"``), the
+    stream is held by a gate kernel that the other stream opens at that point
+    (``before_next_call``: after the next step's drafter), which forces the
+    interleaving every time. Otherwise it is a spin of ``cycles`` GPU cycles
+    (``until`` without ``cycles`` spins ``DEFAULT_SPIN``), which only makes
+    the interleaving likely. Simulated CPU streams ignore delays: the lifetime
+    oracle needs none.
     """
 
     point: str = "pre_call"
     stream: str = "side"
     cycles: int = 0
+    until: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,7 @@ class Scenario:
                        f"{w}.delays[{j}].point must be one of {DELAY_POINTS}")
                 _check(isinstance(d.cycles, int) and 0 <= d.cycles <= 10**8,
                        f"{w}.delays[{j}].cycles must be in 0..1e8")
+                _check(d.until in GATE_UNTIL, f"{w}.delays[{j}].until must be one of {GATE_UNTIL}")
 
     def describe(self) -> str:
         """A short human summary, used in reports."""

@@ -22,12 +22,17 @@ Listener = Callable[..., None]
 
 
 class CudaStreams:
-    """torch.cuda's stream API bound to one device, plus harness-only helpers."""
+    """torch.cuda's stream API bound to one device, plus harness-only helpers.
+
+    ``gates`` is the rank's gate pool (``fuzz.gates.Gates``), or None where
+    gates are unavailable; ``hold`` then returns None and callers spin.
+    """
 
     kind = "cuda"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, gates: Any = None) -> None:
         self.device = device
+        self.gates = gates
         self.created: list[Any] = []
 
     def Stream(self, priority: int = 0) -> torch.cuda.Stream:  # noqa: N802 - torch's name
@@ -53,6 +58,10 @@ class CudaStreams:
             with torch.cuda.stream(s):
                 torch.cuda._sleep(cycles)
         return "spin"
+
+    def hold(self, s: Any) -> Any:
+        """A gate holding ``s`` until opened (harness-only); None without gates."""
+        return self.gates.hold(s) if self.gates is not None else None
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -171,6 +180,12 @@ class SimStreams:
 
     def spin(self, s: Any, cycles: int) -> str:
         return "none"
+
+    gates = None
+
+    def hold(self, s: Any) -> None:
+        """No gates on simulated streams: every op has already run."""
+        return None
 
     def by_id(self, stream_id: int) -> SimStream:
         """The simulated stream behind a plain ``torch.Stream`` seen by aten."""

@@ -8,6 +8,8 @@ drafts) with some out of range (device-side asserts).
 
 from __future__ import annotations
 
+from functools import cache
+
 from hypothesis import strategies as st
 
 from fuzz.scenario import FILL_RANGE, Churn
@@ -16,30 +18,40 @@ _SMALL_CLASS_BYTES = 512
 _ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "uint8": 1}
 
 
-def _numels(dtype: str) -> st.SearchStrategy[int]:
-    same_class = _SMALL_CLASS_BYTES // _ITEMSIZE[dtype]
-    return st.one_of(st.integers(1, same_class), st.integers(same_class + 1, 8 * same_class))
+_COMBOS = st.sampled_from([(dtype, stream, keep)
+                           for keep in (True, False) for stream in ("main", "side")
+                           for dtype in ("int32", "int64", "float32", "uint8")])
+_OUT_OF_RANGE = st.booleans()
 
 
-def _fills(dtype: str, max_num_reqs: int) -> st.SearchStrategy[int]:
+@cache
+def _numel_codes(dtype: str) -> st.SearchStrategy[int]:
+    return st.integers(0, 2 * (_SMALL_CLASS_BYTES // _ITEMSIZE[dtype]) - 1)
+
+
+@cache
+def _fills(dtype: str, max_num_reqs: int, out_of_range: bool) -> st.SearchStrategy[int]:
     lo, hi = FILL_RANGE[dtype]
-    in_range = st.integers(0, max(0, max_num_reqs - 1))
-    out_of_range = st.one_of(st.integers(max_num_reqs, hi), st.integers(lo, -1)) if lo < 0 \
-        else st.integers(max_num_reqs, hi)
-    return st.one_of(in_range, out_of_range)
+    if not out_of_range:
+        return st.integers(0, max(0, max_num_reqs - 1))
+    above = st.integers(max_num_reqs, hi)
+    return st.one_of(above, st.integers(lo, -1)) if lo < 0 else above
 
 
 @st.composite
 def churn_op(draw, max_num_reqs: int) -> Churn:  # noqa: ANN001 - Hypothesis draw
-    dtype = draw(st.sampled_from(("int32", "int64", "float32", "uint8")))
-    return Churn(
-        stream=draw(st.sampled_from(("main", "side"))),
-        numel=draw(_numels(dtype)),
-        dtype=dtype,
-        fill=draw(_fills(dtype, max_num_reqs)),
-        keep=draw(st.booleans().map(lambda b: not b)),
-    )
+    """Four or five draws: (dtype, stream, keep) together, size, range, fill."""
+    dtype, stream, keep = draw(_COMBOS)
+    same_class = _SMALL_CLASS_BYTES // _ITEMSIZE[dtype]
+    code = draw(_numel_codes(dtype))
+    # Half the codes land in idx_mapping's size class, the rest spread up to 8x.
+    numel = code + 1 if code < same_class else same_class + 1 + (code - same_class) * 7
+    out = draw(_OUT_OF_RANGE)
+    return Churn(stream=stream, numel=numel, dtype=dtype,
+                 fill=draw(_fills(dtype, max_num_reqs, out)), keep=keep)
 
 
+@cache
 def churn_ops(max_num_reqs: int, max_size: int = 4) -> st.SearchStrategy[tuple[Churn, ...]]:
+    """Cached per parameters: fresh strategy objects per draw cost more than the draw."""
     return st.lists(churn_op(max_num_reqs), max_size=max_size).map(tuple)

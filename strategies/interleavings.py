@@ -1,19 +1,39 @@
 """Stream interleavings: hold a stream at a point of the step.
 
-On GPUs a hold makes one stream's queued work run late; delays are drawn in
-decades so shrinking reports the smallest that still breaks the target.
+The broadcast stream is held by a gate opened by the main stream at a named
+point (the churn written, the next step's drafter run, ...), which forces the
+interleaving on every run; where gates are unavailable the same delay is a
+spin of ``cycles``. The main stream is only ever spun: a gate on it would be
+opened from the broadcast stream, which waits on main in every target and so
+could only time out. Cycles are drawn in decades so shrinking reports the
+smallest spin that still breaks the target.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 from hypothesis import strategies as st
 
 from fuzz.scenario import Delay
 
 CYCLES = (100_000, 1_000_000, 5_000_000)
+UNTIL = ("after_churn", "before_next_call", "after_call", "")
 
 
+_HOLDS = st.sampled_from(
+    [(point, "side", until) for until in UNTIL for point in ("pre_call", "post_call")]
+    + [(point, "main", "") for point in ("pre_call", "post_call")])
+_CYCLES = st.sampled_from(CYCLES)
+
+
+@st.composite
+def _delay(draw) -> Delay:  # noqa: ANN001 - Hypothesis draw
+    point, stream, until = draw(_HOLDS)
+    return Delay(point=point, stream=stream, cycles=draw(_CYCLES), until=until)
+
+
+@cache
 def delays(max_size: int = 2) -> st.SearchStrategy[tuple[Delay, ...]]:
-    one = st.builds(Delay, point=st.sampled_from(("pre_call", "post_call")),
-                    stream=st.sampled_from(("side", "main")), cycles=st.sampled_from(CYCLES))
-    return st.lists(one, max_size=max_size).map(tuple)
+    """Two draws a delay: (point, stream, until) together, and the cycles."""
+    return st.lists(_delay(), max_size=max_size).map(tuple)

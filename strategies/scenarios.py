@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from hypothesis import strategies as st
@@ -11,20 +12,31 @@ from strategies.batches import batches
 from strategies.churn import churn_ops
 from strategies.interleavings import delays
 
+_REQS = st.integers(1, 16)
+_SPEC = st.integers(1, 4)
+_DEPTH = st.integers(1, 3)
 
+
+@cache
 def steps(max_num_reqs: int, num_spec_steps: int) -> st.SearchStrategy[Step]:
     return st.builds(
         lambda b, churn, d: Step(**b, churn=churn, delays=d),
         batches(max_num_reqs, num_spec_steps), churn_ops(max_num_reqs), delays())
 
 
+@cache
+def _step_lists(max_num_reqs: int, num_spec_steps: int,
+                max_steps: int) -> st.SearchStrategy[list[Step]]:
+    return st.lists(steps(max_num_reqs, num_spec_steps), min_size=1, max_size=max_steps)
+
+
 @st.composite
 def scenarios(draw: Any, world_size: int = 1, max_steps: int = 6,
               max_num_reqs: st.SearchStrategy[int] | None = None) -> Scenario:
     """Scenarios for a fixed world size (the ranks are already running)."""
-    reqs = draw(max_num_reqs if max_num_reqs is not None else st.integers(1, 16))
-    k = draw(st.integers(1, 4))
-    depth = draw(st.integers(1, 3))
-    body = draw(st.lists(steps(reqs, k), min_size=1, max_size=max_steps))
+    reqs = draw(max_num_reqs if max_num_reqs is not None else _REQS)
+    k = draw(_SPEC)
+    depth = draw(_DEPTH)
+    body = draw(_step_lists(reqs, k, max_steps))
     return Scenario(world_size=world_size, max_num_reqs=reqs, num_spec_steps=k,
                     pipeline_depth=depth, steps=tuple(body))

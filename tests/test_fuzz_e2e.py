@@ -67,6 +67,6 @@ def test_shrink_budget_saves_the_best_case_so_far_without_calling_it_flaky(cpu_p
                                                                            tmp_path):
     res = driver.fuzz(cpu_pool, SHIFTED, ci_settings, max_examples=300, seed=0,
                       shrink_budget_s=1e-6, corpus_dir=tmp_path)
-    assert res.failure is not None and res.shrink_cut and not res.flaky
+    assert res.failure is not None and res.shrink_truncated and not res.flaky
     entry = corpus.load(res.corpus_path)
     assert not driver.replay(cpu_pool, entry).ok

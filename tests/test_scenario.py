@@ -32,6 +32,7 @@ def _one_step(**step):
     ({"churn": [{"dtype": "uint8", "fill": 300}]}, "fill"),
     ({"churn": [{"colour": "red"}]}, "unknown field"),
     ({"delays": [{"stream": "elsewhere"}]}, "stream"),
+    ({"delays": [{"until": "whenever"}]}, "until"),
 ])
 def test_bad_scenarios_name_the_field(step, message):
     with pytest.raises(ScenarioError, match=message):
@@ -41,3 +42,12 @@ def test_bad_scenarios_name_the_field(step, message):
 def test_broadcasts_only_when_some_request_samples():
     scn = Scenario.from_dict(_one_step(final=[False, False], num_sampled=[0, 0]))
     assert not scn.steps[0].broadcasts
+
+
+def test_delays_written_before_gates_still_load_as_spins():
+    old = _one_step(delays=[{"point": "pre_call", "stream": "side", "cycles": 5_000_000}])
+    (d,) = Scenario.from_dict(old).steps[0].delays
+    assert (d.cycles, d.until) == (5_000_000, "")
+    gate = _one_step(delays=[{"point": "pre_call", "stream": "side", "until": "after_churn"}])
+    again = Scenario.from_dict(json.loads(json.dumps(Scenario.from_dict(gate).to_dict())))
+    assert again.steps[0].delays[0].until == "after_churn"

@@ -1,0 +1,356 @@
+"""``python -m fuzz bench``: how fast the fuzzer is, and what Hypothesis costs.
+
+For each device and built-in target it measures, on one warm rank pool:
+
+* fuzzer examples/s (Hypothesis + driver, generation only, failures counted
+  and not raised) and, on exactly the scenarios it drew, a hand-written loop
+  that does the same per-example work (the same rank processes, the same
+  ``RankPool.run`` and value oracle) without Hypothesis or the driver: the
+  ratio fuzzer/loop is Hypothesis's and the driver's overhead alone;
+* the cost of each oracle: the loop again with oracles switched off one by one;
+* on fresh pools (a cold start: processes, process group, gate compile, with
+  an empty Triton cache), the examples and seconds to the first failure and
+  the time spent shrinking it, median over seeds;
+* detection rates with gates and with spins: the same scenarios (a crafted
+  minimal one, repeated, and random ones drawn without Hypothesis) run both ways.
+
+It writes ``bench.json`` and ``bench.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import platform
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+from hypothesis import Phase
+
+from fuzz import corpus, driver, oracles, profiles, targets
+from fuzz.ranks import RankPool
+from fuzz.scenario import FILL_RANGE, Churn, Delay, Scenario, Step
+from fuzz.verdict import Failure, Verdict
+from strategies import scenarios
+
+Log = Callable[[str], None]
+ORACLE_SETS = {"none": (), "value": ("value",), "value+reuse": ("value", "reuse")}
+
+
+@dataclass
+class LoopResult:
+    examples: int
+    elapsed_s: float
+    failures: int
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.examples / self.elapsed_s if self.elapsed_s else 0.0
+
+
+def judge(pool: RankPool, target: str, scenario: Scenario,
+          options: dict[str, Any]) -> Verdict:
+    """One example, by hand: the work ``driver.evaluate`` does, spelled out."""
+    outcome = pool.run(target, scenario, options)
+    if outcome.failure is not None:
+        return Verdict([outcome.failure])
+    obs = outcome.observations
+    found = [Failure(**f) for o in obs for f in o["findings"]]
+    if "value" in options.get("oracles", ("value",)):
+        found += oracles.check_values(scenario, obs)
+    return Verdict(found)
+
+
+def hand_loop(pool: RankPool, target: str, batch: Sequence[Scenario],
+              options: dict[str, Any]) -> LoopResult:
+    """The baseline: scenarios drawn up front, then a plain loop over the ranks."""
+    failures = 0
+    start = time.perf_counter()
+    for scenario in batch:
+        failures += not judge(pool, target, scenario, options).ok
+    return LoopResult(len(batch), time.perf_counter() - start, failures)
+
+
+# -- scenarios without Hypothesis ----------------------------------------------
+_ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "uint8": 1}
+
+
+def random_scenario(rng: random.Random, world_size: int, max_steps: int = 6) -> Scenario:
+    """A scenario from the strategies' distribution, drawn with a plain RNG."""
+    reqs, k = rng.randint(1, 16), rng.randint(1, 4)
+    steps = []
+    for _ in range(rng.randint(1, max_steps)):
+        n = rng.randint(0, reqs)
+        idx = tuple(rng.sample(range(reqs), n))
+        final = tuple(rng.random() < 0.5 for _ in idx)
+        churn = []
+        for _ in range(rng.randint(0, 4)):
+            dtype = rng.choice(("int32", "int64", "float32", "uint8"))
+            cls = 512 // _ITEMSIZE[dtype]
+            lo, hi = FILL_RANGE[dtype]
+            fill = rng.randint(0, reqs - 1) if rng.random() < 0.5 else rng.randint(reqs, hi)
+            churn.append(Churn(stream=rng.choice(("main", "side")),
+                               numel=rng.randint(1, cls) if rng.random() < 0.5
+                               else rng.randint(cls + 1, 8 * cls),
+                               dtype=dtype, fill=max(lo, fill), keep=rng.random() < 0.5))
+        delays = []
+        for _ in range(rng.randint(0, 2)):
+            side = rng.random() < 0.5
+            delays.append(Delay(point=rng.choice(("pre_call", "post_call")),
+                                stream="side" if side else "main",
+                                cycles=rng.choice((100_000, 1_000_000, 5_000_000)),
+                                until=rng.choice(("after_churn", "before_next_call",
+                                                  "after_call", "")) if side else ""))
+        steps.append(Step(idx_mapping=idx, idx_dtype=rng.choice(("int64", "int32")),
+                          final=final,
+                          num_sampled=tuple(rng.randint(1, k + 1) if f else 0 for f in final),
+                          num_rejected=tuple(rng.randint(0, k) for _ in idx),
+                          churn=tuple(churn), delays=tuple(delays)))
+    return Scenario(world_size=world_size, max_num_reqs=reqs, num_spec_steps=k,
+                    pipeline_depth=rng.randint(1, 3), steps=tuple(steps))
+
+
+def crafted(bug: str, world_size: int, cycles: int = 1_000_000) -> Scenario:
+    """The smallest forced interleaving for each bug (the spec's H200 experiments).
+
+    ``reuse``: the broadcast stream is held until main has allocated and filled
+    a block of ``idx_mapping``'s size class. ``war``: held until the next
+    step's drafter has rewritten the same rows.
+    """
+    n = 4
+    base = dict(idx_mapping=tuple(range(n)), idx_dtype="int64", final=(True,) * n,
+                num_sampled=(1,) * n, num_rejected=(0,) * n)
+    if bug == "reuse":
+        hold = Delay("pre_call", "side", cycles, until="after_churn")
+        # Several same-class blocks, kept: whichever free block the allocator
+        # picks first, idx_mapping's is among those handed out.
+        churn = tuple(Churn("main", n, "int64", 1, True) for _ in range(4))
+        steps = (Step(**base, churn=churn, delays=(hold,)),)
+    else:
+        hold = Delay("pre_call", "side", cycles, until="before_next_call")
+        steps = (Step(**base, delays=(hold,)), Step(**base))
+    return Scenario(world_size=world_size, max_num_reqs=8, num_spec_steps=2, steps=steps)
+
+
+# -- the measurements ----------------------------------------------------------
+def _settings(generate_only: bool) -> hypothesis.settings:
+    base = profiles.get("ci")
+    if generate_only:
+        return hypothesis.settings(base, phases=(Phase.generate,))
+    return base
+
+
+def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
+               options: dict[str, Any] | None = None,
+               oracle_examples: int = 50, oracle_rounds: int = 2) -> dict[str, Any]:
+    """Fuzzer and loop on the same scenarios, then the loop per oracle set
+    (on the first ``oracle_examples`` of them)."""
+    options = dict(options or {})
+    drawn: list[Scenario] = []
+    strategy = scenarios(world_size=pool.world_size).map(lambda s: drawn.append(s) or s)
+    restarts = pool.restarts
+    fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
+                     strategy=strategy, options=options, stop_on_failure=False)
+    fuzz_restarts = pool.restarts - restarts
+    loop = hand_loop(pool, target, drawn, options)
+    # Interleaved rounds, best of each: one pass is at the mercy of a busy host.
+    per_oracle: dict[str, float] = {}
+    for _ in range(oracle_rounds):
+        for name, oracle_set in ORACLE_SETS.items():
+            r = hand_loop(pool, target, drawn[:oracle_examples],
+                          dict(options, oracles=oracle_set))
+            ms = 1000 * r.elapsed_s / max(1, r.examples)
+            per_oracle[name] = min(ms, per_oracle.get(name, ms))
+    return {
+        "examples": fz.examples, "fuzzer_ex_s": fz.examples_per_s,
+        "loop_ex_s": loop.examples_per_s,
+        "ratio": fz.examples_per_s / loop.examples_per_s if loop.examples_per_s else 0.0,
+        "fuzzer_failures": fz.failures, "loop_failures": loop.failures,
+        "restarts_in_fuzzer_run": fuzz_restarts, "held_by": fz.held,
+        "oracle_examples": min(oracle_examples, len(drawn)),
+        "ms_per_example": per_oracle,
+        "oracle_cost_ms": {"value": per_oracle["value"] - per_oracle["none"],
+                           "reuse": per_oracle["value+reuse"] - per_oracle["value"]},
+    }
+
+
+def first_failure(device: str, world: int, target: str, seed: int, max_examples: int,
+                  budget_s: float, options: dict[str, Any], timeout: float,
+                  shrink_budget_s: float | None) -> dict[str, Any]:
+    """From a cold start: fresh ranks, an empty Triton cache, then fuzz until found.
+
+    ``shrink_budget_s`` None: stop at the first failure, no shrinking.
+    """
+    env = {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="streamfuzz-triton-")}
+    t0 = time.perf_counter()
+    with RankPool(world, device, timeout=timeout, env=env) as pool:
+        start_s = time.perf_counter() - t0
+        res = driver.fuzz(pool, target, _settings(shrink_budget_s is None),
+                          max_examples=max_examples, seed=seed, budget_s=budget_s,
+                          options=options, shrink_budget_s=shrink_budget_s)
+        gates = pool.info[0].get("gates") if pool.info else None
+    found = res.failure is not None
+    return {
+        "seed": seed, "found": found, "kind": res.failure.kind if found else None,
+        "start_s": start_s, "examples": res.first_failure_examples,
+        "fuzz_s": res.first_failure_s,
+        "cold_s": start_s + res.first_failure_s if found else None,
+        "shrink_s": (res.elapsed_s - res.first_failure_s
+                     if found and shrink_budget_s is not None else None),
+        "shrink_truncated": res.shrink_truncated,
+        "examples_run": res.examples, "held_by": res.held, "gates": gates,
+        "shrunk": res.scenario.describe() if res.scenario else None,
+    }
+
+
+def detection(pool: RankPool, target: str, batch: Sequence[Scenario]) -> dict[str, Any]:
+    """Failing examples out of ``len(batch)``, with gates and with spins."""
+    out: dict[str, Any] = {"examples": len(batch)}
+    for hold in ("gate", "spin"):
+        r = hand_loop(pool, target, batch, {"hold": hold})
+        out[hold] = r.failures
+    return out
+
+
+def _median(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
+def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, examples: int = 200,
+        detect_examples: int = 200, random_examples: int = 100, oracle_examples: int = 50,
+        ff_examples: int = 1000, ff_budget_s: float = 60.0, shrink_budget_s: float = 30.0,
+        warmup_examples: int = 30,
+        world_sizes: dict[str, int] | None = None, timeout: float = 60.0,
+        log: Log = print,
+        save: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    """Every measurement for every device and target; returns the report.
+
+    Shrinking is timed on the first seed only (bounded by ``shrink_budget_s``);
+    the other seeds stop at their first failure. ``save`` gets the report after
+    every stage, so a run cut short still leaves its tables behind.
+    """
+    save = save or (lambda _: None)
+    report: dict[str, Any] = {"machine": {"host": platform.node(), "cpu": platform.processor()
+                                          or platform.machine(),
+                                          "python": platform.python_version()},
+                              "hypothesis": hypothesis.__version__, "runs": []}
+    for device in devices:
+        world = (world_sizes or {}).get(device, 2 if device == "cpu" else 1)
+        run_info: dict[str, Any] = {"device": device, "world_size": world,
+                                    "targets": [{"target": name} for name in names]}
+        report["runs"].append(run_info)
+        # Cold starts first: the headline numbers survive a run cut short.
+        for row in run_info["targets"]:
+            name = row["target"]
+            if name in targets.CORRECT:
+                continue
+            runs = [first_failure(device, world, name, seed, ff_examples, ff_budget_s,
+                                  {"hold": "gate"}, timeout,
+                                  shrink_budget_s if seed == 0 else None)
+                    for seed in range(seeds)]
+            row["first_failure"] = {
+                "seeds": runs, "found": sum(r["found"] for r in runs),
+                "median_examples": _median([r["examples"] for r in runs]),
+                "median_cold_s": _median([r["cold_s"] for r in runs]),
+                "median_start_s": _median([r["start_s"] for r in runs]),
+                "median_shrink_s": _median([r["shrink_s"] for r in runs]),
+                "shrink_truncated": any(r["shrink_truncated"] for r in runs),
+                "gates": runs[0]["gates"],
+            }
+            log(f"[{device}] {name}: first failure found {row['first_failure']['found']}/"
+                f"{seeds}, median cold {row['first_failure']['median_cold_s']}, "
+                f"gates: {runs[0]['gates']}")
+            save(report)
+        t0 = time.perf_counter()
+        with RankPool(world, device, timeout=timeout) as pool:
+            info = pool.info[0] if pool.info else {}
+            run_info.update({"device_name": info.get("device_name"), "torch": info.get("torch"),
+                             "backend": info.get("backend"), "gates": info.get("gates"),
+                             "warm_start_s": time.perf_counter() - t0})
+            log(f"[{device}] world {world}, {run_info['device_name']}, gates: {run_info['gates']}")
+            # Warm up first (imports, strategy caches, the ranks' allocators), so
+            # that the first target's numbers are not the warm-up's.
+            driver.fuzz(pool, "main-gather", _settings(True), max_examples=warmup_examples,
+                        seed=99, stop_on_failure=False)
+            rng = random.Random(1234)
+            random_batch = [random_scenario(rng, world) for _ in range(random_examples)]
+            for row in run_info["targets"]:
+                name = row["target"]
+                row["throughput"] = throughput(pool, name, examples,
+                                               oracle_examples=oracle_examples)
+                log(f"  {name}: fuzzer {row['throughput']['fuzzer_ex_s']:.1f} ex/s, "
+                    f"loop {row['throughput']['loop_ex_s']:.1f} ex/s")
+                save(report)
+                row["detection"] = {
+                    "crafted": detection(pool, name, [crafted(
+                        "reuse" if name == "pre-fix" else "war", world)] * detect_examples),
+                    "random": detection(pool, name, random_batch),
+                }
+                log(f"  {name}: detection {row['detection']}")
+                save(report)
+    return report
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The tables the README quotes (stages not run yet show as '-')."""
+    lines = []
+    for r in report["runs"]:
+        lines += [f"### {r['device']}: {r.get('device_name')}, world size {r['world_size']}, "
+                  f"{r.get('backend')}, torch {r.get('torch')}, gates: {r.get('gates')}", "",
+                  "| target | fuzzer ex/s | loop ex/s | fuzzer/loop | held by | value oracle "
+                  "ms/ex | reuse oracle ms/ex | found (seeds) | examples to 1st failure | "
+                  "s to 1st failure (cold) | of which start s | shrink s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for t in r["targets"]:
+            tp, ff = t.get("throughput"), t.get("first_failure") or {}
+            cost = tp["oracle_cost_ms"] if tp else {}
+            seeds = len(ff.get("seeds", []))
+            lines.append(
+                f"| {t['target']} | {_fmt(tp and tp['fuzzer_ex_s'])} | "
+                f"{_fmt(tp and tp['loop_ex_s'])} | {_fmt(tp and tp['ratio'], 2)} | "
+                f"{', '.join(tp['held_by']) if tp and tp['held_by'] else '-'} | "
+                f"{_fmt(cost.get('value'), 2)} | {_fmt(cost.get('reuse'), 2)} | "
+                f"{(str(ff['found']) + '/' + str(seeds)) if ff else '-'} | "
+                f"{_fmt(ff.get('median_examples'), 0)} | {_fmt(ff.get('median_cold_s'), 2)} | "
+                f"{_fmt(ff.get('median_start_s'), 2)} | "
+                f"{'>' if ff.get('shrink_truncated') else ''}"
+                f"{_fmt(ff.get('median_shrink_s'), 2)} |")
+        lines += ["", "| target | crafted: gates | crafted: spins (1e6 cycles) | random: gates | "
+                  "random: spins |", "|---|---|---|---|---|"]
+        for t in r["targets"]:
+            det = t.get("detection")
+            if not det:
+                lines.append(f"| {t['target']} | - | - | - | - |")
+                continue
+            c, q = det["crafted"], det["random"]
+            lines.append(f"| {t['target']} | {c['gate']}/{c['examples']} | "
+                         f"{c['spin']}/{c['examples']} | {q['gate']}/{q['examples']} | "
+                         f"{q['spin']}/{q['examples']} |")
+        lines.append("")
+    lines.append(f"Medians over seeds (shrink: first seed only, '>' when its bound cut it "
+                 f"short); oracle costs over the first examples of the throughput run; "
+                 f"host {report['machine']['host']}, Hypothesis {report['hypothesis']}.")
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, report: dict[str, Any]) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus.write_json_atomic(out / "bench.json", report)
+    md = out / "bench.md"
+    md.write_text(markdown(report))
+    return out / "bench.json", md

@@ -1,0 +1,167 @@
+"""Gates: hold a CUDA stream until the host, or another stream, opens it.
+
+A spin (``torch.cuda._sleep``) only makes an interleaving likely: the held
+stream resumes after a fixed time, whatever the host has queued meanwhile. A
+gate is a one-warp kernel polling a flag in host-mapped pinned memory, so the
+held stream resumes exactly when the flag is set: by the host
+(``Gate.release``) or by a copy queued on another stream (``Gate.release_after``),
+which orders the held stream after that stream's work up to that point.
+
+Every gate is bounded (a wall-clock bound via ``%globaltimer``, or a polling
+bound where Triton lacks the timer): a gate nobody opens — say the opening
+stream itself waits on the held one — times out instead of hanging the run,
+and reports that it did. Gates need Triton and a GPU; ``Gates.create`` raises
+``GateUnavailable`` otherwise, and callers fall back to spins.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+DEFAULT_BOUND_MS = 500.0
+_SLOTS = 1024
+_RELEASED, _TIMED_OUT = 1, 2
+# Polling host memory takes about a microsecond a load over PCIe; generous on purpose.
+_POLLS_PER_MS = 2_000
+
+
+class GateUnavailable(RuntimeError):
+    """No gates here (no Triton, no GPU, or the self-test failed); use spins."""
+
+
+class _Ptr:
+    """What Triton needs to pass a raw device address as an ``int32*`` argument."""
+
+    dtype = torch.int32
+
+    def __init__(self, address: int) -> None:
+        self._address = address
+
+    def data_ptr(self) -> int:
+        return self._address
+
+
+class Gate:
+    """One held stream. Open it once, from the host or from a stream."""
+
+    def __init__(self, pool: Gates, slot: int, stream: Any) -> None:
+        self._pool = pool
+        self.slot = slot
+        self.stream = stream
+        self.opened = False
+
+    def release(self) -> None:
+        """Open now, from the host: the held stream resumes within microseconds."""
+        self._pool._flags[self.slot, 0] = 1
+        self.opened = True
+
+    def release_after(self, stream: Any) -> None:
+        """Open when ``stream`` reaches this point: a 4-byte copy queued on it."""
+        with torch.cuda.stream(stream):
+            self._pool._flag_views[self.slot].copy_(self._pool._one, non_blocking=True)
+        self.opened = True
+
+    @property
+    def timed_out(self) -> bool:
+        """Read after the gate's stream has been synchronized."""
+        return self._pool.timed_out(self.slot)
+
+
+class Gates:
+    """A pool of gate slots for one device; ``reset`` after every synchronize."""
+
+    def __init__(self, device: torch.device, kernel: Any, timed: bool, bound_ms: float) -> None:
+        self.device = device
+        self.kind = "triton" + ("" if timed else "-polls")
+        self._kernel = kernel
+        self._bound = int(bound_ms * 1e6) if timed else int(bound_ms * _POLLS_PER_MS)
+        # Each slot is 16 bytes: [flag, status, pad, pad]. Aligned slots keep one
+        # compiled specialization for every slot.
+        self._slots = torch.zeros((_SLOTS, 4), dtype=torch.int32, pin_memory=True)
+        self._flag_views = [self._slots[i, 0:1] for i in range(_SLOTS)]
+        self._base = self._slots.data_ptr()
+        self._one = torch.ones(1, dtype=torch.int32, device=device)
+        self._next = 0
+        try:
+            import numpy as np  # noqa: F401 - host writes through numpy cost ~0.2 us
+
+            self._flags = self._slots.numpy()
+        except (ImportError, RuntimeError):
+            self._flags = self._slots
+
+    @classmethod
+    def create(cls, device: torch.device, bound_ms: float = DEFAULT_BOUND_MS) -> Gates:
+        """Compile the kernel and prove that a gate holds and opens; else raise."""
+        if device.type != "cuda" or not torch.cuda.is_available():
+            raise GateUnavailable("gates need a CUDA device")
+        try:
+            from fuzz import _gate_kernel as k
+        except ImportError as exc:
+            raise GateUnavailable(f"Triton is not importable ({exc})") from None
+        errors = []
+        variants = [(k.gate_timed, True)] if k._now is not None else []
+        variants.append((k.gate_polls, False))
+        for kernel, timed in variants:
+            try:
+                gates = cls(device, kernel, timed, bound_ms)
+                gates._self_test()
+                return gates
+            except Exception as exc:  # a compile or launch error: try the next one
+                errors.append(f"{kernel.__name__ if hasattr(kernel, '__name__') else kernel}: "
+                              f"{type(exc).__name__}: {str(exc)[:200]}")
+        raise GateUnavailable("; ".join(errors))
+
+    def hold(self, stream: Any) -> Gate | None:
+        """Hold ``stream`` from now on; None when every slot of this example is used."""
+        if self._next >= _SLOTS:
+            return None
+        slot = self._next
+        self._next += 1
+        gate = Gate(self, slot, stream)
+        with torch.cuda.stream(stream):
+            self._kernel[(1,)](_Ptr(self._base + 16 * slot), self._bound, num_warps=1)
+        return gate
+
+    @property
+    def used(self) -> int:
+        """Slots handed out since the last ``reset``."""
+        return self._next
+
+    def timed_out(self, slot: int) -> bool:
+        """Whether the gate in ``slot`` ran out its bound; read after a synchronize."""
+        return int(self._flags[slot, 1]) == _TIMED_OUT
+
+    def reset(self) -> None:
+        """Clear the used slots; only once every gate's stream has been synchronized."""
+        if self._next:
+            self._slots[: self._next].zero_()
+            self._next = 0
+
+    def _self_test(self) -> None:
+        main = torch.cuda.current_stream(self.device)
+        other = torch.cuda.Stream(self.device)
+        # Compile and run once, opened by the host.
+        g = self.hold(main)
+        g.release()
+        torch.cuda.synchronize(self.device)
+        if g.timed_out:
+            raise GateUnavailable("a gate opened by the host reported a timeout")
+        self.reset()
+        # It must hold: work queued behind it stays queued until it is opened.
+        g = self.hold(main)
+        behind = torch.cuda.Event()
+        behind.record(main)
+        time.sleep(0.005)
+        held = not behind.query()
+        # Opened from another stream, in that stream's order.
+        g.release_after(other)
+        torch.cuda.synchronize(self.device)
+        timed_out = g.timed_out
+        self.reset()
+        if not held:
+            raise GateUnavailable("a gate did not hold its stream")
+        if timed_out:
+            raise GateUnavailable("a gate opened from a stream reported a timeout")

@@ -1,0 +1,105 @@
+"""The pointer-reuse signal (CUDA ranks only): the oracle of PyTorch's own
+``record_stream`` test, applied to a whole handler.
+
+While the handler runs, a dispatch mode notes every CUDA storage that an op
+touches on a stream other than the main stream, with an event recorded on that
+stream right after the op. Afterwards, every main-stream allocation the runner
+sees is compared with those storages: an allocation that overlaps one whose
+event has not completed got a block whose earlier tenant is still in use by
+unfinished work on another stream. That is a finding even when the values
+happened to come out right: the next run, or the next fill, corrupts them.
+
+What it sees: every op of the handler call (arguments flattened, so index
+tensors inside lists count); allocations made by ops on the main stream during
+the call, and the runner's own main-stream allocations (batch tensors, churn).
+What it does not see: allocations made outside the call by code other than the
+runner, work queued on other streams outside the call, and reuse after the
+other stream's work has finished (that is harmless). A block protected by
+``record_stream`` is never handed out early by the allocator, so it never
+triggers; blocks allocated on another stream live in that stream's pool and
+never reach main.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+_SKIP = {torch.ops.aten.record_stream.default}
+
+
+class ReuseWatch:
+    """One example's watch on one rank; ``findings`` are rank-side finding dicts."""
+
+    def __init__(self, main: Any, rank: int) -> None:
+        self.main = main
+        self.rank = rank
+        self.step: int | None = None
+        # (start, end, event, step, op name, stream) of storages used off main.
+        self._used: list[tuple[int, int, Any, int | None, str, Any]] = []
+        self.findings: list[dict[str, Any]] = []
+        self._seen: set[tuple[int, int]] = set()
+
+    def call(self) -> TorchDispatchMode:
+        """The mode to run the handler call under."""
+        return _Mode(self)
+
+    def check(self, t: torch.Tensor, what: str) -> None:
+        """``t`` was just allocated on the main stream: did it get a busy block?"""
+        if not self._used or not t.is_cuda:
+            return
+        s = t.untyped_storage()
+        start = s.data_ptr()
+        end = start + max(1, s.nbytes())
+        live = []
+        for entry in self._used:
+            lo, hi, event, step, op, stream = entry
+            if event.query():
+                continue  # that stream's use is over: reusing the block is safe
+            live.append(entry)
+            if lo < end and start < hi and (step, lo) not in self._seen:
+                self._seen.add((step, lo))
+                self.findings.append({
+                    "kind": "reuse", "rank": self.rank, "step": self.step,
+                    "message": (f"step {self.step}: a main-stream allocation ({what}) got the "
+                                f"block at {start:#x} while {op} of step {step}, queued on "
+                                f"another stream, still used its earlier tenant (freed "
+                                f"without record_stream on that stream)")})
+        self._used = live
+
+    def _note(self, op: str, tensors: list[torch.Tensor], stream: Any) -> None:
+        event = torch.cuda.Event()
+        event.record(stream)
+        for t in tensors:
+            s = t.untyped_storage()
+            lo = s.data_ptr()
+            self._used.append((lo, lo + max(1, s.nbytes()), event, self.step, op, stream))
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, watch: ReuseWatch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _SKIP:
+            return out
+        stream = torch.cuda.current_stream()
+        w = self.watch
+        if stream == w.main:
+            if any(r.alias_info is not None for r in func._schema.returns):
+                return out  # a view or an in-place result: no new block
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    w.check(t, f"output of {func.__name__}")
+        else:
+            flat = tree_flatten((args, kwargs))[0]
+            used = [t for t in flat if isinstance(t, torch.Tensor) and t.is_cuda]
+            if used:
+                w._note(func.__name__, used, stream)
+        return out

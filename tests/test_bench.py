@@ -1,0 +1,89 @@
+"""The benchmark's plumbing on CPU, on a tiny run; and the gate fallback."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from fuzz import bench
+from fuzz.gates import Gates, GateUnavailable
+from fuzz.runner import run_scenario
+from fuzz.scenario import DEFAULT_SPIN, Delay, Scenario, Step
+from fuzz.streams import SimStreams
+from fuzz.targets import TargetContext
+
+COLUMNS = ["target", "fuzzer ex/s", "loop ex/s", "fuzzer/loop", "held by", "value oracle ms/ex",
+           "reuse oracle ms/ex", "found (seeds)", "examples to 1st failure",
+           "s to 1st failure (cold)", "of which start s", "shrink s"]
+
+
+def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path):
+    report = bench.run(["cpu"], ["pre-fix"], seeds=1, examples=4, detect_examples=2,
+                       ff_examples=3, ff_budget_s=20, timeout=30, warmup_examples=2,
+                       oracle_examples=2, log=lambda _: None)
+    json_path, md_path = bench.write(tmp_path, report)
+    data = json.loads(json_path.read_text())
+    (run,) = data["runs"]
+    assert run["device"] == "cpu" and run["world_size"] == 2
+    (row,) = run["targets"]
+    tp = row["throughput"]
+    assert tp["examples"] == 4 and tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
+    assert set(tp["oracle_cost_ms"]) == {"value", "reuse"}
+    assert row["detection"]["crafted"]["examples"] == 2
+    assert set(row["detection"]["random"]) == {"examples", "gate", "spin"}
+    assert len(row["first_failure"]["seeds"]) == 1
+    header = next(ln for ln in md_path.read_text().splitlines() if ln.startswith("| target |"))
+    assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
+
+
+def test_random_scenarios_are_valid_and_crafted_ones_hold_until_a_point():
+    rng = random.Random(0)
+    for _ in range(200):
+        bench.random_scenario(rng, 2).validate()
+    assert bench.crafted("reuse", 1).steps[0].delays[0].until == "after_churn"
+    war = bench.crafted("war", 1)
+    assert len(war.steps) == 2 and war.steps[0].delays[0].until == "before_next_call"
+
+
+def test_gates_are_unavailable_without_cuda():
+    with pytest.raises(GateUnavailable):
+        Gates.create(torch.device("cpu"))
+
+
+class _SpinOnly(SimStreams):
+    """CUDA-like streams without gates: every hold must become a spin."""
+
+    def __init__(self):
+        super().__init__()
+        self.spins = []
+
+    def spin(self, s, cycles):
+        self.spins.append((s, cycles))
+        return "spin"
+
+
+def _factory(ctx):
+    from fuzz.targets.pp_draft import MainGather
+
+    return MainGather(ctx)
+
+
+def test_gate_delays_fall_back_to_spins_where_gates_are_unavailable():
+    step = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0),
+                delays=(Delay("pre_call", "side", 0, until="after_churn"),
+                        Delay("post_call", "side", 1000, until="before_next_call"),
+                        Delay("pre_call", "main", 0)))
+    scn = Scenario(world_size=1, max_num_reqs=2, steps=(step,))
+    streams = _SpinOnly()
+    ctx = TargetContext(rank=0, world_size=1, last_rank=0, device=torch.device("cpu"),
+                        group=None, max_num_reqs=2, num_spec_steps=2, streams=streams)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        obs = run_scenario(scn, _factory, ctx, {"hold": "gate"})
+    finally:
+        dist.destroy_process_group()
+    assert obs["held"] == ["spin"]
+    assert [c for _, c in streams.spins] == [DEFAULT_SPIN, 1000]

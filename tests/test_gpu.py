@@ -1,0 +1,103 @@
+"""Gates and the pointer-reuse signal on a real GPU (skipped without one)."""
+
+import time
+
+import pytest
+import torch
+
+from fuzz import driver
+from fuzz.bench import crafted
+from fuzz.ranks import RankPool, probe_gpus
+from fuzz.scenario import Churn, Delay, Scenario, Step
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def gates():
+    from fuzz.gates import Gates, GateUnavailable
+
+    try:
+        return Gates.create(torch.device("cuda", 0), bound_ms=200)
+    except GateUnavailable as exc:
+        pytest.fail(f"gates unavailable on this GPU: {exc}")
+
+
+def test_gate_holds_until_the_host_opens_it(gates):
+    s = torch.cuda.Stream()
+    g = gates.hold(s)
+    after = torch.cuda.Event()
+    after.record(s)
+    time.sleep(0.02)
+    assert not after.query()
+    g.release()
+    after.synchronize()
+    assert not g.timed_out
+    gates.reset()
+
+
+def test_gate_opened_from_another_stream_orders_after_that_stream(gates):
+    held, other = torch.cuda.Stream(), torch.cuda.Stream()
+    x = torch.zeros(1, device="cuda")
+    g = gates.hold(held)
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(2_000_000)
+        x.fill_(7)
+    g.release_after(other)
+    with torch.cuda.stream(held):
+        seen = x.clone()  # runs only after other's fill
+    torch.cuda.synchronize()
+    assert seen.item() == 7 and not g.timed_out
+    gates.reset()
+
+
+def test_a_gate_nobody_opens_times_out_instead_of_hanging(gates):
+    s = torch.cuda.Stream()
+    g = gates.hold(s)
+    t = time.monotonic()
+    s.synchronize()
+    assert g.timed_out and time.monotonic() - t < 5
+    gates.reset()
+
+
+@pytest.fixture(scope="module")
+def gpu_pool():
+    if probe_gpus() < 1:
+        pytest.skip("needs a CUDA GPU")
+    with RankPool(1, "cuda", timeout=60.0) as pool:
+        assert pool.info[0]["gates"].startswith("triton"), pool.info[0]["gates"]
+        yield pool
+
+
+def test_gates_force_the_pre_fix_reuse_every_time(gpu_pool):
+    scn = crafted("reuse", 1)
+    kinds = [driver.evaluate(gpu_pool, "pre-fix", scn, {"hold": "gate"}) for _ in range(20)]
+    assert all(not v.ok and v.first.kind == "reuse" and "gate" in v.held for v in kinds)
+
+
+def test_reuse_is_reported_even_when_the_values_match(gpu_pool):
+    # One request in slot 0; the main-stream churn writes 0 into its block: the
+    # gather reads the same index, the values are right, the reuse is still wrong.
+    step = Step(idx_mapping=(0,), final=(True,), num_sampled=(1,), num_rejected=(0,),
+                churn=tuple(Churn("main", 1, "int64", 0, True) for _ in range(4)),
+                delays=(Delay("pre_call", "side", 0, until="after_churn"),))
+    scn = Scenario(world_size=1, max_num_reqs=4, steps=(step,))
+    v = driver.evaluate(gpu_pool, "pre-fix", scn, {"hold": "gate"})
+    assert [f.kind for f in v.failures] == ["reuse"], v.summary()
+    assert driver.evaluate(gpu_pool, "pr-fix", scn, {"hold": "gate"}).ok
+
+
+def test_gates_force_the_pr_fix_write_after_read_every_time(gpu_pool):
+    scn = crafted("war", 1)
+    verdicts = [driver.evaluate(gpu_pool, "pr-fix", scn, {"hold": "gate"}) for _ in range(20)]
+    assert all(not v.ok and v.first.kind == "value" for v in verdicts)
+
+
+@pytest.mark.parametrize("bug", ["reuse", "war"])
+def test_main_gather_is_clean_under_the_same_gates(gpu_pool, bug):
+    for _ in range(20):
+        v = driver.evaluate(gpu_pool, "main-gather", crafted(bug, 1), {"hold": "gate"})
+        assert v.ok and v.held == ["gate"], v.summary()
