@@ -35,6 +35,20 @@ def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
         return _Run(scenario, factory, ctx, options or {}).run()
 
 
+def _lifetime_checker(ctx: TargetContext, options: dict[str, Any]) -> Any:
+    """The lifetime oracle for this rank's streams, or None when it is off."""
+    if "lifetime" not in (options.get("oracles") or ()):
+        return None
+    if ctx.streams.kind == "sim":
+        from fuzz.oracles.lifetime import LifetimeChecker
+
+        return LifetimeChecker(ctx.streams, rank=ctx.rank, group_rank=ctx.rank).attach()
+    # Imported only here: a mistake in the CUDA adapter cannot break CPU runs.
+    from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
+
+    return CudaLifetimeChecker(ctx.streams, rank=ctx.rank, group_rank=ctx.rank).attach()
+
+
 class _Run:
     def __init__(self, scenario: Scenario, factory: Factory, ctx: TargetContext,
                  options: dict[str, Any]) -> None:
@@ -45,16 +59,27 @@ class _Run:
         self.dev = ctx.device
         self.pin = ctx.device.type == "cuda"
         self.main = self.streams.current_stream()
+        self.checker = _lifetime_checker(ctx, options)
         self.handler = factory(ctx)
         k = scenario.num_spec_steps
         self.table = torch.zeros((scenario.max_num_reqs, k), dtype=torch.int64, device=self.dev)
+        self._name(self.table, "draft_table")
         self.sent: list[tuple[int, torch.Tensor]] = []
         self.applied: list[tuple[int, tuple[torch.Tensor, ...]]] = []
         self.parked: deque[int] = deque()
         self.held: list[str] = []
 
     def run(self) -> dict[str, Any]:
+        try:
+            return self._steps()
+        finally:
+            if self.checker is not None:
+                self.checker.detach()
+
+    def _steps(self) -> dict[str, Any]:
         for i, step in enumerate(self.sc.steps):
+            if self.checker is not None:
+                self.checker.step = i
             if not self.ctx.is_last_rank:
                 self._apply_due(i)
             self._delays(step, "pre_call")
@@ -69,8 +94,13 @@ class _Run:
             "sent": [[i, t.tolist()] for i, t in self.sent],
             "applied": [[i] + [t.tolist() for t in ts] for i, ts in self.applied],
             "held": sorted(set(self.held)),
-            "findings": [],
+            "findings": self.checker.finish() if self.checker is not None else [],
         }
+
+    def _name(self, t: torch.Tensor | None, name: str) -> None:
+        """Name a storage for the lifetime oracle's reports; keeps no reference."""
+        if self.checker is not None and t is not None:
+            self.checker.name(t, name, self.main)
 
     # -- the step -----------------------------------------------------------
     def _call(self, i: int, step: Step) -> None:
@@ -106,6 +136,8 @@ class _Run:
             batch.sampled_tokens = self._to_device(rows, torch.int64, shape=(step.num_reqs, k + 1))
             batch.num_sampled = self._to_device(list(step.num_sampled), torch.int32)
             batch.num_rejected = self._to_device(list(step.num_rejected), torch.int32)
+        for name in ("idx_mapping", "sampled_tokens", "num_sampled", "num_rejected"):
+            self._name(getattr(batch, name), name)
         return batch
 
     def _to_device(self, values: list, dtype: torch.dtype,
