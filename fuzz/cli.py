@@ -1,4 +1,4 @@
-"""``python -m fuzz`` / ``streamfuzz``: run, replay.
+"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config.
@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="fuzz targets; shrunk failures go to the corpus")
     r.add_argument("--target", action="append", metavar="T",
-                   help="built-in name or package.module:attr; repeatable (default: all built-ins)")
+                   help="built-in name or package.module:attr; repeatable "
+                        "(default: the three versions)")
     common(r)
     r.add_argument("--world-size", type=_positive, default=None,
                    help="ranks (default: 2 on cpu, every GPU on cuda)")
@@ -67,13 +68,29 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--corpus", type=Path, default=Path("corpus"))
     r.add_argument("--report", type=Path, default=None)
     r.add_argument("--profile", choices=profiles.PROFILES, default="default")
+    r.add_argument("--oracle", choices=("value", "lifetime", "all"), default="all",
+                   help="which oracles judge each example (default: all)")
 
     y = sub.add_parser("replay", help="replay corpus entries as regressions")
     y.add_argument("paths", nargs="+", type=Path)
     common(y)
     y.add_argument("--attempts", type=_positive, default=3,
                    help="tries for an entry found on a GPU (races need not show at once)")
+
+    m = sub.add_parser("matrix", help="every built-in target x oracle: found or clean")
+    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    m.add_argument("--timeout", type=_seconds, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60)")
+    m.add_argument("--max-examples", type=_positive, default=200)
+    m.add_argument("--seeds", type=_positive, default=1, help="seeds 0..K-1 per cell")
+    m.add_argument("--oracle", choices=("value", "lifetime", "all"), action="append",
+                   help="columns (default: lifetime and value on cpu, all three on cuda)")
+    m.add_argument("--target", action="append", metavar="T", help="rows (default: built-ins)")
     return p
+
+
+def _oracles(choice: str) -> list[str]:
+    return ["value", "lifetime"] if choice == "all" else [choice]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,6 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         if args.command == "run":
             return _run(args)
+        if args.command == "matrix":
+            from fuzz import matrix
+
+            device, gpus = _device(args.device)
+            return matrix.main(args, device, _world_size(device, gpus, None))
         return _replay(args)
     except UsageError as exc:
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
@@ -139,7 +161,7 @@ class _Progress:
 def _run(args: argparse.Namespace) -> int:
     from fuzz import driver
 
-    names = args.target or list(targets.BUILTIN)
+    names = args.target or list(targets.VERSIONS)
     for name in names:
         targets.check_importable(name)
     device, gpus = _device(args.device)
@@ -151,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
             progress = _Progress(name)
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget, corpus_dir=args.corpus,
-                              progress=progress)
+                              progress=progress, oracles=_oracles(args.oracle))
             progress.done()
             results.append(res)
             _print_result(res)

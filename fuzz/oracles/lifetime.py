@@ -204,7 +204,7 @@ class LifetimeModel:
         what = f"{info.dtype}{shape}"
         if info.name:
             return f"{info.name} ({what})"
-        return f"a {what} tensor made by {info.alloc_op}"
+        return f"a tensor {what} made by {info.alloc_op}"
 
     def _add(self, kind: str, message: str) -> None:
         if len(self.findings) >= _MAX_FINDINGS:
