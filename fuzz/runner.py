@@ -117,6 +117,8 @@ class _Run:
                 self.parked.append(i)
         # The runner keeps nothing of the batch once the call returns.
         del batch
+        if self.checker is not None:
+            self.checker.poll()  # so a report's free frame is this line, not a later op
 
     def _apply_due(self, now: int | None) -> None:
         depth = self.sc.pipeline_depth
