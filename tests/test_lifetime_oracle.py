@@ -87,6 +87,8 @@ def test_gpu_run_reports_lifetime_and_race_beside_the_value_oracle():
         assert "draft_table" in pr.first.message
         ok = driver.evaluate(pool, "main-gather", _scn(world=1, steps=3), both)
         assert ok.ok, ok.summary()
-        for name in ("wrong-record-stream", "missing-wait", "staging-buffer"):
+        # Ordering races only: NCCL may stash a collective's tensors until it
+        # completes, which legitimately covers a lifetime mutant of the send side.
+        for name in ("missing-wait", "sampled-before-wait", "staging-buffer"):
             v = driver.evaluate(pool, name, _scn(world=1), both)
             assert not v.ok and v.first.kind in ("lifetime", "race"), (name, v.summary())
