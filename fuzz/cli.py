@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--max-examples", type=_positive, default=200)
     m.add_argument("--seeds", type=_positive, default=1, help="seeds 0..K-1 per cell")
     m.add_argument("--oracle", choices=("value", "lifetime", "all"), action="append",
-                   help="columns (default: lifetime and value on cpu, all three on cuda)")
+                   help="columns (default: lifetime and value)")
     m.add_argument("--target", action="append", metavar="T", help="rows (default: built-ins)")
     return p
 
