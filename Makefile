@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUDGET ?= 60
 EXAMPLES ?= 300
 
-.PHONY: fuzz test replay lint bench clean
+.PHONY: fuzz test replay lint bench matrix clean
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -33,6 +33,12 @@ test: $(VENV)/.ready
 
 replay: $(VENV)/.ready
 	$(PY) -m fuzz replay corpus
+
+# The CPU column of the target x oracle matrix: fails if the lifetime oracle
+# misses a buggy target or a mutant on any seed, or flags the correct target.
+SEEDS ?= 3
+matrix: $(VENV)/.ready
+	$(PY) -m fuzz matrix --device cpu --oracle lifetime --seeds $(SEEDS) --max-examples 200
 
 lint: $(VENV)/.ready
 	$(PY) -m ruff check fuzz strategies tests bench

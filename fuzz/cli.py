@@ -1,4 +1,4 @@
-"""``python -m fuzz`` / ``streamfuzz``: run, replay, bench.
+"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config.
@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="fuzz targets; shrunk failures go to the corpus")
     r.add_argument("--target", action="append", metavar="T",
-                   help="built-in name or package.module:attr; repeatable (default: all built-ins)")
+                   help="built-in name or package.module:attr; repeatable "
+                        "(default: the three versions)")
     common(r)
     r.add_argument("--world-size", type=_positive, default=None,
                    help="ranks (default: 2 on cpu, every GPU on cuda)")
@@ -72,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--hold", choices=("gate", "spin"), default="gate",
                    help="how delays that name a point hold a stream: a gate kernel opened "
                         "at that point (falls back to spins without Triton) or a spin")
+    r.add_argument("--oracle", choices=("value", "lifetime", "all"), default="all",
+                   help="which oracles judge each example (default: all)")
 
     y = sub.add_parser("replay", help="replay corpus entries as regressions")
     y.add_argument("paths", nargs="+", type=Path)
@@ -103,7 +106,20 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cuda-world-size", type=_positive, default=1)
     b.add_argument("--timeout", type=_seconds, default=60.0)
     b.add_argument("--out", type=Path, default=Path("reports/bench"))
+    m = sub.add_parser("matrix", help="every built-in target x oracle: found or clean")
+    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    m.add_argument("--timeout", type=_seconds, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60)")
+    m.add_argument("--max-examples", type=_positive, default=200)
+    m.add_argument("--seeds", type=_positive, default=1, help="seeds 0..K-1 per cell")
+    m.add_argument("--oracle", choices=("value", "lifetime", "all"), action="append",
+                   help="columns (default: lifetime and value)")
+    m.add_argument("--target", action="append", metavar="T", help="rows (default: built-ins)")
     return p
+
+
+def _oracles(choice: str) -> list[str]:
+    return ["value", "lifetime"] if choice == "all" else [choice]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,6 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "matrix":
+            from fuzz import matrix
+
+            device, gpus = _device(args.device)
+            return matrix.main(args, device, _world_size(device, gpus, None))
         return _replay(args)
     except UsageError as exc:
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
@@ -171,7 +192,7 @@ class _Progress:
 def _run(args: argparse.Namespace) -> int:
     from fuzz import driver
 
-    names = args.target or list(targets.BUILTIN)
+    names = args.target or list(targets.VERSIONS)
     for name in names:
         targets.check_importable(name)
     device, gpus = _device(args.device)
@@ -184,7 +205,8 @@ def _run(args: argparse.Namespace) -> int:
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget,
                               shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                              progress=progress, options={"hold": args.hold})
+                              progress=progress, options={"hold": args.hold},
+                              oracles=_oracles(args.oracle))
             progress.done()
             results.append(res)
             _print_result(res)

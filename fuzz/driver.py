@@ -27,6 +27,18 @@ from strategies import scenarios
 
 Progress = Callable[[int, float, int], None]
 
+ORACLES = ("value", "lifetime", "reuse")
+"""Every oracle; ``value`` runs in the driver, ``lifetime`` on the ranks."""
+
+
+def oracle_options(oracles: tuple[str, ...] | list[str] | None) -> dict[str, Any]:
+    """The options that turn on ``oracles`` (default: all of them)."""
+    chosen = list(ORACLES if oracles is None else oracles)
+    unknown = sorted(set(chosen) - set(ORACLES))
+    if unknown:
+        raise ValueError(f"unknown oracle(s) {unknown}: use {', '.join(ORACLES)}")
+    return {"oracles": chosen}
+
 
 def evaluate(pool: RankPool, target: str, scenario: Scenario,
              options: dict[str, Any] | None = None) -> Verdict:
@@ -34,14 +46,22 @@ def evaluate(pool: RankPool, target: str, scenario: Scenario,
 
     Rank-side oracles report ``findings`` in the observations; the value
     oracle runs here. Rank-side findings come first: they name the cause.
+    ``options["oracles"]`` picks the oracles (default: only ``value``, the
+    behaviour of runs that predate the option).
     """
+    options = dict(options or {})
+    chosen = options.get("oracles") or ["value"]
+    options["oracles"] = list(chosen)
     outcome = pool.run(target, scenario, options)
     if outcome.failure is not None:
         return Verdict([outcome.failure])
     obs = outcome.observations
     held = sorted({h for o in obs for h in o.get("held", [])})
     found = [Failure(**f) for o in obs for f in o.get("findings", [])]
-    return Verdict(found + oracles.check_values(scenario, obs), held=held)
+    # Earliest step first; within a step, lower rank first.
+    found.sort(key=lambda f: (f.step if f.step is not None else -1, f.rank or 0))
+    values = oracles.check_values(scenario, obs) if "value" in chosen else []
+    return Verdict(found + values, held=held)
 
 
 class _Found(Exception):
@@ -68,12 +88,13 @@ class CampaignResult:
         return self.examples / self.elapsed_s if self.elapsed_s else 0.0
 
 
-def found_on(pool: RankPool) -> dict[str, Any]:
-    """Where a failure was found, for the corpus entry."""
+def found_on(pool: RankPool, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where a failure was found, and by which oracles, for the corpus entry."""
     info = pool.info[0] if pool.info else {}
     return {"torch": info.get("torch"), "device": pool.device,
             "device_name": info.get("device_name"), "backend": info.get("backend"),
-            "world_size": pool.world_size, "hypothesis": hypothesis.__version__}
+            "world_size": pool.world_size, "hypothesis": hypothesis.__version__,
+            "oracles": list((options or {}).get("oracles") or ["value"])}
 
 
 def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_examples: int,
@@ -81,19 +102,20 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
          corpus_dir: Path | None = None,
          strategy: st.SearchStrategy[Scenario] | None = None,
          progress: Progress | None = None, options: dict[str, Any] | None = None,
-         stop_on_failure: bool = True,
-         shrink_budget_s: float | None = 120.0) -> CampaignResult:
+         stop_on_failure: bool = True, shrink_budget_s: float | None = 120.0,
+         oracles: tuple[str, ...] | list[str] | None = None) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
-    ``options`` go to every rank unchanged (see ``fuzz.runner``). With
-    ``stop_on_failure`` False failures are counted in ``failures`` and the run
-    goes on (the benchmark measures throughput that way). ``shrink_budget_s``
-    bounds shrinking: past it no more examples run, the smallest failure so far
-    is kept and ``shrink_truncated`` is set (on a GPU every crash costs a new
-    CUDA context per shrink step; a smaller case found late is worth less than
-    one saved now).
+    ``options`` go to every rank unchanged (see ``fuzz.runner``); ``oracles``
+    (default: all) are added to them. With ``stop_on_failure`` False failures
+    are counted in ``failures`` and the run goes on (the benchmark measures
+    throughput that way). ``shrink_budget_s`` bounds shrinking: past it no more
+    examples run, the smallest failure so far is kept and ``shrink_truncated``
+    is set (on a GPU every crash costs a new CUDA context per shrink step; a
+    smaller case found late is worth less than one saved now).
     """
     result = CampaignResult(target=target)
+    options = {**(options or {}), **oracle_options(oracles)}
     strategy = strategy if strategy is not None else scenarios(world_size=pool.world_size)
     start = time.monotonic()
     held: set[str] = set()
@@ -138,17 +160,21 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     if result.failure is not None and corpus_dir is not None:
         entry = corpus.Entry(target=target, kind=result.failure.kind,
                              message=result.failure.message, scenario=result.scenario,
-                             found_on=found_on(pool), flaky=result.flaky)
+                             found_on=found_on(pool, options), flaky=result.flaky)
         result.corpus_path = corpus.save(corpus_dir, entry)
     return result
 
 
 def replay(pool: RankPool, entry: corpus.Entry, target: str | None = None,
            attempts: int = 1) -> Verdict:
-    """Replay a corpus entry; a race found on a GPU gets ``attempts`` tries to show."""
+    """Replay a corpus entry with the oracles that found it.
+
+    A race found by the value oracle on a GPU gets ``attempts`` tries to show.
+    """
+    options = {"oracles": list(entry.found_on.get("oracles") or ["value"])}
     verdict = Verdict()
     for _ in range(max(1, attempts)):
-        verdict = evaluate(pool, target or entry.target, entry.scenario)
+        verdict = evaluate(pool, target or entry.target, entry.scenario, options)
         if not verdict.ok:
             break
     return verdict

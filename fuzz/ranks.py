@@ -249,6 +249,7 @@ class RankPool:
                 pass
         replies: dict[int, tuple] = {}
         failure: Failure | None = None
+        peer_error = False
         broken = False
         deadline = time.monotonic() + self.timeout
         waiting = {c: r for r, c in enumerate(self._conns)}
@@ -272,14 +273,18 @@ class RankPool:
                         pass
                     code = proc.poll()
                     how = _signal_name(code) if code is not None else "closed its connection"
-                    failure = failure or Failure("crash", f"rank {rank} {how}: {self._tail(rank)}",
-                                                 rank)
+                    # A dead rank is the cause; a peer's error ("connection closed") the effect.
+                    if failure is None or peer_error:
+                        failure = Failure("crash", f"rank {rank} {how}: {self._tail(rank)}", rank)
+                        peer_error = False
                     broken = True
                     deadline = min(deadline, time.monotonic() + 2.0)
                     continue
                 if reply[0] == "error":
                     _, _, r, text, _tb, fatal = reply
-                    failure = failure or Failure("crash", f"rank {r} raised {text}", r)
+                    if failure is None:
+                        failure = Failure("crash", f"rank {r} raised {text}", r)
+                        peer_error = True
                     broken = broken or fatal
                     # Peers are likely blocked in a collective: give them a moment only.
                     deadline = min(deadline, time.monotonic() + 2.0)

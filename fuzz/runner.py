@@ -43,6 +43,20 @@ def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
         return _Run(scenario, factory, ctx, options or {}).run()
 
 
+def _lifetime_checker(ctx: TargetContext, options: dict[str, Any]) -> Any:
+    """The lifetime oracle for this rank's streams, or None when it is off."""
+    if "lifetime" not in (options.get("oracles") or ()):
+        return None
+    if ctx.streams.kind == "sim":
+        from fuzz.oracles.lifetime import LifetimeChecker
+
+        return LifetimeChecker(ctx.streams, rank=ctx.rank, group_rank=ctx.rank).attach()
+    # Imported only here: a mistake in the CUDA adapter cannot break CPU runs.
+    from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
+
+    return CudaLifetimeChecker(ctx.streams, rank=ctx.rank, group_rank=ctx.rank).attach()
+
+
 class _Run:
     def __init__(self, scenario: Scenario, factory: Factory, ctx: TargetContext,
                  options: dict[str, Any]) -> None:
@@ -53,9 +67,11 @@ class _Run:
         self.dev = ctx.device
         self.pin = ctx.device.type == "cuda"
         self.main = self.streams.current_stream()
+        self.checker = _lifetime_checker(ctx, options)
         self.handler = factory(ctx)
         k = scenario.num_spec_steps
         self.table = torch.zeros((scenario.max_num_reqs, k), dtype=torch.int64, device=self.dev)
+        self._name(self.table, "draft_table")
         self.sent: list[tuple[int, torch.Tensor]] = []
         self.applied: list[tuple[int, tuple[torch.Tensor, ...]]] = []
         self.parked: deque[int] = deque()
@@ -77,6 +93,8 @@ class _Run:
         try:
             for i, step in enumerate(self.sc.steps):
                 self.step = i
+                if self.checker is not None:
+                    self.checker.step = i
                 if self.watch is not None:
                     self.watch.step = i
                 if not last:
@@ -92,20 +110,31 @@ class _Run:
             if not last:
                 self._apply_due(None)
             self.streams.synchronize()
+            for gate, *_ in self.open:
+                gate.release()
+            if self.gates is not None:
+                self._gate_outcomes()
+            findings = self.watch.findings if self.watch is not None else []
+            if self.checker is not None:
+                findings = self.checker.finish() + findings
+            return {
+                "rank": self.ctx.rank,
+                "sent": [[i, t.tolist()] for i, t in self.sent],
+                "applied": [[i] + [t.tolist() for t in ts] for i, ts in self.applied],
+                "held": sorted(self.held),
+                "findings": findings,
+            }
         finally:
             # Nothing is ever left held: on an error, open every gate from the host.
             for gate, *_ in self.open:
                 gate.release()
-        if self.gates is not None:
-            self._gate_outcomes()
-        findings = self.watch.findings if self.watch is not None else []
-        return {
-            "rank": self.ctx.rank,
-            "sent": [[i, t.tolist()] for i, t in self.sent],
-            "applied": [[i] + [t.tolist() for t in ts] for i, ts in self.applied],
-            "held": sorted(self.held),
-            "findings": findings,
-        }
+            if self.checker is not None:
+                self.checker.detach()
+
+    def _name(self, t: torch.Tensor | None, name: str) -> None:
+        """Name a storage for the lifetime oracle's reports; keeps no reference."""
+        if self.checker is not None and t is not None:
+            self.checker.name(t, name, self.main)
 
     # -- the step -----------------------------------------------------------
     def _call(self, i: int, step: Step) -> None:
@@ -133,6 +162,8 @@ class _Run:
                 self.parked.append(i)
         # The runner keeps nothing of the batch once the call returns.
         del batch
+        if self.checker is not None:
+            self.checker.poll()  # so a report's free frame is this line, not a later op
 
     def _apply_due(self, now: int | None) -> None:
         depth = self.sc.pipeline_depth
@@ -153,6 +184,8 @@ class _Run:
             batch.sampled_tokens = self._to_device(rows, torch.int64, shape=(step.num_reqs, k + 1))
             batch.num_sampled = self._to_device(list(step.num_sampled), torch.int32)
             batch.num_rejected = self._to_device(list(step.num_rejected), torch.int32)
+        for name in ("idx_mapping", "sampled_tokens", "num_sampled", "num_rejected"):
+            self._name(getattr(batch, name), name)
         if self.watch is not None:
             for name in ("idx_mapping", "sampled_tokens", "num_sampled", "num_rejected"):
                 t = getattr(batch, name)

@@ -68,3 +68,15 @@ def test_run_finds_saves_and_reports_then_replay_confirms(tmp_path):
 def test_replay_of_a_missing_path_is_one_line():
     out = _cli("replay", "no/such/dir")
     assert out.returncode == 2 and "no/such/dir: no such file or directory" in out.stderr
+
+
+def test_matrix_prints_cells_and_fails_on_a_miss():
+    ok = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--target", "pre-fix",
+              "--target", "main-gather", "--max-examples", "30", "--seeds", "1")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "pre-fix" in ok.stdout and "found lifetime 1/1" in ok.stdout
+    assert "clean 1/1" in ok.stdout
+    # A buggy target the lifetime oracle cannot see (wrong values, no stream bug) is a miss.
+    miss = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--target",
+                "tests.targets:shifted_rows", "--max-examples", "20", "--seeds", "1")
+    assert miss.returncode == 1 and "FAIL: tests.targets:shifted_rows x lifetime" in miss.stdout

@@ -2,7 +2,8 @@
 
 An entry found on a built-in buggy target must still fail there and pass on
 ``main-gather``; an entry found on a user target must still fail there. An
-entry found on a GPU replays only where a GPU is.
+entry replays with the oracles that found it; on CPU, replaying it twice gives
+the same verdict. An entry found on a GPU replays only where a GPU is.
 """
 
 from pathlib import Path
@@ -43,6 +44,10 @@ def test_corpus_entry_still_behaves_as_recorded(path, pools):
     pool = _pool(pools, entry.device, world)
     verdict = driver.replay(pool, entry, attempts=attempts)
     assert not verdict.ok, f"{path} no longer fails on {entry.target}"
+    if entry.device == "cpu":
+        assert verdict.first.kind == entry.kind, verdict.summary()
+        again = driver.replay(pool, entry)
+        assert again.failures == verdict.failures, f"{path}: replays disagree"
     if entry.target in targets.BUILTIN and entry.target not in targets.CORRECT:
         fixed = driver.replay(pool, entry, target="main-gather")
         assert fixed.ok, f"main-gather fails {path}: {fixed.summary()}"

@@ -1,7 +1,10 @@
 """Oracles turn one example's rank observations into failures.
 
-Each oracle is a function ``check(scenario, observations) -> list[Failure]``
-run in the driver, away from any device.
+The value oracle is a function ``check(scenario, observations) ->
+list[Failure]`` run in the driver, away from any device. The lifetime oracle
+(``fuzz.oracles.lifetime``) runs on the ranks beside the target, because it
+must watch streams, events and frees as they happen; its findings come back
+in the observations.
 """
 
 from fuzz.oracles.value import check as check_values

@@ -22,11 +22,22 @@ from typing import Any
 
 import torch
 
-BUILTIN: dict[str, str] = {
+VERSIONS: dict[str, str] = {
     "pre-fix": "fuzz.targets.pp_draft:pre_fix",
     "pr-fix": "fuzz.targets.pp_draft:pr_fix",
     "main-gather": "fuzz.targets.pp_draft:main_gather",
 }
+"""The three versions of the handler: what ``run`` fuzzes by default."""
+
+MUTANTS: dict[str, str] = {
+    name: f"fuzz.targets.mutants:{name.replace('-', '_')}"
+    for name in ("missing-wait", "wrong-record-stream", "receiver-no-wait",
+                 "receiver-no-record", "receiver-drops-idx", "sampled-before-wait",
+                 "early-event", "staging-buffer")
+}
+"""Planted bugs (see ``fuzz.targets.mutants``): each must be found on CPU."""
+
+BUILTIN: dict[str, str] = {**VERSIONS, **MUTANTS}
 """Built-in targets: name -> import spec. Correct ones are listed in CORRECT."""
 
 CORRECT: frozenset[str] = frozenset({"main-gather"})

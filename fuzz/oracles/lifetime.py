@@ -1,0 +1,450 @@
+"""The lifetime oracle: cross-stream lifetime and ordering races, from one run.
+
+Timing-based detection needs the bad interleaving to happen; this oracle does
+not. It keeps a vector clock per stream and per recorded event, built only
+from the synchronization the program asked for (event record/wait,
+``wait_stream``, host synchronization), so one run judges every interleaving
+that synchronization allows. Two rules:
+
+* ``lifetime``: when a storage is freed, the caching allocator may hand its
+  block to the next allocation on the allocating stream. Every use from
+  another stream must be ordered before that stream's current point, or the
+  using stream must have been recorded with ``record_stream``.
+* ``race``: a read and a write (or two writes) of a live storage from
+  different streams must be ordered.
+
+Collectives are modelled as NCCL runs them: enqueued on the current stream,
+not blocking the host (gloo blocks the host, which would hide the bug).
+
+The checker holds no tensor: only ``StorageWeakRef``s and plain metadata, so
+it cannot keep a storage alive and hide the very bug it looks for. Frees are
+seen by polling the weak references at every op and every stream call.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
+
+Clock = dict[Any, int]
+Frames = tuple[tuple[str, int, str], ...]
+
+_ROOT = Path(__file__).resolve().parents[2]
+_SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent))
+_SKIP_FILES = ("contextlib.py", "streams.py", "_python_dispatch.py", "lifetime_cuda.py",
+               "distributed_c10d.py", "c10d_logger.py", "_gpu_trace.py")
+# Ops that make the host wait for the current stream (a blocking copy to the host).
+_HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::equal",
+                            "aten::is_nonzero", "aten::masked_select", "aten::unique_dim",
+                            "aten::_unique2"})
+_MAX_FINDINGS = 8
+
+
+def _join(into: Clock, other: Clock) -> None:
+    for k, v in other.items():
+        if into.get(k, 0) < v:
+            into[k] = v
+
+
+@dataclass
+class Access:
+    """One use of a storage: on which stream, at which point, by which op, from where."""
+
+    stream: Any
+    time: int
+    op: str
+    write: bool
+    frames: Frames
+    step: int | None
+
+
+@dataclass
+class StorageInfo:
+    """What the model knows of one live storage (never the storage itself)."""
+
+    key: int
+    ref: Any
+    stream: Any
+    shape: tuple[int, ...]
+    dtype: str
+    alloc_op: str
+    alloc_frames: Frames
+    name: str | None = None
+    recorded: set[Any] = field(default_factory=set)
+    last_write: dict[Any, Access] = field(default_factory=dict)
+    last_read: dict[Any, Access] = field(default_factory=dict)
+    raced: bool = False
+
+
+class LifetimeModel:
+    """Vector clocks, storages and the two rules; knows nothing about torch objects.
+
+    Streams and events are plain hashable keys; ``stream_names`` maps them to
+    what a report shows. Findings are dicts a ``Failure`` can be built from.
+    """
+
+    def __init__(self, rank: int | None = None,
+                 stream_names: dict[Any, str] | None = None) -> None:
+        self.rank = rank
+        self.step: int | None = None
+        self.stream_names = stream_names if stream_names is not None else {}
+        self.clocks: dict[Any, Clock] = {}
+        self.events: dict[Any, Clock] = {}
+        self.host: Clock = {}
+        self.storages: dict[int, StorageInfo] = {}
+        self.findings: list[dict[str, Any]] = []
+        self.dropped = 0
+
+    # -- clocks --------------------------------------------------------------
+    def _clock(self, s: Any) -> Clock:
+        c = self.clocks.get(s)
+        if c is None:
+            c = self.clocks[s] = dict(self.host)
+            c.setdefault(s, 0)
+        return c
+
+    def _enqueue(self, s: Any) -> Clock:
+        """Work enqueued now on ``s`` starts after everything the host has waited for."""
+        c = self._clock(s)
+        _join(c, self.host)
+        c[s] = c.get(s, 0) + 1
+        return c
+
+    def new_stream(self, s: Any) -> None:
+        self._clock(s)
+
+    def wait_stream(self, waiter: Any, waited: Any) -> None:
+        _join(self._enqueue(waiter), self._clock(waited))
+
+    def record_event(self, event: Any, s: Any) -> None:
+        self.events[event] = dict(self._enqueue(s))
+
+    def wait_event(self, s: Any, event: Any) -> None:
+        # Waiting on a never-recorded event is a no-op, as in CUDA.
+        _join(self._enqueue(s), self.events.get(event, {}))
+
+    def sync_stream(self, s: Any) -> None:
+        _join(self.host, self._clock(s))
+
+    def sync_event(self, event: Any) -> None:
+        _join(self.host, self.events.get(event, {}))
+
+    def sync_device(self) -> None:
+        for c in self.clocks.values():
+            _join(self.host, c)
+
+    def _ordered(self, a: Access, point: Clock) -> bool:
+        return point.get(a.stream, 0) >= a.time
+
+    # -- storages ------------------------------------------------------------
+    def allocate(self, key: int, ref: Any, s: Any, shape: tuple[int, ...], dtype: str,
+                 op: str, frames: Frames) -> StorageInfo:
+        """A storage first seen on ``s``: its block belongs to ``s``; filling it is a write."""
+        info = StorageInfo(key=key, ref=ref, stream=s, shape=shape, dtype=dtype,
+                           alloc_op=op, alloc_frames=frames)
+        self.storages[key] = info
+        c = self._enqueue(s)
+        info.last_write[s] = Access(s, c[s], op, True, frames, self.step)
+        return info
+
+    def access(self, key: int, s: Any, write: bool, op: str, frames: Frames) -> None:
+        info = self.storages.get(key)
+        if info is None:
+            return
+        c = self._enqueue(s)
+        now = Access(s, c[s], op, write, frames, self.step)
+        if not info.raced:
+            for _other, prev in self._conflicts(info, s, write):
+                if not self._ordered(prev, c):
+                    info.raced = True
+                    self._race(info, prev, now)
+                    break
+        (info.last_write if write else info.last_read)[s] = now
+
+    def _conflicts(self, info: StorageInfo, s: Any, write: bool) -> list[tuple[Any, Access]]:
+        out = [(t, a) for t, a in info.last_write.items() if t != s]
+        if write:
+            out += [(t, a) for t, a in info.last_read.items() if t != s]
+        return out
+
+    def record_stream(self, key: int, s: Any) -> None:
+        info = self.storages.get(key)
+        if info is not None and s != info.stream:
+            info.recorded.add(s)
+
+    def free(self, key: int, frames: Frames) -> None:
+        """The rule fires here: a freed block is what the next allocation gets."""
+        info = self.storages.pop(key, None)
+        if info is None:
+            return
+        point = dict(self._clock(info.stream))
+        _join(point, self.host)
+        uses: dict[Any, Access] = {}
+        for table in (info.last_write, info.last_read):
+            for t, a in table.items():
+                if t != info.stream and (t not in uses or a.time > uses[t].time):
+                    uses[t] = a
+        for t, a in uses.items():
+            if t not in info.recorded and not self._ordered(a, point):
+                self._lifetime(info, a, frames)
+                break
+
+    # -- reports -------------------------------------------------------------
+    def name_of(self, s: Any) -> str:
+        return self.stream_names.get(s, str(s))
+
+    def _what(self, info: StorageInfo) -> str:
+        shape = "[" + ", ".join(map(str, info.shape)) + "]"
+        what = f"{info.dtype}{shape}"
+        if info.name:
+            return f"{info.name} ({what})"
+        return f"a tensor {what} made by {info.alloc_op}"
+
+    def _add(self, kind: str, message: str) -> None:
+        if len(self.findings) >= _MAX_FINDINGS:
+            self.dropped += 1
+            return
+        self.findings.append({"kind": kind, "message": message, "rank": self.rank,
+                              "step": self.step})
+
+    def _lifetime(self, info: StorageInfo, use: Access, free_frames: Frames) -> None:
+        alloc = self.name_of(info.stream)
+        user = self.name_of(use.stream)
+        verb = "writes" if use.write else "reads"
+        msg = (f"{self._what(info)} was freed while stream {user} may still use it: "
+               f"{user} {verb} it ({use.op}, step {use.step}) and that use is neither ordered "
+               f"before {alloc}'s current point nor covered by record_stream({user}); "
+               f"the block can be handed to the next allocation on {alloc} "
+               f"(allocated on {alloc} by {info.alloc_op})"
+               f"\n    freed (seen at):  {_fmt(free_frames)}"
+               f"\n    used on {user}:   {_fmt(use.frames)}"
+               f"\n    allocated:        {_fmt(info.alloc_frames)}")
+        self._add("lifetime", msg)
+
+    def _race(self, info: StorageInfo, prev: Access, now: Access) -> None:
+        kind = ("write-after-write" if prev.write and now.write else
+                "read-after-write" if prev.write else "write-after-read")
+        a, b = self.name_of(prev.stream), self.name_of(now.stream)
+        msg = (f"{kind} race on {self._what(info)}: {b} {'writes' if now.write else 'reads'} "
+               f"it ({now.op}, step {now.step}) unordered with {a}'s "
+               f"{'write' if prev.write else 'read'} ({prev.op}, step {prev.step})"
+               f"\n    {a}: {_fmt(prev.frames)}"
+               f"\n    {b}: {_fmt(now.frames)}")
+        self._add("race", msg)
+
+
+def frames_here(limit: int = 4) -> Frames:
+    """The innermost frames of the program under test, as plain strings."""
+    out: list[tuple[str, int, str]] = []
+    f = sys._getframe(1)
+    while f is not None and len(out) < limit:
+        path = f.f_code.co_filename
+        if not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES):
+            out.append((path, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return tuple(out)
+
+
+def _short(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(_ROOT))
+    except ValueError:
+        return "/".join(Path(path).parts[-2:])
+
+
+def _fmt(frames: Frames) -> str:
+    if not frames:
+        return "(no Python frame)"
+    return " <- ".join(f"{_short(p)}:{line} {fn}" for p, line, fn in frames)
+
+
+class TensorTracker:
+    """Turns ops on tensors into model accesses; shared by the CPU and CUDA adapters.
+
+    ``device_type`` limits it to the tensors of the simulated or real device.
+    """
+
+    def __init__(self, model: LifetimeModel, device_type: str, my_group_rank: int = 0) -> None:
+        self.model = model
+        self.device_type = device_type
+        self.group_rank = my_group_rank
+        self.names: dict[int, str] = {}
+
+    @property
+    def step(self) -> int | None:
+        return self.model.step
+
+    @step.setter
+    def step(self, value: int | None) -> None:
+        self.model.step = value
+
+    def _key(self, t: Any) -> int | None:
+        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+            return None
+        try:
+            return t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):
+            return None
+
+    def _ensure(self, t: torch.Tensor, key: int, s: Any, op: str, frames: Frames) -> None:
+        if key not in self.model.storages:
+            ref = StorageWeakRef(t.untyped_storage())
+            info = self.model.allocate(key, ref, s, tuple(t.shape), str(t.dtype).replace(
+                "torch.", ""), op, frames)
+            info.name = self.names.pop(key, None)
+
+    def poll(self, frames: Frames | None = None) -> None:
+        """Report the storages freed since the last call."""
+        dead = [k for k, info in self.model.storages.items() if info.ref.expired()]
+        if dead:
+            frames = frames if frames is not None else frames_here()
+            for k in dead:
+                self.model.free(k, frames)
+
+    def name(self, t: torch.Tensor, name: str, s: Any) -> None:
+        """Give ``t``'s storage a name for reports (registers it on ``s`` if new)."""
+        key = self._key(t)
+        if key is None:
+            return
+        self.poll()
+        self._ensure(t, key, s, "a host copy", frames_here())
+        self.model.storages[key].name = name
+
+    def record_stream(self, t: torch.Tensor, s: Any) -> None:
+        self.poll()
+        key = self._key(t)
+        if key is not None:
+            self.model.record_stream(key, s)
+
+    def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any) -> None:
+        """One aten or c10d op that ran on stream ``s``."""
+        frames = frames_here()
+        self.poll(frames)
+        schema = func._schema
+        name = schema.name
+        reads: list[tuple[torch.Tensor, int]] = []
+        writes: list[tuple[torch.Tensor, int]] = []
+        in_keys: set[int] = set()
+        if schema.name.startswith("c10d::"):
+            self._collective(func, args, kwargs, reads, writes)
+        else:
+            positional = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+            for i, arg in enumerate(positional):
+                write = False
+                if i < len(schema.arguments):
+                    alias = schema.arguments[i].alias_info
+                    write = alias is not None and alias.is_write
+                for leaf in tree_leaves(arg):
+                    key = self._key(leaf)
+                    if key is not None:
+                        in_keys.add(key)
+                        (writes if write else reads).append((leaf, key))
+            views = [r.alias_info is not None and not r.alias_info.is_write
+                     for r in schema.returns]
+            if views and all(views):
+                # A view: metadata only, no data touched.
+                for leaf, key in reads + writes:
+                    self._ensure(leaf, key, s, str(func).replace(".default", ""), frames)
+                return
+        fresh: list[tuple[torch.Tensor, int]] = []
+        for leaf in tree_leaves(out):
+            key = self._key(leaf)
+            if key is not None and key not in in_keys and key not in self.model.storages:
+                fresh.append((leaf, key))
+        label = str(func).replace(".default", "")
+        for leaf, key in reads + writes:
+            self._ensure(leaf, key, s, label, frames)
+        for key in dict.fromkeys(k for _, k in reads):
+            self.model.access(key, s, False, label, frames)
+        for key in dict.fromkeys(k for _, k in writes):
+            self.model.access(key, s, True, label, frames)
+        for leaf, key in fresh:
+            if key not in self.model.storages:
+                self._ensure(leaf, key, s, label, frames)
+        if name in _HOST_SYNC_OPS:
+            self.model.sync_stream(s)
+
+    def _collective(self, func: Any, args: tuple, kwargs: dict,
+                    reads: list, writes: list) -> None:
+        """c10d ops as NCCL runs them: async on the current stream."""
+        schema = func._schema
+        bound = dict(zip([a.name for a in schema.arguments], args))
+        bound.update(kwargs)
+        if schema.name == "c10d::broadcast_":
+            root = bound.get("root_rank", 0)
+            target = reads if root == self.group_rank else writes
+            for leaf in tree_leaves(bound.get("tensors")):
+                key = self._key(leaf)
+                if key is not None:
+                    target.append((leaf, key))
+            return
+        for a in schema.arguments:
+            write = a.alias_info is not None and a.alias_info.is_write
+            for leaf in tree_leaves(bound.get(a.name)):
+                key = self._key(leaf)
+                if key is not None:
+                    # Reduction buffers are read and written.
+                    reads.append((leaf, key))
+                    if write or "output" in a.name or schema.name.startswith("c10d::allreduce"):
+                        writes.append((leaf, key))
+
+    def finish(self) -> list[dict[str, Any]]:
+        self.poll()
+        return list(self.model.findings)
+
+
+class LifetimeChecker(TensorTracker):
+    """A ``SimStreams`` listener: the model fed by simulated CPU streams."""
+
+    def __init__(self, streams: Any, rank: int | None = None, group_rank: int = 0) -> None:
+        self.streams = streams
+        names: dict[Any, str] = {0: "main"}
+        super().__init__(LifetimeModel(rank, names), "cpu", group_rank)
+        self.model.new_stream(0)
+
+    def attach(self) -> LifetimeChecker:
+        self.streams.listeners.append(self)
+        return self
+
+    def detach(self) -> None:
+        if self in self.streams.listeners:
+            self.streams.listeners.remove(self)
+
+    def _sid(self, s: Any) -> int:
+        sid = s.stream_id
+        if sid not in self.model.stream_names:
+            self.model.stream_names[sid] = self.streams.name_of(s)
+        return sid
+
+    def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
+        super().name(t, name, self._sid(s or self.streams.current_stream()))
+
+    def __call__(self, what: str, *args: Any) -> None:
+        if what == "op":
+            func, a, kw, out, s = args
+            self.op(func, a, kw, out, self._sid(s))
+            return
+        self.poll()
+        m = self.model
+        if what == "record_stream":
+            self.record_stream(args[0], self._sid(args[1]))
+        elif what == "new_stream":
+            m.new_stream(self._sid(args[0]))
+        elif what == "wait_stream":
+            m.wait_stream(self._sid(args[0]), self._sid(args[1]))
+        elif what == "record_event":
+            m.record_event(args[0].event_id, self._sid(args[1]))
+        elif what == "wait_event":
+            m.wait_event(self._sid(args[0]), args[1].event_id)
+        elif what == "sync_stream":
+            m.sync_stream(self._sid(args[0]))
+        elif what == "sync_event":
+            m.sync_event(args[0].event_id)
+        elif what == "sync_device":
+            m.sync_device()

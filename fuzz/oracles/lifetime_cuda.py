@@ -1,0 +1,165 @@
+"""The lifetime model fed by real CUDA streams, events and frees.
+
+It runs beside the value oracle on a GPU, so one GPU run reports both
+verdicts. Ops come from a TorchDispatchMode on CUDA tensors (the stream is
+``torch.cuda.current_stream()`` when the op is launched); ``record_stream`` is
+seen there and then executed; event record/wait (``wait_stream`` is one of
+each) and host synchronization come from ``torch.cuda._gpu_trace`` callbacks;
+frees from polling weak references, as on CPU. Imported only when the lifetime
+oracle runs on CUDA, so a mistake here cannot break CPU runs.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
+
+_active: CudaLifetimeChecker | None = None
+_installed = False
+
+
+def _forward(method: str) -> Any:
+    def callback(*args: Any) -> None:
+        checker = _active
+        if checker is not None:
+            checker._guarded(getattr(checker, method), *args)
+    return callback
+
+
+def _install() -> None:
+    """Register the trace callbacks once per process; they forward to the active checker."""
+    global _installed
+    if _installed:
+        return
+    from torch.cuda import _gpu_trace as trace
+
+    trace.register_callback_for_event_record(_forward("_on_event_record"))
+    trace.register_callback_for_event_wait(_forward("_on_event_wait"))
+    trace.register_callback_for_event_synchronization(_forward("_on_event_sync"))
+    trace.register_callback_for_stream_synchronization(_forward("_on_stream_sync"))
+    trace.register_callback_for_device_synchronization(_forward("_on_device_sync"))
+    torch._C._activate_gpu_trace()
+    _installed = True
+
+
+class _CudaDispatch(TorchDispatchMode):
+    def __init__(self, checker: CudaLifetimeChecker) -> None:
+        super().__init__()
+        self.checker = checker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is torch.ops.aten.record_stream.default:
+            self.checker._guarded(self.checker._on_record_stream, args[0], args[1])
+        else:
+            self.checker._guarded(self.checker._on_op, func, args, kwargs, out)
+        return out
+
+
+class CudaLifetimeChecker(TensorTracker):
+    """The lifetime oracle on real CUDA streams (see the module docstring)."""
+
+    def __init__(self, streams: Any, rank: int | None = None, group_rank: int = 0) -> None:
+        super().__init__(LifetimeModel(rank, {}), "cuda", group_rank)
+        self.streams = streams
+        self.device = streams.device
+        self.main = streams.current_stream().cuda_stream
+        self.model.stream_names[self.main] = "main"
+        self.model.new_stream(self.main)
+        self._mode = _CudaDispatch(self)
+        self._error: str | None = None
+
+    def attach(self) -> CudaLifetimeChecker:
+        global _active
+        _install()
+        _active = self
+        self._mode.__enter__()
+        return self
+
+    def detach(self) -> None:
+        global _active
+        if _active is self:
+            _active = None
+            self._mode.__exit__(None, None, None)
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        """A checker bug becomes one finding; it never breaks the example."""
+        if self._error is not None:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            self.model.findings.append({"kind": "crash", "rank": self.model.rank,
+                                        "step": self.model.step,
+                                        "message": f"lifetime oracle internal error: "
+                                                   f"{self._error}"})
+
+    def _sid(self, handle: int) -> int:
+        if handle not in self.model.stream_names:
+            name = f"stream{handle:#x}"
+            for i, s in enumerate(self.streams.created):
+                if s.cuda_stream == handle:
+                    name = "side" if i == 0 else f"side{i + 1}"
+            self.model.stream_names[handle] = name
+        return handle
+
+    def _current(self) -> int:
+        return self._sid(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
+        handle = s.cuda_stream if s is not None else torch.cuda.current_stream(
+            self.device).cuda_stream
+        super().name(t, name, self._sid(handle))
+
+    # -- dispatch ---------------------------------------------------------------
+    def _on_record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        s = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                              device_type=stream.device_type)
+        self.record_stream(t, self._sid(s.cuda_stream))
+
+    def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        s = self._current()
+        self.op(func, args, kwargs, out, s)
+        if self._blocking_copy_to_host(func, args, kwargs, out):
+            self.model.sync_stream(s)
+
+    @staticmethod
+    def _blocking_copy_to_host(func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
+        if kwargs.get("non_blocking"):
+            return False
+        if func is torch.ops.aten._to_copy.default:
+            return (isinstance(out, torch.Tensor) and out.device.type == "cpu"
+                    and args[0].device.type == "cuda")
+        if func is torch.ops.aten.copy_.default:
+            non_blocking = len(args) > 2 and bool(args[2])
+            return (not non_blocking and args[0].device.type == "cpu"
+                    and args[1].device.type == "cuda")
+        return False
+
+    # -- trace callbacks --------------------------------------------------------
+    def _on_event_record(self, event: int, stream: int) -> None:
+        self.poll()
+        self.model.record_event(event, self._sid(stream))
+
+    def _on_event_wait(self, event: int, stream: int) -> None:
+        self.poll()
+        self.model.wait_event(self._sid(stream), event)
+
+    def _on_event_sync(self, event: int) -> None:
+        self.poll()
+        self.model.sync_event(event)
+
+    def _on_stream_sync(self, stream: int) -> None:
+        self.poll()
+        self.model.sync_stream(self._sid(stream))
+
+    def _on_device_sync(self) -> None:
+        self.poll()
+        self.model.sync_device()

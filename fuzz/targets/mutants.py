@@ -1,0 +1,173 @@
+"""Mutants: small variations of the handlers, each planting one stream bug.
+
+They exist to prove the lifetime oracle finds what it claims to: each one
+must be found on CPU (simulated streams), and a mutant that goes unfound
+fails CI. Every docstring states the planted bug.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fuzz.targets import Batch, TargetContext
+from fuzz.targets.pp_draft import MainGather
+
+
+class MissingWait(MainGather):
+    """The broadcast stream does not wait for the main stream: it sends the
+    gathered rows (and the sampled tokens) before main has written them
+    (read-after-write race)."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = draft_table[batch.idx_mapping]
+        with self.streams.stream(self.side):
+            self._send_sampled(batch)
+            self._bcast(send)
+            send.record_stream(self.side)
+        return send
+
+
+class WrongRecordStream(MainGather):
+    """The sampled tokens and counts are recorded on the main stream (where
+    they were allocated, so a no-op) instead of the broadcast stream that
+    reads them: they are freed while the broadcast is queued (lifetime)."""
+
+    def _send_sampled(self, batch: Batch) -> None:
+        for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected):
+            t.record_stream(self.main)
+            self._bcast(t)
+
+
+class ReceiverNoWait(MainGather):
+    """The receiving rank's main stream scatters the received drafts without
+    waiting on the broadcast's event (read-after-write race)."""
+
+    def apply_received(self, draft_table: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        idx_mapping, tokens, num_sampled, num_rejected, drafts, _done = self.pending.popleft()
+        draft_table[idx_mapping] = drafts
+        return tokens, num_sampled, num_rejected
+
+
+class ReceiverNoRecord(MainGather):
+    """The received tensors, allocated on the broadcast stream, are not
+    recorded on the main stream that reads them: freed after the apply, their
+    blocks go back to the broadcast stream while main's reads are queued
+    (lifetime)."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if not batch.samples:
+            return
+        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, self.ctx.device
+        with self.streams.stream(self.side):
+            tensors = (torch.empty((n, k + 1), dtype=torch.int64, device=dev),
+                       torch.empty((n,), dtype=torch.int32, device=dev),
+                       torch.empty((n,), dtype=torch.int32, device=dev),
+                       torch.empty((n, k), dtype=torch.int64, device=dev))
+            for t in tensors:
+                self._bcast(t)
+            done = self.streams.Event()
+            done.record(self.side)
+        self.pending.append((batch.idx_mapping, *tensors, done))
+
+
+class ReceiverDropsIdx(MainGather):
+    """The receiving rank converts ``idx_mapping`` to int64 on the broadcast
+    stream and parks only that copy: the original is dropped when the call
+    returns, while the side stream's read of it is still queued (lifetime)."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if not batch.samples:
+            return
+        with self.streams.stream(self.side):
+            self.side.wait_stream(self.main)
+            slots = batch.idx_mapping.to(torch.int64, copy=True)
+        super().receive_drafts(batch)
+        self.pending[-1] = (slots,) + self.pending[-1][1:]
+
+
+class SampledBeforeWait(MainGather):
+    """The sampled tokens and counts are broadcast before the broadcast
+    stream waits for main, which copied them to the device (read-after-write
+    race on the sampled-token broadcast)."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = draft_table[batch.idx_mapping]
+        with self.streams.stream(self.side):
+            self._send_sampled(batch)
+            self.side.wait_stream(self.main)
+            self._bcast(send)
+            send.record_stream(self.side)
+        return send
+
+
+class EarlyEvent(MainGather):
+    """The receiving rank records its event after the sampled-token broadcasts
+    but before the draft broadcast: main's wait does not cover the drafts
+    (read-after-write race)."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if not batch.samples:
+            return
+        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, self.ctx.device
+        with self.streams.stream(self.side):
+            tensors = (torch.empty((n, k + 1), dtype=torch.int64, device=dev),
+                       torch.empty((n,), dtype=torch.int32, device=dev),
+                       torch.empty((n,), dtype=torch.int32, device=dev),
+                       torch.empty((n, k), dtype=torch.int64, device=dev))
+            for t in tensors[:3]:
+                self._bcast(t)
+            done = self.streams.Event()
+            done.record(self.side)
+            self._bcast(tensors[3])
+            for t in tensors:
+                t.record_stream(self.main)
+        self.pending.append((batch.idx_mapping, *tensors, done))
+
+
+class StagingBuffer(MainGather):
+    """The last rank gathers into one persistent staging buffer on main and
+    broadcasts it on the side stream; the next step's gather overwrites the
+    buffer unordered with the previous broadcast (write-after-read race)."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if not hasattr(self, "_staging"):
+            self._staging = torch.empty_like(draft_table)
+        send = self._staging[: batch.num_reqs]
+        torch.index_select(draft_table, 0, batch.idx_mapping, out=send)
+        with self.streams.stream(self.side):
+            self.side.wait_stream(self.main)
+            self._send_sampled(batch)
+            self._bcast(send)
+        return send.clone()
+
+
+def missing_wait(ctx: TargetContext) -> MissingWait:
+    return MissingWait(ctx)
+
+
+def wrong_record_stream(ctx: TargetContext) -> WrongRecordStream:
+    return WrongRecordStream(ctx)
+
+
+def receiver_no_wait(ctx: TargetContext) -> ReceiverNoWait:
+    return ReceiverNoWait(ctx)
+
+
+def receiver_no_record(ctx: TargetContext) -> ReceiverNoRecord:
+    return ReceiverNoRecord(ctx)
+
+
+def receiver_drops_idx(ctx: TargetContext) -> ReceiverDropsIdx:
+    return ReceiverDropsIdx(ctx)
+
+
+def sampled_before_wait(ctx: TargetContext) -> SampledBeforeWait:
+    return SampledBeforeWait(ctx)
+
+
+def early_event(ctx: TargetContext) -> EarlyEvent:
+    return EarlyEvent(ctx)
+
+
+def staging_buffer(ctx: TargetContext) -> StagingBuffer:
+    return StagingBuffer(ctx)

@@ -1,0 +1,143 @@
+"""The lifetime model on hand-written event sequences: each rule fires when it
+must and stays quiet when the program's synchronization covers the access."""
+
+import pytest
+
+from fuzz.oracles.lifetime import LifetimeModel
+
+MAIN, SIDE = 0, 1
+
+
+class _Ref:
+    def expired(self):
+        return False
+
+
+def _model():
+    m = LifetimeModel(rank=1, stream_names={MAIN: "main", SIDE: "side"})
+    m.new_stream(MAIN)
+    m.new_stream(SIDE)
+    return m
+
+
+def _alloc(m, key=7, stream=MAIN, name="idx_mapping"):
+    info = m.allocate(key, _Ref(), stream, (3,), "int64", "aten.lift_fresh", ())
+    info.name = name
+    return key
+
+
+def _kinds(m):
+    return [f["kind"] for f in m.findings]
+
+
+def test_free_after_unordered_side_read_is_lifetime_and_names_the_tensor():
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "aten.index.Tensor", ())
+    m.step = 4
+    m.free(k, ())
+    (f,) = m.findings
+    assert f["kind"] == "lifetime" and f["step"] == 4 and f["rank"] == 1
+    assert f["message"].startswith("idx_mapping (int64[3]) was freed while stream side")
+    assert "aten.index.Tensor" in f["message"]
+
+
+@pytest.mark.parametrize("sync", [
+    lambda m: m.record_stream(7, SIDE),
+    lambda m: m.wait_stream(MAIN, SIDE),
+    lambda m: (m.record_event("e", SIDE), m.wait_event(MAIN, "e")),
+    lambda m: m.sync_stream(SIDE),
+    lambda m: m.sync_device(),
+    lambda m: (m.record_event("e", SIDE), m.sync_event("e")),
+], ids=["record_stream", "wait_stream", "event", "stream_sync", "device_sync", "event_sync"])
+def test_free_is_clean_when_the_use_is_covered(sync):
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "aten.index.Tensor", ())
+    sync(m)
+    m.free(k, ())
+    assert m.findings == []
+
+
+def test_record_stream_on_the_wrong_stream_does_not_cover():
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "c10d.broadcast_", ())
+    m.record_stream(k, MAIN)
+    m.free(k, ())
+    assert _kinds(m) == ["lifetime"]
+
+
+def test_event_recorded_before_the_use_does_not_cover_it():
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.record_event("e", SIDE)
+    m.access(k, SIDE, False, "aten.index.Tensor", ())
+    m.wait_event(MAIN, "e")
+    m.free(k, ())
+    assert _kinds(m) == ["lifetime"]
+
+
+def test_same_stream_use_and_free_is_clean():
+    m = _model()
+    k = _alloc(m)
+    m.access(k, MAIN, True, "aten.fill_", ())
+    m.free(k, ())
+    assert m.findings == []
+
+
+@pytest.mark.parametrize("first, second, kind", [
+    (True, False, "read-after-write"),
+    (False, True, "write-after-read"),
+    (True, True, "write-after-write"),
+])
+def test_unordered_conflicting_accesses_are_races(first, second, kind):
+    m = _model()
+    k = _alloc(m, name="draft_table")
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, first, "a", ())
+    m.access(k, MAIN, second, "b", ())
+    (f,) = m.findings
+    assert f["kind"] == "race" and f["message"].startswith(f"{kind} race on draft_table")
+
+
+def test_reads_from_two_streams_do_not_race():
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "a", ())
+    m.access(k, MAIN, False, "b", ())
+    assert m.findings == []
+
+
+def test_ordered_write_after_read_is_clean():
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "a", ())
+    m.record_event("e", SIDE)
+    m.wait_event(MAIN, "e")
+    m.access(k, MAIN, True, "b", ())
+    assert m.findings == []
+
+
+def test_host_sync_orders_later_work_on_every_stream():
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "a", ())
+    m.sync_stream(SIDE)  # e.g. .item() of something on side
+    m.access(k, MAIN, True, "b", ())
+    assert m.findings == []
+
+
+def test_unrecorded_event_wait_orders_nothing():
+    m = _model()
+    k = _alloc(m)
+    m.wait_event(SIDE, "never")
+    m.access(k, SIDE, False, "a", ())
+    assert _kinds(m) == ["race"]  # side reads main's unordered initial write
