@@ -10,15 +10,19 @@ examples; a CUDA error makes it exit, because its context is then unusable.
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
+import time
 import traceback
-from multiprocessing.connection import Client
+from multiprocessing.connection import Client, Connection
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from fuzz import targets
+from fuzz.ranks import rss_bytes
 from fuzz.runner import run_scenario
 from fuzz.scenario import Scenario
 from fuzz.streams import CudaStreams, SimStreams
@@ -44,9 +48,54 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
     dist.broadcast(warm, src=dist.get_world_size() - 1, group=group)
     if device_kind == "cuda":
         torch.cuda.synchronize(device)
-    info = {"rank": rank, "pid": os.getpid(), "torch": torch.__version__, "device_name": name,
-            "backend": dist.get_backend(group)}
+    info = {"rank": rank, "world_size": dist.get_world_size(), "pid": os.getpid(),
+            "torch": torch.__version__, "device_name": name, "backend": dist.get_backend(group)}
     return device, group, info
+
+
+def memory(device: torch.device) -> dict[str, int]:
+    """This process's resident set and, on CUDA, the caching allocator's bytes.
+
+    Cheap (one small /proc read), so the driver may ask as often as it likes.
+    """
+    mem = {"rss": rss_bytes()}
+    if device.type == "cuda":
+        mem["gpu_alloc"] = torch.cuda.memory_allocated(device)
+        mem["gpu_reserved"] = torch.cuda.memory_reserved(device)
+    return mem
+
+
+def _die_with_driver() -> None:
+    """A rank the driver spawned must not outlive it (a driver killed with -9
+    would otherwise leave a spare world waiting forever)."""
+    parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)
+
+
+def _connect(address: str, authkey: bytes) -> Connection:
+    """Connect to the driver. Under torchrun the ranks may start (or be
+    restarted) before the driver listens, so they retry for a while; a rank the
+    driver spawned does not (its driver listened before spawning it)."""
+    host, _, port = address.rpartition(":")
+    spawned = bool(os.environ.get("STREAMFUZZ_PARENT"))
+    patience = 0.0 if spawned else float(os.environ.get("STREAMFUZZ_CONNECT_TIMEOUT", "600"))
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return Client((host, int(port)), authkey=authkey)
+        except (ConnectionRefusedError, FileNotFoundError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def _context(device: torch.device, group: Any, scenario: Scenario) -> TargetContext:
@@ -59,8 +108,9 @@ def _context(device: torch.device, group: Any, scenario: Scenario) -> TargetCont
 
 def serve(device_kind: str, address: str, authkey: bytes) -> int:
     device, group, info = _setup(device_kind)
-    host, _, port = address.rpartition(":")
-    conn = Client((host, int(port)), authkey=authkey)
+    info["node"] = socket.gethostname()
+    info["mem"] = memory(device)
+    conn = _connect(address, authkey)
     conn.send(("hello", info))
     factories: dict[str, Any] = {}
     while True:
@@ -70,6 +120,9 @@ def serve(device_kind: str, address: str, authkey: bytes) -> int:
             return 0
         if msg[0] == "stop":
             break
+        if msg[0] == "stats":
+            conn.send(("stats", info["rank"], memory(device)))
+            continue
         _, eid, target, scenario_dict, options = msg
         try:
             scenario = Scenario.from_dict(scenario_dict)
@@ -96,6 +149,7 @@ def main() -> int:
         print("streamfuzz rank: STREAMFUZZ_DRIVER=host:port is not set; start ranks through "
               "`python -m fuzz run` or pass it to torchrun's environment", file=sys.stderr)
         return 2
+    _die_with_driver()
     authkey = bytes.fromhex(os.environ.get("STREAMFUZZ_AUTHKEY", "")) or b"streamfuzz"
     return serve(os.environ.get("STREAMFUZZ_DEVICE", "cpu"), address, authkey)
 
