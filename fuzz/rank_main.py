@@ -9,6 +9,7 @@ examples; a CUDA error makes it exit, because its context is then unusable.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import socket
@@ -44,6 +45,10 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
         dist.init_process_group("gloo", init_method="env://")
         group = dist.new_group(backend="gloo")
         name = "cpu"
+    # The first dispatch-mode entry imports torch._dynamo lazily (seconds of CPU);
+    # pay it here, before the hello, so that a spare world is ready at once.
+    importlib.import_module("torch._dynamo")
+
     warm = torch.zeros(1, device=device)
     dist.broadcast(warm, src=dist.get_world_size() - 1, group=group)
     if device_kind == "cuda":

@@ -62,10 +62,16 @@ class SoakConfig:
     corpus: Path
     database: Path | None = None
     round_s: float = 300.0
+    shrink_s: float | None = None
+    """Time a round may spend shrinking past its budget (default ``round_s``): a
+    hang costs a full timeout per attempt, and must not starve the other targets.
+    A failure cut short is saved as shrunk so far, and replayed."""
     stats_every_s: float = 10.0
     seed: int | None = None
     profile: str = "default"
     replay_failures: bool = True
+    strategy: Any = None
+    """Scenarios to draw (default: ``strategies.scenarios`` for the pool's world)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -151,10 +157,18 @@ class Soak:
         self._pending = None
         before = self.state["examples"]
         t0 = time.monotonic()
+        budget = min(self.cfg.round_s, max(1.0, self._remaining()))
+        cutoff = t0 + budget + (self.cfg.shrink_s if self.cfg.shrink_s is not None
+                                else self.cfg.round_s)
+
+        def stop() -> bool:
+            return self._should_stop() or time.monotonic() > cutoff
+
         res = driver.fuzz(self.pool, target, settings, max_examples=10**9, seed=seed,
-                          budget_s=min(self.cfg.round_s, max(1.0, self._remaining())),
-                          corpus_dir=self.cfg.corpus, on_example=self._on_example,
-                          on_verdict=self._on_verdict, stop=self._should_stop)
+                          budget_s=budget,
+                          corpus_dir=self.cfg.corpus, strategy=self.cfg.strategy,
+                          on_example=self._on_example,
+                          on_verdict=self._on_verdict, stop=stop)
         per = self.state["targets"].setdefault(target, {"examples": 0, "rounds": 0,
                                                         "elapsed_s": 0.0, "failures": 0})
         per["examples"] += self.state["examples"] - before
@@ -183,7 +197,9 @@ class Soak:
         self._draw()
 
     def _settle(self, res: driver.CampaignResult) -> None:
-        """After a round's failure is saved: drop the unshrunk copy, replay once."""
+        """After a round's failure is saved: drop the unshrunk copy; make sure it
+        was replayed once. Hypothesis replays the shrunk example itself at the end
+        (and says Flaky when it passes); only a round cut short needs our replay."""
         path = res.corpus_path
         if self._pending is not None and self._pending != path:
             _unlink(self._pending)
@@ -191,8 +207,8 @@ class Soak:
         self._pending = None
         entry = corpus.load(path)
         flaky = res.flaky
-        if not flaky and self.cfg.replay_failures and self.pool.lost is None \
-                and self.stop_reason is None:
+        if not flaky and res.stopped and self.cfg.replay_failures \
+                and self.pool.lost is None:
             flaky = driver.replay(self.pool, entry).ok
         if flaky and not entry.flaky:
             entry = corpus.Entry(target=entry.target, kind=entry.kind, message=entry.message,
