@@ -121,6 +121,8 @@ class Soak:
 
     # -- the campaign ----------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """Run until the budget is spent or a stop is asked; returns the report."""
+        self._t0 = time.monotonic()  # the budget counts from here, not from rank start-up
         self._say(f"soak: {', '.join(self.cfg.targets)} for {_hms(self.cfg.budget_s)} "
                   f"on {self.pool.device} x{self.pool.world_size} -> {self.out} "
                   f"(start {self.state['starts']}, {_hms(self._base_elapsed)} already spent)")
@@ -208,7 +210,7 @@ class Soak:
         entry = corpus.load(path)
         flaky = res.flaky
         if not flaky and res.stopped and self.cfg.replay_failures \
-                and self.pool.lost is None:
+                and self.stop_reason is None:  # not when the campaign itself is ending
             flaky = driver.replay(self.pool, entry).ok
         if flaky and not entry.flaky:
             entry = corpus.Entry(target=entry.target, kind=entry.kind, message=entry.message,
