@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Client, Connection
@@ -111,19 +113,56 @@ def _context(device: torch.device, group: Any, scenario: Scenario) -> TargetCont
                          num_spec_steps=scenario.num_spec_steps, streams=streams)
 
 
+_DRIVER_GONE = 4
+"""Exit status of a rank whose driver went away without saying stop."""
+
+
+def _exit_when_driver_leaves(conn: Connection, leaving: threading.Event) -> None:
+    """Exit as soon as the driver closes the connection, even mid-example.
+
+    A driver that declares a hang closes the connection; a rank it did not
+    spawn (torchrun) cannot be killed by it, so the hung rank ends itself and
+    torchrun sees a failed worker (and restarts the group with --max-restarts).
+    """
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+
+    def watch() -> None:
+        while True:
+            readable, _, _ = select.select([sock], [], [], 1.0)
+            if not readable:
+                continue
+            try:
+                gone = sock.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                gone = True
+            if gone and not leaving.is_set():
+                os._exit(_DRIVER_GONE)
+            if gone:
+                return
+            time.sleep(0.05)  # a message waits for the main thread: leave it there
+
+    threading.Thread(target=watch, daemon=True, name="driver-watch").start()
+
+
 def serve(device_kind: str, address: str, authkey: bytes) -> int:
     device, group, info = _setup(device_kind)
     info["node"] = socket.gethostname()
     info["mem"] = memory(device)
     conn = _connect(address, authkey)
     conn.send(("hello", info))
+    external = not os.environ.get("STREAMFUZZ_PARENT")
+    leaving = threading.Event()
+    if external:
+        _exit_when_driver_leaves(conn, leaving)
     factories: dict[str, Any] = {}
     while True:
         try:
             msg = conn.recv()
         except EOFError:
-            return 0
+            # Under torchrun a failed worker is what makes --max-restarts restart the group.
+            return _DRIVER_GONE if external else 0
         if msg[0] == "stop":
+            leaving.set()
             break
         if msg[0] == "stats":
             conn.send(("stats", info["rank"], memory(device)))

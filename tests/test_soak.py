@@ -217,15 +217,20 @@ def _torchrun(port, authkey):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.parametrize("target, lost", [("main-gather", False),
-                                          ("tests.targets:kills_rank", True)])
+@pytest.mark.parametrize("target, lost", [("main-gather", None),
+                                          ("tests.targets:kills_rank", "crash"),
+                                          ("tests.targets:hangs", "hang")])
 def test_ranks_launched_by_torchrun(tmp_path, target, lost):
+    """One campaign over ranks that torchrun started (its own rendezvous). A
+    world that dies or hangs cannot be replaced from here: the campaign stops
+    with its summary, and the ranks end (a hung one too), so torchrun's
+    --max-restarts could start a new group."""
     port, key = _free_port(), os.urandom(8).hex()
     out = tmp_path / "out"
     driver = subprocess.Popen(_soak_cli("--budget", "12s", "--targets", target, "--out", out,
                                         "--corpus", tmp_path / "corpus", "--listen",
                                         f"127.0.0.1:{port}", "--ranks-external", "2",
-                                        "--timeout", "20"),
+                                        "--timeout", "8"),
                               env=dict(_env(), STREAMFUZZ_AUTHKEY=key),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ranks = _torchrun(port, key)
@@ -240,8 +245,8 @@ def test_ranks_launched_by_torchrun(tmp_path, target, lost):
     if lost:
         assert driver.returncode == 1, stderr
         assert "external ranks are gone" in stderr and rep["stop_reason"] == "ranks lost"
-        assert rep["failures_by_kind"] == {"crash": 1}
-        assert ranks.returncode != 0  # torchrun saw its worker die
+        assert rep["failures_by_kind"] == {lost: 1}
+        assert ranks.returncode != 0  # torchrun saw a worker fail
     else:
         assert driver.returncode == 0, stderr
         assert rep["stop_reason"] == "budget spent" and not rep["failures"]
