@@ -1,7 +1,8 @@
 """``python -m fuzz`` / ``streamfuzz``: run, replay, soak.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
-1 a failure was found and saved (or a replay disagreed), 2 bad usage or config.
+1 a failure was found and saved (or a replay disagreed), 2 bad usage or config,
+3 (soak with external ranks) the ranks were lost before the budget was spent.
 """
 
 from __future__ import annotations
@@ -302,6 +303,7 @@ def _soak(args: argparse.Namespace) -> int:
         print(f"soak: the external ranks are gone ({pool.lost}); the driver cannot replace "
               "them. Restart them (torchrun --max-restarts does) and start the same soak "
               "command again: it resumes.", file=sys.stderr)
+        return 3
     return 1 if report["failures"] else 0
 
 

@@ -13,7 +13,7 @@ from fuzz import corpus, driver, targets
 from fuzz.ranks import RankPool, probe_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRIES = corpus.discover([ROOT / "corpus"])
+ENTRIES = corpus.discover([ROOT / "corpus"]) if (ROOT / "corpus").is_dir() else []
 _pools: dict = {}
 
 

@@ -243,7 +243,7 @@ def test_ranks_launched_by_torchrun(tmp_path, target, lost):
     rep = json.loads((out / "report.json").read_text())
     assert rep["config"]["external_ranks"] and rep["examples"] > 0
     if lost:
-        assert driver.returncode == 1, stderr
+        assert driver.returncode == 3, stderr
         assert "external ranks are gone" in stderr and rep["stop_reason"] == "ranks lost"
         assert rep["failures_by_kind"] == {lost: 1}
         assert ranks.returncode != 0  # torchrun saw a worker fail
