@@ -107,6 +107,7 @@ class Soak:
         self.stop_reason = self.stop_reason or reason
 
     def elapsed(self) -> float:
+        """Campaign seconds, earlier starts included."""
         return self._base_elapsed + time.monotonic() - self._t0
 
     def _remaining(self) -> float:
@@ -133,7 +134,9 @@ class Soak:
                 self._recover()
             settings = profiles.get(self.cfg.profile, self.cfg.database)
             seed = self.cfg.seed
-            rng = random.Random(seed) if seed is not None else random.SystemRandom()
+            # A resumed campaign with a fixed seed must not repeat its earlier rounds.
+            rng = random.Random(hash((seed, self.state["starts"]))) if seed is not None \
+                else random.SystemRandom()
             while not self._should_stop():
                 n = int(self.state["rounds"])
                 target = self.cfg.targets[n % len(self.cfg.targets)]
