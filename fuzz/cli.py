@@ -105,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default OUT/hypothesis-db)")
     k.add_argument("--round", type=_duration, default=300.0,
                    help="time per round before the next target (default 5m)")
+    k.add_argument("--round-examples", type=_positive, default=2000,
+                   help="examples per round at most; bounds the driver's memory (default 2000)")
     k.add_argument("--shrink", type=_duration, default=None,
                    help="time a round may spend shrinking past --round (default: --round)")
     k.add_argument("--stats-every", type=_duration, default=10.0,
@@ -285,7 +287,7 @@ def _soak(args: argparse.Namespace) -> int:
         raise UsageError("STREAMFUZZ_AUTHKEY must be hex") from None
     cfg = SoakConfig(targets=names, budget_s=args.budget, out=args.out, corpus=args.corpus,
                      database=args.database or args.out / "hypothesis-db", round_s=args.round,
-                     shrink_s=args.shrink,
+                     shrink_s=args.shrink, round_examples=args.round_examples,
                      stats_every_s=args.stats_every, seed=args.seed)
     pool = RankPool(world, device, timeout=args.timeout, startup_timeout=args.startup_timeout,
                     listen=args.listen, authkey=authkey)

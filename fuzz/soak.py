@@ -62,6 +62,11 @@ class SoakConfig:
     corpus: Path
     database: Path | None = None
     round_s: float = 300.0
+    round_examples: int = 2000
+    """Examples per round at most. Hypothesis keeps every example of a run in
+    memory (about 50 KB each) until the run ends, and the allocator keeps the
+    high-water mark, so the driver's RSS follows the largest round: capping it
+    keeps a fast GPU campaign's memory flat."""
     shrink_s: float | None = None
     """Time a round may spend shrinking past its budget (default ``round_s``): a
     hang costs a full timeout per attempt, and must not starve the other targets.
@@ -169,8 +174,8 @@ class Soak:
         def stop() -> bool:
             return self._should_stop() or time.monotonic() > cutoff
 
-        res = driver.fuzz(self.pool, target, settings, max_examples=10**9, seed=seed,
-                          budget_s=budget,
+        res = driver.fuzz(self.pool, target, settings, max_examples=self.cfg.round_examples,
+                          seed=seed, budget_s=budget,
                           corpus_dir=self.cfg.corpus, strategy=self.cfg.strategy,
                           on_example=self._on_example,
                           on_verdict=self._on_verdict, stop=stop)
