@@ -315,6 +315,7 @@ class RankPool:
                 pass
         replies: dict[int, tuple] = {}
         failure: Failure | None = None
+        death: Failure | None = None
         broken = False
         deadline = time.monotonic() + self.timeout
         waiting = {c: r for r, c in enumerate(self._conns)}
@@ -340,8 +341,10 @@ class RankPool:
                             pass
                         code = proc.poll()
                     how = _signal_name(code) if code is not None else "closed its connection"
-                    failure = failure or Failure("crash", f"rank {rank} {how}: {self._tail(rank)}",
-                                                 rank)
+                    # A death is the cause; a peer's collective error (often seen
+                    # first) is its consequence.
+                    death = death or Failure("crash", f"rank {rank} {how}: {self._tail(rank)}",
+                                             rank)
                     broken = True
                     deadline = min(deadline, time.monotonic() + 2.0)
                     continue
@@ -356,6 +359,7 @@ class RankPool:
                     deadline = min(deadline, time.monotonic() + 2.0)
                 else:
                     replies[rank] = reply
+        failure = death or failure
         if broken and self.external:
             self.lost = failure.message if failure else "broken"
             self._world.kill()
