@@ -82,13 +82,13 @@ def test_bad_budget_on_the_command_line_is_one_line_and_exit_2(tmp_path):
 def test_killed_rank_is_recorded_and_the_campaign_goes_on(tmp_path):
     narrow = st.sampled_from([_scenario(1), _scenario(2), _scenario(3)])
     cfg = _cfg(tmp_path, ["tests.targets:kills_rank", "main-gather"], 40.0, round_s=4.0,
-               strategy=narrow)
+               shrink_s=30.0, strategy=narrow)
     with RankPool(2, "cpu", timeout=20.0) as pool:
         rep = Soak(pool, cfg, stream=sys.stdout).run()
         assert pool.restarts >= 1
     assert rep["stop_reason"] == "budget spent"
     assert rep["failures_by_kind"].get("crash", 0) >= 1
-    crash = next(f for f in rep["failures"] if f["kind"] == "crash")
+    crash = next(f for f in rep["failures"] if f["kind"] == "crash" and f["shrunk"])
     assert "killed by SIGKILL" in crash["message"] and not crash["flaky"]
     entry = corpus.load(Path(crash["path"]))
     assert entry.kind == "crash" and entry.scenario.steps[0].num_reqs == 2  # shrunk
