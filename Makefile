@@ -6,8 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BUDGET ?= 60
 EXAMPLES ?= 300
+SOAK_OUT ?= soak
+TARGETS ?=
 
-.PHONY: fuzz test replay lint bench matrix clean
+.PHONY: fuzz soak test replay lint bench matrix clean
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -27,6 +29,12 @@ $(VENV)/.ready: pyproject.toml
 fuzz: $(VENV)/.ready
 	@$(PY) -m fuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
 		--report reports/fuzz.json; rc=$$?; test $$rc -le 1
+
+# A time-budgeted campaign (docs/soak.md): BUDGET is 30s, 10m, 8h...; the same
+# SOAK_OUT resumes it. Report, plot and log land in SOAK_OUT, failures in corpus/.
+soak: $(VENV)/.ready
+	@$(PY) -m fuzz soak --device auto --budget $(BUDGET) --out $(SOAK_OUT) \
+		$(if $(TARGETS),--targets $(TARGETS)); rc=$$?; test $$rc -le 1
 
 test: $(VENV)/.ready
 	$(PY) -m pytest -n 2 -q
@@ -50,4 +58,4 @@ bench: $(VENV)/.ready
 	$(PY) -m fuzz bench --device auto --out $(BENCH_OUT)
 
 clean:
-	rm -rf $(VENV) reports .hypothesis .pytest_cache
+	rm -rf $(VENV) reports soak .hypothesis .pytest_cache

@@ -1,7 +1,8 @@
-"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench.
+"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
-1 a failure was found and saved (or a replay disagreed), 2 bad usage or config.
+1 a failure was found and saved (or a replay disagreed), 2 bad usage or config,
+3 (soak with external ranks) the ranks were lost before the budget was spent.
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _duration(text: str) -> float:
+    from fuzz.soak import parse_budget
+
+    try:
+        return parse_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _address(text: str) -> tuple[str, int]:
+    from fuzz.ranks import parse_address
+
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="streamfuzz", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -75,6 +94,38 @@ def _parser() -> argparse.ArgumentParser:
                         "at that point (falls back to spins without Triton) or a spin")
     r.add_argument("--oracle", choices=("value", "lifetime", "all"), default="all",
                    help="which oracles judge each example (default: all)")
+
+    k = sub.add_parser("soak", help="a time-budgeted campaign that survives crashes, hangs "
+                       "and kills, resumes, and ends with a report and a plot")
+    k.add_argument("--budget", type=_duration, required=True,
+                   help="total campaign time, e.g. 30s, 10m, 8h (counts earlier starts)")
+    k.add_argument("--targets", nargs="+", metavar="T", default=None,
+                   help="targets to rotate over (default: all built-ins)")
+    common(k)
+    k.add_argument("--world-size", type=_positive, default=None,
+                   help="ranks (default: 2 on cpu, every GPU on cuda)")
+    k.add_argument("--out", type=Path, default=Path("soak"),
+                   help="campaign directory: journal, state, log, report (default soak/); "
+                        "starting again with the same one resumes the campaign")
+    k.add_argument("--corpus", type=Path, default=Path("corpus"))
+    k.add_argument("--database", type=Path, default=None,
+                   help="Hypothesis example database, may be shared by several nodes "
+                        "(default OUT/hypothesis-db)")
+    k.add_argument("--round", type=_duration, default=300.0,
+                   help="time per round before the next target (default 5m)")
+    k.add_argument("--round-examples", type=_positive, default=2000,
+                   help="examples per round at most; bounds the driver's memory (default 2000)")
+    k.add_argument("--shrink", type=_duration, default=None,
+                   help="time a round may spend shrinking past --round (default: --round)")
+    k.add_argument("--stats-every", type=_duration, default=10.0,
+                   help="memory and throughput sample period (default 10s)")
+    k.add_argument("--seed", type=int, default=None)
+    k.add_argument("--listen", type=_address, default=None, metavar="HOST:PORT",
+                   help="with --ranks-external: where ranks started by torchrun connect")
+    k.add_argument("--ranks-external", type=_positive, default=None, metavar="N",
+                   help="do not start ranks; wait for N ranks launched by torchrun")
+    k.add_argument("--startup-timeout", type=_duration, default=600.0,
+                   help="how long to wait for the ranks to join (default 10m)")
 
     y = sub.add_parser("replay", help="replay corpus entries as regressions")
     y.add_argument("paths", nargs="+", type=Path)
@@ -134,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             device, gpus = _device(args.device)
             return matrix.main(args, device, _world_size(device, gpus, None))
+        if args.command == "soak":
+            return _soak(args)
         return _replay(args)
     except UsageError as exc:
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
@@ -290,6 +343,51 @@ def _bench(args: argparse.Namespace) -> int:
     json_path, md_path = bench.write(args.out, report)
     print(f"\n{md_path.read_text()}\nwrote {json_path} and {md_path}")
     return 0
+def _soak(args: argparse.Namespace) -> int:
+    import os
+
+    from fuzz.soak import Soak, SoakConfig, stop_on_signals
+
+    names = args.targets or list(targets.BUILTIN)
+    names = [n for arg in names for n in arg.split(",") if n]
+    for name in names:
+        targets.check_importable(name)
+    if (args.listen is None) != (args.ranks_external is None):
+        raise UsageError("--listen and --ranks-external go together")
+    if args.ranks_external:
+        if args.device == "auto":
+            raise UsageError("--ranks-external needs --device cpu or cuda (what the ranks use)")
+        device, world = args.device, args.ranks_external
+    else:
+        device, gpus = _device(args.device)
+        world = _world_size(device, gpus, args.world_size)
+    key = os.environ.get("STREAMFUZZ_AUTHKEY", "")
+    try:
+        authkey = bytes.fromhex(key) if key else None
+    except ValueError:
+        raise UsageError("STREAMFUZZ_AUTHKEY must be hex") from None
+    cfg = SoakConfig(targets=names, budget_s=args.budget, out=args.out, corpus=args.corpus,
+                     database=args.database or args.out / "hypothesis-db", round_s=args.round,
+                     shrink_s=args.shrink, round_examples=args.round_examples,
+                     stats_every_s=args.stats_every, seed=args.seed)
+    pool = RankPool(world, device, timeout=args.timeout, startup_timeout=args.startup_timeout,
+                    listen=args.listen, authkey=authkey)
+    soak = Soak(pool, cfg)
+    with stop_on_signals(soak):
+        try:
+            if args.listen:
+                print(f"soak: waiting for {world} ranks on {args.listen[0]}:{args.listen[1]} "
+                      f"(torchrun ... -m fuzz.rank_main)", file=sys.stderr, flush=True)
+            pool.start()
+            report = soak.run()
+        finally:
+            pool.close()
+    if pool.lost is not None:
+        print(f"soak: the external ranks are gone ({pool.lost}); the driver cannot replace "
+              "them. Restart them (torchrun --max-restarts does) and start the same soak "
+              "command again: it resumes.", file=sys.stderr)
+        return 3
+    return 1 if report["failures"] else 0
 
 
 def _replay(args: argparse.Namespace) -> int:

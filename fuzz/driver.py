@@ -26,6 +26,8 @@ from fuzz.verdict import Failure, Verdict
 from strategies import scenarios
 
 Progress = Callable[[int, float, int], None]
+OnExample = Callable[[Scenario], None]
+OnVerdict = Callable[[Scenario, Verdict, list[str]], None]
 
 ORACLES = ("value", "lifetime", "reuse")
 """Every oracle; ``value`` runs in the driver, ``lifetime`` on the ranks."""
@@ -68,6 +70,39 @@ class _Found(Exception):
     """Raised into Hypothesis so that it shrinks; carries nothing Hypothesis needs."""
 
 
+class _Stopped(KeyboardInterrupt):
+    """Ends a run at once. Hypothesis lets a KeyboardInterrupt through without
+    saving the example to its database or replaying it, unlike other exceptions."""
+
+
+def _bucket(n: int) -> str:
+    return "0" if n == 0 else "1" if n == 1 else "2-3" if n < 4 else "4-7" if n < 8 else "8+"
+
+
+def behaviours(scenario: Scenario, verdict: Verdict) -> list[str]:
+    """Coarse labels of what an example exercised, reported through ``event()``.
+
+    They are cheap to compute and bounded in number, so counting distinct ones
+    over a long run tells whether the strategies keep reaching new ground.
+    """
+    steps = scenario.steps
+    labels = [f"steps {_bucket(len(steps))}",
+              f"max batch {_bucket(max((s.num_reqs for s in steps), default=0))}",
+              f"pipeline depth {scenario.pipeline_depth}",
+              "verdict " + ("ok" if verdict.ok else verdict.first.kind)]
+    if any(not s.broadcasts for s in steps):
+        labels.append("a step broadcast nothing")
+    if any(s.delays for s in steps):
+        labels.append("delays on " + "+".join(sorted({d.stream for s in steps
+                                                       for d in s.delays})))
+    if any(s.churn for s in steps):
+        labels.append("churn on " + "+".join(sorted({c.stream for s in steps
+                                                      for c in s.churn})))
+    if len({s.idx_dtype for s in steps if s.num_reqs}) > 1:
+        labels.append("idx dtypes mixed")
+    return labels
+
+
 @dataclass
 class CampaignResult:
     target: str
@@ -82,6 +117,7 @@ class CampaignResult:
     failures: int = 0
     shrink_truncated: bool = False
     held: list[str] = field(default_factory=list)
+    stopped: bool = False
 
     @property
     def examples_per_s(self) -> float:
@@ -103,7 +139,9 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
          strategy: st.SearchStrategy[Scenario] | None = None,
          progress: Progress | None = None, options: dict[str, Any] | None = None,
          stop_on_failure: bool = True, shrink_budget_s: float | None = 120.0,
-         oracles: tuple[str, ...] | list[str] | None = None) -> CampaignResult:
+         oracles: tuple[str, ...] | list[str] | None = None,
+         on_example: OnExample | None = None, on_verdict: OnVerdict | None = None,
+         stop: Callable[[], bool] | None = None) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
     ``options`` go to every rank unchanged (see ``fuzz.runner``); ``oracles``
@@ -113,6 +151,12 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     examples run, the smallest failure so far is kept and ``shrink_truncated``
     is set (on a GPU every crash costs a new CUDA context per shrink step; a
     smaller case found late is worth less than one saved now).
+
+    ``on_example`` runs before each dispatch (a journal can make it durable
+    first); ``on_verdict`` gets each verdict with its behaviour labels (a
+    campaign can save a failure before shrinking starts). When ``stop``
+    returns true the run ends before the next dispatch, even while shrinking:
+    the smallest failure so far is still saved.
     """
     result = CampaignResult(target=target)
     options = {**(options or {}), **oracle_options(oracles)}
@@ -122,15 +166,24 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
 
     def body(scenario: Scenario) -> None:
         elapsed = time.monotonic() - start
+        if stop is not None and stop():
+            raise _Stopped
         if result.failure is None and budget_s is not None and elapsed > budget_s:
-            return
+            raise _Stopped
         if (shrink_budget_s is not None and result.first_failure_s is not None
                 and elapsed - result.first_failure_s > shrink_budget_s):
             result.shrink_truncated = True
             return
+        if on_example is not None:
+            on_example(scenario)
         verdict = evaluate(pool, target, scenario, options)
         result.examples += 1
         held.update(verdict.held)
+        labels = behaviours(scenario, verdict)
+        for label in labels:
+            hypothesis.event(label)
+        if on_verdict is not None:
+            on_verdict(scenario, verdict, labels)
         if progress is not None:
             progress(result.examples, time.monotonic() - start, 0 if verdict.ok else 1)
         if not verdict.ok:
@@ -152,6 +205,8 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
         body()
     except _Found:
         pass
+    except _Stopped:
+        result.stopped = True
     except Flaky:
         # The last failure seen is the smallest that ever failed; keep it.
         result.flaky = not result.shrink_truncated

@@ -9,10 +9,16 @@ examples; a CUDA error makes it exit, because its context is then unusable.
 
 from __future__ import annotations
 
+import importlib
 import os
+import select
+import signal
+import socket
 import sys
+import threading
+import time
 import traceback
-from multiprocessing.connection import Client
+from multiprocessing.connection import Client, Connection
 from typing import Any
 
 import torch
@@ -20,6 +26,7 @@ import torch.distributed as dist
 
 from fuzz import targets
 from fuzz.gates import Gates, GateUnavailable
+from fuzz.ranks import rss_bytes
 from fuzz.runner import run_scenario
 from fuzz.scenario import Scenario
 from fuzz.streams import CudaStreams, SimStreams
@@ -41,12 +48,17 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
         dist.init_process_group("gloo", init_method="env://")
         group = dist.new_group(backend="gloo")
         name = "cpu"
+    # The first dispatch-mode entry imports torch._dynamo lazily (seconds of CPU);
+    # pay it here, before the hello, so that a spare world is ready at once.
+    importlib.import_module("torch._dynamo")
+
     warm = torch.zeros(1, device=device)
     dist.broadcast(warm, src=dist.get_world_size() - 1, group=group)
     if device_kind == "cuda":
         torch.cuda.synchronize(device)
     info = {"rank": rank, "pid": os.getpid(), "torch": torch.__version__, "device_name": name,
-            "backend": dist.get_backend(group), "gates": "none"}
+            "backend": dist.get_backend(group), "gates": "none",
+            "world_size": dist.get_world_size()}
     if device_kind == "cuda":
         global _GATES
         try:
@@ -61,6 +73,51 @@ _GATES: Gates | None = None
 """The rank's gate pool, made once (compiling the kernel) before the first example."""
 
 
+def memory(device: torch.device) -> dict[str, int]:
+    """This process's resident set and, on CUDA, the caching allocator's bytes.
+
+    Cheap (one small /proc read), so the driver may ask as often as it likes.
+    """
+    mem = {"rss": rss_bytes()}
+    if device.type == "cuda":
+        mem["gpu_alloc"] = torch.cuda.memory_allocated(device)
+        mem["gpu_reserved"] = torch.cuda.memory_reserved(device)
+    return mem
+
+
+def _die_with_driver() -> None:
+    """A rank the driver spawned must not outlive it (a driver killed with -9
+    would otherwise leave a spare world waiting forever)."""
+    parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)
+
+
+def _connect(address: str, authkey: bytes) -> Connection:
+    """Connect to the driver. Under torchrun the ranks may start (or be
+    restarted) before the driver listens, so they retry for a while; a rank the
+    driver spawned does not (its driver listened before spawning it)."""
+    host, _, port = address.rpartition(":")
+    spawned = bool(os.environ.get("STREAMFUZZ_PARENT"))
+    patience = 0.0 if spawned else float(os.environ.get("STREAMFUZZ_CONNECT_TIMEOUT", "600"))
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return Client((host, int(port)), authkey=authkey)
+        except (ConnectionRefusedError, FileNotFoundError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 def _context(device: torch.device, group: Any, scenario: Scenario) -> TargetContext:
     streams = CudaStreams(device, _GATES) if device.type == "cuda" else SimStreams()
     world = dist.get_world_size()
@@ -69,19 +126,60 @@ def _context(device: torch.device, group: Any, scenario: Scenario) -> TargetCont
                          num_spec_steps=scenario.num_spec_steps, streams=streams)
 
 
+_DRIVER_GONE = 4
+"""Exit status of a rank whose driver went away without saying stop."""
+
+
+def _exit_when_driver_leaves(conn: Connection, leaving: threading.Event) -> None:
+    """Exit as soon as the driver closes the connection, even mid-example.
+
+    A driver that declares a hang closes the connection; a rank it did not
+    spawn (torchrun) cannot be killed by it, so the hung rank ends itself and
+    torchrun sees a failed worker (and restarts the group with --max-restarts).
+    """
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+
+    def watch() -> None:
+        while True:
+            readable, _, _ = select.select([sock], [], [], 1.0)
+            if not readable:
+                continue
+            try:
+                gone = sock.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                gone = True
+            if gone and not leaving.is_set():
+                os._exit(_DRIVER_GONE)
+            if gone:
+                return
+            time.sleep(0.05)  # a message waits for the main thread: leave it there
+
+    threading.Thread(target=watch, daemon=True, name="driver-watch").start()
+
+
 def serve(device_kind: str, address: str, authkey: bytes) -> int:
     device, group, info = _setup(device_kind)
-    host, _, port = address.rpartition(":")
-    conn = Client((host, int(port)), authkey=authkey)
+    info["node"] = socket.gethostname()
+    info["mem"] = memory(device)
+    conn = _connect(address, authkey)
     conn.send(("hello", info))
+    external = not os.environ.get("STREAMFUZZ_PARENT")
+    leaving = threading.Event()
+    if external:
+        _exit_when_driver_leaves(conn, leaving)
     factories: dict[str, Any] = {}
     while True:
         try:
             msg = conn.recv()
         except EOFError:
-            return 0
+            # Under torchrun a failed worker is what makes --max-restarts restart the group.
+            return _DRIVER_GONE if external else 0
         if msg[0] == "stop":
+            leaving.set()
             break
+        if msg[0] == "stats":
+            conn.send(("stats", info["rank"], memory(device)))
+            continue
         _, eid, target, scenario, options = msg
         try:
             if not isinstance(scenario, Scenario):  # plain values from another client
@@ -109,6 +207,7 @@ def main() -> int:
         print("streamfuzz rank: STREAMFUZZ_DRIVER=host:port is not set; start ranks through "
               "`python -m fuzz run` or pass it to torchrun's environment", file=sys.stderr)
         return 2
+    _die_with_driver()
     authkey = bytes.fromhex(os.environ.get("STREAMFUZZ_AUTHKEY", "")) or b"streamfuzz"
     return serve(os.environ.get("STREAMFUZZ_DEVICE", "cpu"), address, authkey)
 

@@ -51,6 +51,17 @@ def probe_gpus() -> int:
         return 0
 
 
+def rss_bytes() -> int:
+    """Resident set size of this process (one small /proc read; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,16 +77,29 @@ def _signal_name(code: int) -> str:
     return f"exited with code {code}"
 
 
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` -> ``(host, port)``; raises ValueError with the reason."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not host:port")
+    return host, int(port)
+
+
 class _World:
     """One set of rank processes sharing a process group and a listener."""
 
     def __init__(self, pool: RankPool, generation: int) -> None:
-        self.authkey = secrets.token_bytes(16)
-        self.listener = Listener(("127.0.0.1", 0), authkey=self.authkey)
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []
         self.info: list[dict[str, Any]] = []
         self.logs: list[Path] = []
+        if pool.listen is not None:
+            # Ranks started by someone else (torchrun): listen where they were told.
+            self.authkey = pool.authkey
+            self.listener = Listener(pool.listen, authkey=self.authkey)
+            return
+        self.authkey = secrets.token_bytes(16)
+        self.listener = Listener(("127.0.0.1", 0), authkey=self.authkey)
         base = dict(os.environ)
         base.update(pool.extra_env)
         host, port = self.listener.address
@@ -84,6 +108,7 @@ class _World:
             "WORLD_SIZE": str(pool.world_size), "STREAMFUZZ_DEVICE": pool.device,
             "STREAMFUZZ_DRIVER": f"{host}:{port}",
             "STREAMFUZZ_AUTHKEY": self.authkey.hex(), "PYTHONUNBUFFERED": "1",
+            "STREAMFUZZ_PARENT": str(os.getpid()),
         })
         base["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), base.get("PYTHONPATH")) if p)
         if pool.device == "cpu":
@@ -116,6 +141,9 @@ class _World:
                 except TimeoutError:
                     continue
                 _, info = conn.recv()
+                if info.get("world_size", world_size) != world_size:
+                    raise RankStartError(f"a rank joined a world of {info.get('world_size')} "
+                                         f"ranks; this driver expects {world_size}")
                 conns[info["rank"]] = (conn, info)
         finally:
             self.listener.close()
@@ -165,7 +193,15 @@ class RankPool:
     """
 
     def __init__(self, world_size: int, device: str, timeout: float = 60.0,
-                 startup_timeout: float = 180.0, env: dict[str, str] | None = None) -> None:
+                 startup_timeout: float = 180.0, env: dict[str, str] | None = None,
+                 listen: tuple[str, int] | None = None,
+                 authkey: bytes | None = None) -> None:
+        """With ``listen``, the ranks are external (torchrun starts them and points
+        them at this address): the pool only accepts them, and a world that dies
+        or hangs is not replaced but marks the pool ``lost``."""
+        self.listen = listen
+        self.authkey = authkey or b"streamfuzz"
+        self.lost: str | None = None
         self.world_size = world_size
         self.device = device
         self.timeout = timeout
@@ -200,7 +236,13 @@ class RankPool:
             raise
         self._world = world
 
+    @property
+    def external(self) -> bool:
+        return self.listen is not None
+
     def restart(self) -> None:
+        if self.external:
+            raise RankStartError("external ranks cannot be replaced by the driver")
         if self._world is not None:
             self._world.kill()
         self.restarts += 1
@@ -232,10 +274,38 @@ class RankPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
+    # -- between examples ----------------------------------------------------
+    def stats(self, timeout: float = 10.0) -> list[dict[str, Any] | None]:
+        """Each rank's memory now (``None`` for a rank that did not answer)."""
+        out: list[dict[str, Any] | None] = [None] * len(self._conns)
+        waiting = {}
+        for rank, c in enumerate(self._conns):
+            try:
+                c.send(("stats",))
+                waiting[c] = rank
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        while waiting:
+            ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for c in ready:
+                rank = waiting.pop(c)
+                try:
+                    reply = c.recv()
+                except (EOFError, OSError):
+                    continue
+                if reply[0] == "stats":
+                    out[rank] = reply[2]
+        return out
+
     # -- one example -------------------------------------------------------
     def run(self, target: str, scenario: Scenario,
             options: dict[str, Any] | None = None) -> Outcome:
         """Run one example on every rank; replaces the ranks if they broke."""
+        if self.lost is not None:
+            raise RankStartError(f"the ranks are gone: {self.lost}")
         self._eid += 1
         eid = self._eid
         # Pickled once for every rank; the Scenario object itself travels (a
@@ -249,7 +319,7 @@ class RankPool:
                 pass
         replies: dict[int, tuple] = {}
         failure: Failure | None = None
-        peer_error = False
+        death: Failure | None = None
         broken = False
         deadline = time.monotonic() + self.timeout
         waiting = {c: r for r, c in enumerate(self._conns)}
@@ -266,31 +336,38 @@ class RankPool:
                 try:
                     reply = c.recv()
                 except (EOFError, OSError):
-                    proc = self._procs[rank]
-                    try:
-                        proc.wait(5)
-                    except subprocess.TimeoutExpired:
-                        pass
-                    code = proc.poll()
+                    code = None
+                    if rank < len(self._procs):
+                        proc = self._procs[rank]
+                        try:
+                            proc.wait(5)
+                        except subprocess.TimeoutExpired:
+                            pass
+                        code = proc.poll()
                     how = _signal_name(code) if code is not None else "closed its connection"
-                    # A dead rank is the cause; a peer's error ("connection closed") the effect.
-                    if failure is None or peer_error:
-                        failure = Failure("crash", f"rank {rank} {how}: {self._tail(rank)}", rank)
-                        peer_error = False
+                    # A death is the cause; a peer's collective error (often seen
+                    # first) is its consequence.
+                    death = death or Failure("crash", f"rank {rank} {how}: {self._tail(rank)}",
+                                             rank)
                     broken = True
                     deadline = min(deadline, time.monotonic() + 2.0)
                     continue
+                if reply[0] == "stats" or reply[1] != eid:
+                    waiting[c] = rank  # a late answer to an earlier question
+                    continue
                 if reply[0] == "error":
                     _, _, r, text, _tb, fatal = reply
-                    if failure is None:
-                        failure = Failure("crash", f"rank {r} raised {text}", r)
-                        peer_error = True
+                    failure = failure or Failure("crash", f"rank {r} raised {text}", r)
                     broken = broken or fatal
                     # Peers are likely blocked in a collective: give them a moment only.
                     deadline = min(deadline, time.monotonic() + 2.0)
                 else:
                     replies[rank] = reply
-        if broken:
+        failure = death or failure
+        if broken and self.external:
+            self.lost = failure.message if failure else "broken"
+            self._world.kill()
+        elif broken:
             self.restart()
         if failure is not None:
             return Outcome(failure=failure)

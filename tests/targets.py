@@ -45,6 +45,29 @@ class Hangs(MainGather):
         return super()._send(draft_table, batch)
 
 
+class FailsOnce(MainGather):
+    """Sends shifted rows the first time a rank process sees 2 or more requests,
+    then never again: a failure that does not reproduce."""
+
+    fired = False
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if batch.num_reqs >= 2 and not FailsOnce.fired:
+            FailsOnce.fired = True
+            send = draft_table[batch.idx_mapping.roll(1)]
+            with self.streams.stream(self.side):
+                self.side.wait_stream(self.main)
+                self._send_sampled(batch)
+                self._bcast(send)
+                send.record_stream(self.side)
+            return send
+        return super()._send(draft_table, batch)
+
+
+def fails_once(ctx: TargetContext) -> FailsOnce:
+    return FailsOnce(ctx)
+
+
 def shifted_rows(ctx: TargetContext) -> ShiftedRows:
     return ShiftedRows(ctx)
 

@@ -1,0 +1,439 @@
+"""Soak campaigns: fuzz for a time budget, survive anything, lose nothing.
+
+A campaign rotates over its targets in rounds; each round is one
+``driver.fuzz`` call with a fresh seed and a short budget, so one target's
+shrinking or one crashed world never starves the others. Everything that must
+outlive the driver is written to the campaign directory before it matters:
+
+* ``journal.json``: the example about to be dispatched, fsynced first. A start
+  that finds one replays it before anything else (the driver died mid-example,
+  perhaps because of it) and records a failure if it fails.
+* ``state.json``: running totals, rewritten atomically at every failure, stats
+  sample and round end, so a restarted campaign resumes its budget and counts.
+* ``stats.jsonl``: one memory/throughput sample per line (a line cut by a kill
+  is skipped on reading); ``soak.log``: the same as text.
+* the corpus: each failure is saved on first sight, then replaced by its shrunk
+  form, then replayed once; one that does not fail again is kept as flaky.
+
+At the end (budget spent, SIGINT, SIGTERM, or external ranks lost) it writes
+``report.json``, ``report.md`` and ``report.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fuzz import corpus, driver, profiles
+from fuzz.corpus import write_json_atomic
+from fuzz.ranks import RankPool, rss_bytes
+from fuzz.scenario import Scenario, ScenarioError
+from fuzz.verdict import Failure, Verdict
+
+STATE_SCHEMA = 1
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_budget(text: str) -> float:
+    """``30s``, ``10m``, ``8h``, ``1d`` or plain seconds -> seconds (> 0)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration like 30s, 10m or 8h")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+@dataclass
+class SoakConfig:
+    """What a campaign runs; ``out`` holds its journal, state, log and report."""
+
+    targets: list[str]
+    budget_s: float
+    out: Path
+    corpus: Path
+    database: Path | None = None
+    round_s: float = 300.0
+    round_examples: int = 2000
+    """Examples per round at most. Hypothesis keeps every example of a run in
+    memory (about 50 KB each) until the run ends, and the allocator keeps the
+    high-water mark, so the driver's RSS follows the largest round: capping it
+    keeps a fast GPU campaign's memory flat."""
+    shrink_s: float | None = None
+    """Time a round may spend shrinking past its budget (default ``round_s``): a
+    hang costs a full timeout per attempt, and must not starve the other targets.
+    A failure cut short is saved as shrunk so far, and replayed."""
+    stats_every_s: float = 10.0
+    seed: int | None = None
+    profile: str = "default"
+    replay_failures: bool = True
+    strategy: Any = None
+    """Scenarios to draw (default: ``strategies.scenarios`` for the pool's world)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Soak:
+    """One campaign over ``pool``; ``run()`` returns the report as a dict."""
+
+    def __init__(self, pool: RankPool, cfg: SoakConfig, stream: TextIO | None = None) -> None:
+        self.pool = pool
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self.stop_reason: str | None = None
+        self.journal = self.out / "journal.json"
+        self.state_path = self.out / "state.json"
+        self.stats_path = self.out / "stats.jsonl"
+        self.state = self._load_state()
+        self.state["starts"] += 1
+        self._base_elapsed = float(self.state["elapsed_s"])
+        self._base_restarts = int(self.state["restarts"]) - pool.restarts
+        self._t0 = time.monotonic()
+        self._last_sample = -1e9
+        self._last_draw = 0.0
+        self._prev = (self._base_elapsed, int(self.state["examples"]))
+        self._pending: Path | None = None
+        self._target = ""
+        self._log = open(self.out / "soak.log", "a", buffering=1)
+
+    # -- control -------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        """Stop before the next example (a signal handler may call this)."""
+        self.stop_reason = self.stop_reason or reason
+
+    def elapsed(self) -> float:
+        """Campaign seconds, earlier starts included."""
+        return self._base_elapsed + time.monotonic() - self._t0
+
+    def _remaining(self) -> float:
+        return self.cfg.budget_s - self.elapsed()
+
+    def _should_stop(self) -> bool:
+        if self.stop_reason is None and self.pool.lost is not None:
+            self.stop_reason = "ranks lost"
+        if self.stop_reason is None and self._remaining() <= 0:
+            self.stop_reason = "budget spent"
+        return self.stop_reason is not None
+
+    # -- the campaign ----------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Run until the budget is spent or a stop is asked; returns the report."""
+        self._t0 = time.monotonic()  # the budget counts from here, not from rank start-up
+        self._say(f"soak: {', '.join(self.cfg.targets)} for {_hms(self.cfg.budget_s)} "
+                  f"on {self.pool.device} x{self.pool.world_size} -> {self.out} "
+                  f"(start {self.state['starts']}, {_hms(self._base_elapsed)} already spent)")
+        clean = False
+        try:
+            if self.stop_reason is None:
+                self._sample(force=True)
+                self._recover()
+            settings = profiles.get(self.cfg.profile, self.cfg.database)
+            seed = self.cfg.seed
+            # A resumed campaign with a fixed seed must not repeat its earlier rounds.
+            rng = random.Random(hash((seed, self.state["starts"]))) if seed is not None \
+                else random.SystemRandom()
+            while not self._should_stop():
+                n = int(self.state["rounds"])
+                target = self.cfg.targets[n % len(self.cfg.targets)]
+                self._round(target, settings, rng.getrandbits(32))
+                self.state["rounds"] = n + 1
+                self._save_state()
+            clean = True
+        finally:
+            self._sample(force=True)
+            self._save_state()
+            if clean:  # otherwise the example in flight may be what broke us: keep it
+                _unlink(self.journal)
+            report = self._report()
+            self._clear_line()
+            self._say(f"soak: stopped ({self.stop_reason or 'error'}) after "
+                      f"{_hms(self.elapsed())}: {report['examples']} examples, "
+                      f"{len(report['failures'])} failures; report in {self.out}")
+            self._log.close()
+        return report
+
+    def _round(self, target: str, settings: Any, seed: int) -> None:
+        self._target = target
+        self._pending = None
+        before = self.state["examples"]
+        t0 = time.monotonic()
+        budget = min(self.cfg.round_s, max(1.0, self._remaining()))
+        cutoff = t0 + budget + (self.cfg.shrink_s if self.cfg.shrink_s is not None
+                                else self.cfg.round_s)
+
+        def stop() -> bool:
+            return self._should_stop() or time.monotonic() > cutoff
+
+        res = driver.fuzz(self.pool, target, settings, max_examples=self.cfg.round_examples,
+                          seed=seed, budget_s=budget,
+                          corpus_dir=self.cfg.corpus, strategy=self.cfg.strategy,
+                          on_example=self._on_example,
+                          on_verdict=self._on_verdict, stop=stop)
+        per = self.state["targets"].setdefault(target, {"examples": 0, "rounds": 0,
+                                                        "elapsed_s": 0.0, "failures": 0})
+        per["examples"] += self.state["examples"] - before
+        per["rounds"] += 1
+        per["elapsed_s"] = round(per["elapsed_s"] + time.monotonic() - t0, 3)
+        if res.failure is not None and res.corpus_path is not None:
+            per["failures"] += 1
+            self._settle(res)
+
+    def _on_example(self, scenario: Scenario) -> None:
+        self._sample()
+        write_json_atomic(self.journal, {"target": self._target, "round": self.state["rounds"],
+                                         "scenario": scenario.to_dict(), "replays": 0})
+
+    def _on_verdict(self, scenario: Scenario, verdict: Verdict, labels: list[str]) -> None:
+        self.state["examples"] += 1
+        seen = self.state["behaviours"]
+        for label in labels:
+            seen[label] = seen.get(label, 0) + 1
+        if not verdict.ok and self._pending is None:
+            # Saved before shrinking starts: a kill during shrinking loses nothing.
+            self._pending = self._save(self._target, verdict.first, scenario, shrunk=False)
+            self._clear_line()
+            self._say(f"soak: {self._target}: {verdict.first.kind} found, shrinking "
+                      f"(saved first as {self._pending})")
+        self._draw()
+
+    def _settle(self, res: driver.CampaignResult) -> None:
+        """After a round's failure is saved: drop the unshrunk copy; make sure it
+        was replayed once. Hypothesis replays the shrunk example itself at the end
+        (and says Flaky when it passes); only a round cut short needs our replay."""
+        path = res.corpus_path
+        if self._pending is not None and self._pending != path:
+            _unlink(self._pending)
+            self._forget(self._pending)
+        self._pending = None
+        entry = corpus.load(path)
+        flaky = res.flaky
+        if not flaky and res.stopped and self.cfg.replay_failures \
+                and self.stop_reason is None:  # not when the campaign itself is ending
+            flaky = driver.replay(self.pool, entry).ok
+        if flaky and not entry.flaky:
+            entry = corpus.Entry(target=entry.target, kind=entry.kind, message=entry.message,
+                                 scenario=entry.scenario, found_on=entry.found_on, flaky=True)
+            corpus.save(self.cfg.corpus, entry)
+        self._record(res.target, res.failure, path, shrunk=not res.stopped, flaky=flaky)
+        how = "FLAKY (passed on replay)" if flaky else "reproduces"
+        self._clear_line()
+        self._say(f"soak: {res.target}: {res.failure.kind} saved to {path}, {how}: "
+                  f"{res.failure.message[:160]}")
+
+    # -- recovery --------------------------------------------------------------
+    def _recover(self) -> None:
+        """Replay the example a killed driver left in the journal."""
+        try:
+            data = json.loads(self.journal.read_text())
+            scenario = Scenario.from_dict(data["scenario"])
+            target = str(data["target"])
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, ScenarioError) as exc:
+            self._say(f"soak: unreadable journal ignored ({exc})")
+            _unlink(self.journal)
+            return
+        self._target = target
+        replays = int(data.get("replays", 0))
+        if replays >= 1:
+            # It was being replayed when the driver died again: record, do not retry.
+            fail = Failure("crash", "the driver died twice while running this example")
+            self._record(target, fail, self._save(target, fail, scenario, shrunk=False),
+                         shrunk=False, flaky=False, recovered=True)
+            _unlink(self.journal)
+            return
+        write_json_atomic(self.journal, dict(data, replays=replays + 1))
+        self._say(f"soak: replaying the example in flight when the last run ended ({target})")
+        verdict = driver.evaluate(self.pool, target, scenario)
+        if not verdict.ok:
+            path = self._save(target, verdict.first, scenario, shrunk=False)
+            self._record(target, verdict.first, path, shrunk=False, flaky=False, recovered=True)
+            self._say(f"soak: recovered {verdict.first.kind} saved to {path}")
+        else:
+            self._say("soak: it passes now")
+        _unlink(self.journal)
+
+    # -- failures --------------------------------------------------------------
+    def _save(self, target: str, failure: Failure, scenario: Scenario, *, shrunk: bool) -> Path:
+        entry = corpus.Entry(target=target, kind=failure.kind, message=failure.message,
+                             scenario=scenario, found_on=driver.found_on(self.pool))
+        path = corpus.save(self.cfg.corpus, entry)
+        self._record(target, failure, path, shrunk=shrunk, flaky=False, pending=True)
+        return path
+
+    def _record(self, target: str, failure: Failure, path: Path, *, shrunk: bool, flaky: bool,
+                recovered: bool = False, pending: bool = False) -> None:
+        fails = self.state["failures"]
+        rec = {"t": round(self.elapsed(), 3), "target": target, "kind": failure.kind,
+               "message": failure.message, "path": str(path), "shrunk": shrunk,
+               "flaky": flaky, "recovered": recovered, "pending": pending}
+        # One record per saved file and round: the pending copy is replaced in place.
+        if fails and fails[-1]["path"] == str(path) and fails[-1]["pending"]:
+            fails[-1] = rec
+        else:
+            fails.append(rec)
+        self._save_state()
+
+    def _forget(self, path: Path) -> None:
+        fails = self.state["failures"]
+        if fails and fails[-1]["path"] == str(path) and fails[-1]["pending"]:
+            fails.pop()
+
+    # -- state, stats, display ---------------------------------------------------
+    def _load_state(self) -> dict[str, Any]:
+        fresh = {"schema": STATE_SCHEMA, "elapsed_s": 0.0, "examples": 0, "rounds": 0,
+                 "starts": 0, "restarts": 0, "failures": [], "behaviours": {}, "targets": {}}
+        try:
+            data = json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return fresh
+        if not isinstance(data, dict) or data.get("schema") != STATE_SCHEMA:
+            return fresh
+        return dict(fresh, **data)
+
+    def _save_state(self) -> None:
+        self.state["elapsed_s"] = round(self.elapsed(), 3)
+        self.state["restarts"] = self._base_restarts + self.pool.restarts
+        write_json_atomic(self.state_path, self.state)
+
+    def _sample(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_sample < self.cfg.stats_every_s:
+            return
+        self._last_sample = now
+        t, ex = self.elapsed(), int(self.state["examples"])
+        dt = t - self._prev[0]
+        rate = (ex - self._prev[1]) / dt if dt > 0 else 0.0
+        self._prev = (t, ex)
+        ranks = self.pool.stats() if self.pool.lost is None else []
+        kinds = self._kinds()
+        sample = {"t": round(t, 3), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "target": self._target, "examples": ex, "rate": round(rate, 3),
+                  "failures": kinds,
+                  "restarts": self._base_restarts + self.pool.restarts,
+                  "behaviours": len(self.state["behaviours"]), "driver_rss": rss_bytes(),
+                  "ranks": ranks}
+        with open(self.stats_path, "a") as fh:
+            fh.write(json.dumps(sample, separators=(",", ":")) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        rss = " ".join(f"{m['rss'] / 2**20:.0f}" if m else "?" for m in ranks)
+        self._log.write(f"{sample['time']} t={_hms(t)} examples={ex} rate={rate:.1f}/s "
+                        f"failures={_kinds_text(kinds)} behaviours={sample['behaviours']} "
+                        f"restarts={sample['restarts']} driver_rss={rss_bytes() / 2**20:.0f}MiB "
+                        f"rank_rss_mib=[{rss}]\n")
+        self.state["elapsed_s"] = round(t, 3)
+        self._save_state()
+
+    def _kinds(self) -> dict[str, int]:
+        kinds: dict[str, int] = {}
+        for f in self.state["failures"]:
+            key = f["kind"] + (" (flaky)" if f["flaky"] else "")
+            kinds[key] = kinds.get(key, 0) + 1
+        return kinds
+
+    def _draw(self) -> None:
+        now = time.monotonic()
+        if not self.tty or now - self._last_draw < 0.25:
+            return
+        self._last_draw = now
+        t, ex = self.elapsed(), self.state["examples"]
+        line = (f"[{_hms(t)}/{_hms(self.cfg.budget_s)}] {self._target} | {ex} examples, "
+                f"{self._prev_rate():.1f}/s | failures: {_kinds_text(self._kinds())} | "
+                f"behaviours: {len(self.state['behaviours'])} | "
+                f"restarts: {self._base_restarts + self.pool.restarts}")
+        self.stream.write("\r\033[K" + line[:200])
+        self.stream.flush()
+
+    def _prev_rate(self) -> float:
+        dt = self.elapsed() - self._prev[0]
+        recent = (self.state["examples"] - self._prev[1]) / dt if dt > 1 else None
+        return recent if recent is not None else self.state["examples"] / max(self.elapsed(), 1e-9)
+
+    def _clear_line(self) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+        if not self._log.closed:
+            self._log.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text + "\n")
+
+    def _report(self) -> dict[str, Any]:
+        from fuzz import soak_report
+
+        return soak_report.write(self.out, self.state, read_samples(self.stats_path),
+                                 config=self._config(), stop_reason=self.stop_reason)
+
+    def _config(self) -> dict[str, Any]:
+        info = self.pool.info[0] if self.pool.info else {}
+        return {"targets": self.cfg.targets, "budget_s": self.cfg.budget_s,
+                "round_s": self.cfg.round_s, "corpus": str(self.cfg.corpus),
+                "database": str(self.cfg.database) if self.cfg.database else None,
+                "device": self.pool.device, "world_size": self.pool.world_size,
+                "external_ranks": self.pool.external, "timeout_s": self.pool.timeout,
+                "torch": info.get("torch"), "device_name": info.get("device_name"),
+                "nodes": sorted({i.get("node", "?") for i in self.pool.info}), **self.cfg.extra}
+
+
+def read_samples(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of ``stats.jsonl``; a line cut short by a kill is skipped."""
+    out = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+@contextmanager
+def stop_on_signals(soak: Soak) -> Iterator[None]:
+    """SIGINT and SIGTERM ask the campaign to stop after the example in flight
+    (and to write its report); a second SIGINT interrupts at once."""
+    seen: list[int] = []
+
+    def handler(signum: int, _frame: object) -> None:
+        if seen and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        seen.append(signum)
+        soak.request_stop(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _hms(seconds: float) -> str:
+    s = int(max(0, seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _kinds_text(kinds: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "0"
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+

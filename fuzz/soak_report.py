@@ -1,0 +1,225 @@
+"""A soak campaign's report: JSON for machines, markdown for people, a PNG plot.
+
+Memory and throughput are judged by comparing the first and last quarter of
+the samples (medians, so one slow round or one world restart does not decide
+it). Every file is written to a temporary name and renamed, so a reader never
+sees half a report.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fuzz.corpus import write_json_atomic
+
+_MIB = 2**20
+GROWTH_LIMIT = 0.10
+"""Relative growth of the last quarter's median over the first's, above which
+memory is reported as growing."""
+
+
+def _quarters(values: list[float]) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None]
+    if len(vals) < 4:
+        return (vals[0], vals[-1]) if vals else (None, None)
+    q = max(1, len(vals) // 4)
+    return statistics.median(vals[:q]), statistics.median(vals[-q:])
+
+
+def _trend(values: list[float]) -> dict[str, Any]:
+    start, end = _quarters(values)
+    vals = [v for v in values if v is not None]
+    growth = (end - start) / start if start else None
+    return {"start": start, "end": end, "max": max(vals) if vals else None,
+            "growth": round(growth, 4) if growth is not None else None}
+
+
+def _series(samples: list[dict[str, Any]]) -> dict[str, list]:
+    ranks = max((len(s.get("ranks") or []) for s in samples), default=0)
+    out: dict[str, list] = {"t": [s["t"] for s in samples],
+                            "rate": [s.get("rate") for s in samples],
+                            "driver_rss": [s.get("driver_rss") for s in samples]}
+    for key in ("rss", "gpu_alloc", "gpu_reserved"):
+        for r in range(ranks):
+            col = []
+            for s in samples:
+                m = (s.get("ranks") or [None] * ranks)[r] if r < len(s.get("ranks") or []) else None
+                col.append(m.get(key) if m else None)
+            if any(v is not None for v in col):
+                out[f"rank{r}_{key}"] = col
+    return out
+
+
+def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
+              config: dict[str, Any], stop_reason: str | None) -> dict[str, Any]:
+    """The JSON report (also the input of the markdown and the plot)."""
+    fails = [f for f in state["failures"]]
+    kinds: dict[str, int] = {}
+    for f in fails:
+        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    distinct: dict[str, dict[str, Any]] = {}
+    for f in fails:
+        d = distinct.setdefault(f["path"], {"path": f["path"], "target": f["target"],
+                                            "kind": f["kind"], "message": f["message"],
+                                            "occurrences": 0, "flaky_occurrences": 0})
+        d["occurrences"] += 1
+        d["flaky_occurrences"] += int(bool(f["flaky"]))
+    elapsed = float(state["elapsed_s"])
+    # Throughput: skip the sample that covers rank start-up.
+    rates = [s["rate"] for s in samples[2:] if s.get("rate") is not None] or \
+        [s["rate"] for s in samples if s.get("rate") is not None]
+    by_target: dict[str, list[float]] = {}
+    for s in samples[2:]:
+        if s.get("target") and s.get("rate") is not None:
+            by_target.setdefault(s["target"], []).append(s["rate"])
+    per_target = {k: dict(zip(("start", "end"), _quarters(v))) for k, v in by_target.items()}
+    series = _series(samples)
+    memory = {k: _trend(v) for k, v in series.items() if k not in ("t", "rate")}
+    growing = sorted(k for k, v in memory.items()
+                     if k.endswith(("rss", "gpu_reserved")) and v["growth"] is not None
+                     and v["growth"] > GROWTH_LIMIT)
+    behaviours = state.get("behaviours", {})
+    return {
+        "config": config, "stop_reason": stop_reason, "starts": state["starts"],
+        "elapsed_s": round(elapsed, 3), "examples": state["examples"],
+        "rounds": state["rounds"],
+        "examples_per_s": round(state["examples"] / elapsed, 3) if elapsed else 0.0,
+        "throughput": {k: (round(v, 3) if v is not None else None)
+                       for k, v in zip(("start", "end"), _quarters(rates))}
+        | {"by_target": per_target},
+        "rank_restarts": state["restarts"],
+        "failures_by_kind": kinds,
+        "flaky": sum(1 for f in fails if f["flaky"]),
+        "distinct_failures": list(distinct.values()),
+        "failures": fails,
+        "behaviours": {"distinct": len(behaviours),
+                       "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
+        "targets": state.get("targets", {}),
+        "memory": memory, "memory_growing": growing,
+        "samples": len(samples),
+    }
+
+
+def _markdown(rep: dict[str, Any]) -> str:
+    c = rep["config"]
+    tp = rep["throughput"]
+    lines = [
+        "# streamfuzz soak report", "",
+        f"- targets: {', '.join(c['targets'])}",
+        f"- device: {c['device']} x{c['world_size']} ({c.get('device_name') or '?'}, "
+        f"torch {c.get('torch') or '?'}){' external ranks' if c.get('external_ranks') else ''}",
+        f"- budget {c['budget_s']:.0f}s, ran {rep['elapsed_s']:.0f}s over {rep['starts']} "
+        f"start(s); stopped: {rep['stop_reason']}",
+        f"- examples: {rep['examples']} in {rep['rounds']} rounds, "
+        f"{rep['examples_per_s']:.1f}/s overall; first quarter {tp['start']}/s, "
+        f"last quarter {tp['end']}/s",
+        f"- rank restarts: {rep['rank_restarts']}",
+        f"- distinct behaviours seen: {rep['behaviours']['distinct']}",
+        f"- failures: {sum(rep['failures_by_kind'].values())} "
+        f"({', '.join(f'{k} {v}' for k, v in rep['failures_by_kind'].items()) or 'none'}), "
+        f"{len(rep['distinct_failures'])} distinct, {rep['flaky']} flaky",
+        "- memory: " + ("GROWING: " + ", ".join(rep["memory_growing"])
+                        if rep["memory_growing"] else "flat"),
+        "", "## Failures", "",
+    ]
+    if rep["distinct_failures"]:
+        lines += ["| target | kind | seen | flaky | corpus file | message |",
+                  "|---|---|---|---|---|---|"]
+        for d in rep["distinct_failures"]:
+            msg = d["message"].replace("|", "\\|").replace("\n", " ")[:120]
+            lines.append(f"| {d['target']} | {d['kind']} | {d['occurrences']} | "
+                         f"{d['flaky_occurrences']} | {d['path']} | {msg} |")
+    else:
+        lines.append("none")
+    lines += ["", "## Memory (MiB unless noted; medians of first and last quarter)", "",
+              "| series | start | end | max | growth |", "|---|---|---|---|---|"]
+    for k, v in rep["memory"].items():
+        if v["start"] is None:
+            continue
+        growth = f"{v['growth'] * 100:+.1f}%" if v["growth"] is not None else "-"
+        lines.append(f"| {k} | {v['start'] / _MIB:.1f} | {v['end'] / _MIB:.1f} | "
+                     f"{v['max'] / _MIB:.1f} | {growth} |")
+    lines += ["", "## Targets", "", "| target | rounds | examples | seconds | failures |",
+              "|---|---|---|---|---|"]
+    for name, t in rep["targets"].items():
+        lines.append(f"| {name} | {t['rounds']} | {t['examples']} | {t['elapsed_s']:.0f} | "
+                     f"{t['failures']} |")
+    lines += ["", "## Behaviours (hypothesis `event()` labels)", ""]
+    lines += [f"- {k}: {v}" for k, v in rep["behaviours"]["counts"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def plot(path: Path, samples: list[dict[str, Any]], title: str) -> bool:
+    """Throughput, failures and memory over time; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    series = _series(samples)
+    hours = max(series["t"], default=0) > 3 * 3600
+    scale, unit = (3600.0, "h") if hours else (60.0, "min")
+    t = [x / scale for x in series["t"]]
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    ax1.plot(t, series["rate"], lw=1)
+    ax1.set_ylabel("examples/s")
+    ax1.set_ylim(bottom=0)
+    ax1.set_title(title)
+    kinds = sorted({k for s in samples for k in (s.get("failures") or {})})
+    for k in kinds:
+        ax2.step(t, [(s.get("failures") or {}).get(k, 0) for s in samples], where="post", label=k)
+    ax2.plot(t, [s.get("restarts", 0) for s in samples], ls=":", color="grey",
+             label="rank restarts")
+    ax2.set_ylabel("cumulative")
+    ax2.legend(loc="upper left", fontsize=8)
+    for k, v in series.items():
+        if k.endswith("rss") or k.endswith("gpu_reserved") or k.endswith("gpu_alloc"):
+            ax3.plot(t, [x / _MIB if x is not None else float("nan") for x in v], lw=1,
+                     label=k.replace("_", " "))
+    ax3.set_ylabel("MiB")
+    ax3.set_ylim(bottom=0)
+    ax3.set_xlabel(f"campaign time ({unit})")
+    ax3.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return True
+
+
+def write(out: Path, state: dict[str, Any], samples: list[dict[str, Any]], *,
+          config: dict[str, Any], stop_reason: str | None) -> dict[str, Any]:
+    """Write ``report.json``, ``report.md`` and ``report.png`` under ``out``."""
+    rep = summarize(state, samples, config=config, stop_reason=stop_reason)
+    title = (f"streamfuzz soak: {', '.join(config['targets'])} on {config['device']} "
+             f"x{config['world_size']}")
+    rep["plot"] = "report.png" if plot(out / "report.png", samples, title) else None
+    write_json_atomic(out / "report.json", rep)
+    _write_text_atomic(out / "report.md", _markdown(rep))
+    return rep

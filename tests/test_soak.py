@@ -1,0 +1,267 @@
+"""Soak campaigns: crashes, hangs and kills lose no failure; stops are clean.
+
+Budgets are seconds here; the 30-minute run is behind ``-m slow``.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import strategies as st
+
+from fuzz import corpus
+from fuzz.ranks import RankPool
+from fuzz.scenario import Scenario, Step
+from fuzz.soak import Soak, SoakConfig, parse_budget, read_samples
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def _scenario(num_reqs: int) -> Scenario:
+    step = Step(idx_mapping=tuple(range(num_reqs)), final=(True,) * num_reqs,
+                num_sampled=(1,) * num_reqs, num_rejected=(0,) * num_reqs)
+    return Scenario(world_size=2, max_num_reqs=max(num_reqs, 1), steps=(step,))
+
+
+def _cfg(tmp_path, targets, budget, **kw):
+    kw.setdefault("stats_every_s", 1.0)
+    return SoakConfig(targets=targets, budget_s=budget, out=tmp_path / "out",
+                      corpus=tmp_path / "corpus", database=tmp_path / "db", **kw)
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
+
+
+def _soak_cli(*args):
+    return [PY, "-m", "fuzz", "soak", "--device", "cpu", *map(str, args)]
+
+
+def _no_partial_files(*dirs):
+    for d in dirs:
+        leftovers = [p for p in Path(d).rglob(".*") if p.is_file()]
+        assert not leftovers, leftovers
+
+
+def _wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("text, seconds", [("30s", 30), ("10m", 600), ("8h", 28800),
+                                           ("1.5h", 5400), ("45", 45)])
+def test_budget_parsing(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "8x", "-1h", "0s", "h", "10 minutes"])
+def test_bad_budget_is_rejected(bad):
+    with pytest.raises(ValueError):
+        parse_budget(bad)
+
+
+def test_bad_budget_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+    out = subprocess.run(_soak_cli("--budget", "8x", "--out", tmp_path), env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'8x' is not a duration" in lines[0]
+
+
+def test_killed_rank_is_recorded_and_the_campaign_goes_on(tmp_path):
+    narrow = st.sampled_from([_scenario(1), _scenario(2), _scenario(3)])
+    cfg = _cfg(tmp_path, ["tests.targets:kills_rank", "main-gather"], 40.0, round_s=4.0,
+               shrink_s=30.0, strategy=narrow)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=sys.stdout).run()
+        assert pool.restarts >= 1
+    assert rep["stop_reason"] == "budget spent"
+    assert rep["failures_by_kind"].get("crash", 0) >= 1
+    crash = next(f for f in rep["failures"] if f["kind"] == "crash" and f["shrunk"])
+    assert "killed by SIGKILL" in crash["message"] and not crash["flaky"]
+    entry = corpus.load(Path(crash["path"]))
+    assert entry.kind == "crash" and entry.scenario.steps[0].num_reqs == 2  # shrunk
+    # After the crash the other target still ran.
+    assert rep["targets"]["main-gather"]["examples"] > 0
+    assert rep["rank_restarts"] >= 1
+    _no_partial_files(tmp_path)
+
+
+def test_hung_rank_is_recorded_and_the_ranks_replaced(tmp_path):
+    cfg = _cfg(tmp_path, ["tests.targets:hangs", "main-gather"], 40.0, round_s=3.0,
+               strategy=st.just(_scenario(4)))
+    with RankPool(2, "cpu", timeout=6.0) as pool:
+        first = pool.pids
+        rep = Soak(pool, cfg, stream=sys.stdout).run()
+        assert set(pool.pids).isdisjoint(first)
+    hang = next(f for f in rep["failures"] if f["kind"] == "hang")
+    assert corpus.load(Path(hang["path"])).kind == "hang"
+    assert rep["targets"]["main-gather"]["examples"] > 0
+    _no_partial_files(tmp_path)
+
+
+def test_failure_that_does_not_reproduce_is_kept_as_flaky(tmp_path):
+    cfg = _cfg(tmp_path, ["tests.targets:fails_once"], 20.0,
+               strategy=st.sampled_from([_scenario(1), _scenario(3)]))
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=sys.stdout).run()
+    assert rep["flaky"] >= 1
+    (d,) = rep["distinct_failures"]
+    assert d["flaky_occurrences"] >= 1 and corpus.load(Path(d["path"])).flaky
+
+
+def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path):
+    cfg = _cfg(tmp_path, ["main-gather"], 6.0)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=sys.stdout).run()
+    out = tmp_path / "out"
+    samples = read_samples(out / "stats.jsonl")
+    assert len(samples) >= 3
+    assert all(len(s["ranks"]) == 2 and all(m["rss"] > 10 * 2**20 for m in s["ranks"])
+               for s in samples)
+    assert {"rank0_rss", "rank1_rss", "driver_rss"} <= set(rep["memory"])
+    assert json.loads((out / "report.json").read_text())["examples"] == rep["examples"] > 0
+    assert "# streamfuzz soak report" in (out / "report.md").read_text()
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert rep["behaviours"]["distinct"] >= 3
+    assert not (out / "journal.json").exists()
+    _no_partial_files(tmp_path)
+
+
+def test_sigterm_stops_cleanly_with_the_summary(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_soak_cli("--budget", "10m", "--targets", "main-gather",
+                                      "--out", out, "--corpus", tmp_path / "corpus",
+                                      "--stats-every", "1s"),
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        _wait_for(lambda: len(read_samples(out / "stats.jsonl")) >= 3, 120, "samples")
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "stopped (SIGTERM)" in stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["stop_reason"] == "SIGTERM" and rep["examples"] > 0
+    assert (out / "report.png").exists() and (out / "report.md").exists()
+    assert not (out / "journal.json").exists()
+    _no_partial_files(tmp_path)
+
+
+def test_driver_killed_mid_example_loses_nothing_on_restart(tmp_path):
+    """The driver dies (-9) while a hanging example is in flight; the next start
+    replays the journaled example first and records the hang."""
+    out = tmp_path / "out"
+    args = ["--targets", "tests.targets:hangs", "--out", out, "--corpus", tmp_path / "corpus",
+            "--stats-every", "1s"]
+
+    def in_flight_hangs():
+        try:
+            data = json.loads((out / "journal.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return any(len(s["idx_mapping"]) >= 4 for s in data["scenario"]["steps"])
+
+    proc = subprocess.Popen(_soak_cli("--budget", "10m", "--timeout", "600", *args),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(in_flight_hangs, 180, "a hanging example in flight")
+        time.sleep(0.5)
+    finally:
+        proc.kill()  # SIGKILL: no handler, no cleanup
+        proc.wait()
+    journaled = json.loads((out / "journal.json").read_text())["scenario"]
+    assert not list((tmp_path / "corpus").rglob("*.json"))  # nothing was found before the kill
+
+    # Same campaign directory: it resumes; a short remaining budget ends it quickly.
+    state = json.loads((out / "state.json").read_text())
+    budget = f"{int(state['elapsed_s']) + 12}s"
+    res = subprocess.run(_soak_cli("--budget", budget, "--timeout", "5", *args), env=_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr
+    assert "replaying the example in flight" in res.stderr
+    rep = json.loads((out / "report.json").read_text())
+    recovered = [f for f in rep["failures"] if f["recovered"]]
+    assert recovered and recovered[0]["kind"] == "hang"
+    assert corpus.load(Path(recovered[0]["path"])).scenario.to_dict() == journaled
+    assert rep["starts"] == 2
+    _no_partial_files(tmp_path)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(port, authkey):
+    torchrun = Path(PY).with_name("torchrun")
+    cmd = [str(torchrun)] if torchrun.exists() else [PY, "-m", "torch.distributed.run"]
+    env = dict(_env(), STREAMFUZZ_DRIVER=f"127.0.0.1:{port}", STREAMFUZZ_AUTHKEY=authkey,
+               STREAMFUZZ_DEVICE="cpu")
+    return subprocess.Popen(cmd + ["--standalone", "--nproc-per-node", "2", "-m",
+                                   "fuzz.rank_main"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("target, lost", [("main-gather", None),
+                                          ("tests.targets:kills_rank", "crash"),
+                                          ("tests.targets:hangs", "hang")])
+def test_ranks_launched_by_torchrun(tmp_path, target, lost):
+    """One campaign over ranks that torchrun started (its own rendezvous). A
+    world that dies or hangs cannot be replaced from here: the campaign stops
+    with its summary, and the ranks end (a hung one too), so torchrun's
+    --max-restarts could start a new group."""
+    port, key = _free_port(), os.urandom(8).hex()
+    out = tmp_path / "out"
+    driver = subprocess.Popen(_soak_cli("--budget", "12s", "--targets", target, "--out", out,
+                                        "--corpus", tmp_path / "corpus", "--listen",
+                                        f"127.0.0.1:{port}", "--ranks-external", "2",
+                                        "--timeout", "8"),
+                              env=dict(_env(), STREAMFUZZ_AUTHKEY=key),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks = _torchrun(port, key)
+    try:
+        _, stderr = driver.communicate(timeout=240)
+        ranks_out, _ = ranks.communicate(timeout=120)
+    finally:
+        driver.kill()
+        ranks.kill()
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["config"]["external_ranks"] and rep["examples"] > 0
+    if lost:
+        assert driver.returncode == 3, stderr
+        assert "external ranks are gone" in stderr and rep["stop_reason"] == "ranks lost"
+        assert rep["failures_by_kind"] == {lost: 1}
+        assert ranks.returncode != 0  # torchrun saw a worker fail
+    else:
+        assert driver.returncode == 0, stderr
+        assert rep["stop_reason"] == "budget spent" and not rep["failures"]
+        assert ranks.returncode == 0, ranks_out[-2000:]
+
+
+@pytest.mark.slow
+def test_thirty_minute_soak_memory_and_throughput_flat(tmp_path):
+    out = tmp_path / "out"
+    res = subprocess.run(_soak_cli("--budget", "30m", "--round", "60s", "--timeout", "15",
+                                   "--targets", "main-gather", "tests.targets:kills_rank",
+                                   "--out", out, "--corpus", tmp_path / "corpus"),
+                         env=_env(), capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 1, res.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert not rep["memory_growing"], rep["memory"]
+    tp = rep["throughput"]["by_target"]["main-gather"]
+    assert tp["end"] > 0.7 * tp["start"]
