@@ -63,12 +63,15 @@ def save(corpus: Path, entry: Entry) -> Path:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    path = Path(path)
+    write_text_atomic(Path(path), json.dumps(data, indent=1) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Temporary file, fsync, rename, fsync the directory: all or nothing on disk."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1)
-            fh.write("\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fuzz.corpus import write_json_atomic
+from fuzz.corpus import write_json_atomic, write_text_atomic
 
 _MIB = 2**20
 GROWTH_LIMIT = 0.10
@@ -153,20 +153,6 @@ def _markdown(rep: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def plot(path: Path, samples: list[dict[str, Any]], title: str) -> bool:
     """Throughput, failures and memory over time; False when matplotlib is missing."""
     try:
@@ -221,5 +207,5 @@ def write(out: Path, state: dict[str, Any], samples: list[dict[str, Any]], *,
              f"x{config['world_size']}")
     rep["plot"] = "report.png" if plot(out / "report.png", samples, title) else None
     write_json_atomic(out / "report.json", rep)
-    _write_text_atomic(out / "report.md", _markdown(rep))
+    write_text_atomic(out / "report.md", _markdown(rep))
     return rep
