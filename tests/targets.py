@@ -15,16 +15,10 @@ from fuzz.targets.pp_draft import MainGather
 class ShiftedRows(MainGather):
     """Sends each row one slot off once a batch has 3 or more requests."""
 
-    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def _rows(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         if batch.num_reqs >= 3:
-            send = draft_table[batch.idx_mapping.roll(1)]
-            with self.streams.stream(self.side):
-                self.side.wait_stream(self.main)
-                self._send_sampled(batch)
-                self._bcast(send)
-                send.record_stream(self.side)
-            return send
-        return super()._send(draft_table, batch)
+            return draft_table[batch.idx_mapping.roll(1)]
+        return super()._rows(draft_table, batch)
 
 
 class KillsRank(MainGather):
@@ -51,17 +45,11 @@ class FailsOnce(MainGather):
 
     fired = False
 
-    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def _rows(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         if batch.num_reqs >= 2 and not FailsOnce.fired:
             FailsOnce.fired = True
-            send = draft_table[batch.idx_mapping.roll(1)]
-            with self.streams.stream(self.side):
-                self.side.wait_stream(self.main)
-                self._send_sampled(batch)
-                self._bcast(send)
-                send.record_stream(self.side)
-            return send
-        return super()._send(draft_table, batch)
+            return draft_table[batch.idx_mapping.roll(1)]
+        return super()._rows(draft_table, batch)
 
 
 def fails_once(ctx: TargetContext) -> FailsOnce:

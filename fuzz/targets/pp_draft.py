@@ -106,8 +106,12 @@ class MainGather(DraftBroadcast):
     """Later design: gather on the main stream, broadcast the result on the
     side stream; no cross-stream read of ``idx_mapping`` or the table."""
 
+    def _rows(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The rows to send, gathered on the main stream."""
+        return draft_table[batch.idx_mapping]
+
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        send = draft_table[batch.idx_mapping]
+        send = self._rows(draft_table, batch)
         with self.streams.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
