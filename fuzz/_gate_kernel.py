@@ -4,6 +4,13 @@ One program, one warp: it polls a flag in host-mapped pinned memory with
 volatile loads (each one goes to memory, never to a cached copy) until the flag
 is set, or the bound runs out, then writes 1 (released) or 2 (timed out) into
 the word after the flag, so the host can tell which.
+
+The wall-clock bound adds up the steps of ``%globaltimer`` between polls and
+skips implausible ones: the driver re-synchronizes that timer with the host
+clock and it can jump by far more than the bound (on an H200 a gate opened a
+millisecond later once reported a 200 ms timeout). A poll takes about a
+microsecond, so a step outside (0, 1 ms) is a jump, not time waited. A polling
+bound stays as the last resort should the timer stop advancing.
 """
 
 import triton
@@ -14,15 +21,22 @@ try:
 except ImportError:  # an old or non-CUDA Triton: only the polling bound is left
     _now = None
 
+_MAX_STEP_NS = tl.constexpr(1_000_000)
+
 
 @triton.jit
-def gate_timed(slot_ptr, max_ns):  # noqa: ANN001 - Triton reads annotations as types
-    start = _now()
+def gate_timed(slot_ptr, max_ns, max_polls):  # noqa: ANN001 - Triton reads annotations as types
+    last = _now()
+    waited = last - last
+    polls = 0
     flag = tl.load(slot_ptr, volatile=True)
-    waited = _now() - start
-    while (flag == 0) & (waited < max_ns):
+    while (flag == 0) & (waited < max_ns) & (polls < max_polls):
         flag = tl.load(slot_ptr, volatile=True)
-        waited = _now() - start
+        now = _now()
+        step = now - last
+        waited += tl.where((step > 0) & (step < _MAX_STEP_NS), step, 0)
+        last = now
+        polls += 1
     tl.store(slot_ptr + 1, tl.where(flag != 0, 1, 2))
 
 

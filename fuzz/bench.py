@@ -39,7 +39,8 @@ from fuzz.verdict import Failure, Verdict
 from strategies import scenarios
 
 Log = Callable[[str], None]
-ORACLE_SETS = {"none": (), "value": ("value",), "value+reuse": ("value", "reuse")}
+ORACLE_SETS = {"none": (), "value": ("value",), "value+reuse": ("value", "reuse"),
+               "all": ("value", "reuse", "lifetime")}
 
 
 @dataclass
@@ -148,14 +149,17 @@ def _settings(generate_only: bool) -> hypothesis.settings:
 def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
                options: dict[str, Any] | None = None,
                oracle_examples: int = 50, oracle_rounds: int = 2) -> dict[str, Any]:
-    """Fuzzer and loop on the same scenarios, then the loop per oracle set
-    (on the first ``oracle_examples`` of them)."""
+    """Fuzzer and loop on the same scenarios with the same oracles (those of
+    ``options``, default all, as ``fuzz run`` has them), then the loop per
+    oracle set (on the first ``oracle_examples`` of them)."""
     options = dict(options or {})
+    options.update(driver.oracle_options(options.get("oracles")))
     drawn: list[Scenario] = []
     strategy = scenarios(world_size=pool.world_size).map(lambda s: drawn.append(s) or s)
     restarts = pool.restarts
     fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
-                     strategy=strategy, options=options, stop_on_failure=False)
+                     strategy=strategy, options=options, oracles=options["oracles"],
+                     stop_on_failure=False)
     fuzz_restarts = pool.restarts - restarts
     loop = hand_loop(pool, target, drawn, options)
     # Interleaved rounds, best of each: one pass is at the mercy of a busy host.
@@ -174,8 +178,10 @@ def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
         "restarts_in_fuzzer_run": fuzz_restarts, "held_by": fz.held,
         "oracle_examples": min(oracle_examples, len(drawn)),
         "ms_per_example": per_oracle,
+        "oracles": options["oracles"],
         "oracle_cost_ms": {"value": per_oracle["value"] - per_oracle["none"],
-                           "reuse": per_oracle["value+reuse"] - per_oracle["value"]},
+                           "reuse": per_oracle["value+reuse"] - per_oracle["value"],
+                           "lifetime": per_oracle["all"] - per_oracle["value+reuse"]},
     }
 
 
@@ -312,9 +318,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"### {r['device']}: {r.get('device_name')}, world size {r['world_size']}, "
                   f"{r.get('backend')}, torch {r.get('torch')}, gates: {r.get('gates')}", "",
                   "| target | fuzzer ex/s | loop ex/s | fuzzer/loop | held by | value oracle "
-                  "ms/ex | reuse oracle ms/ex | found (seeds) | examples to 1st failure | "
-                  "s to 1st failure (cold) | of which start s | shrink s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "ms/ex | reuse oracle ms/ex | lifetime oracle ms/ex | found (seeds) | "
+                  "examples to 1st failure | s to 1st failure (cold) | of which start s | "
+                  "shrink s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for t in r["targets"]:
             tp, ff = t.get("throughput"), t.get("first_failure") or {}
             cost = tp["oracle_cost_ms"] if tp else {}
@@ -324,6 +331,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(tp and tp['loop_ex_s'])} | {_fmt(tp and tp['ratio'], 2)} | "
                 f"{', '.join(tp['held_by']) if tp and tp['held_by'] else '-'} | "
                 f"{_fmt(cost.get('value'), 2)} | {_fmt(cost.get('reuse'), 2)} | "
+                f"{_fmt(cost.get('lifetime'), 2)} | "
                 f"{(str(ff['found']) + '/' + str(seeds)) if ff else '-'} | "
                 f"{_fmt(ff.get('median_examples'), 0)} | {_fmt(ff.get('median_cold_s'), 2)} | "
                 f"{_fmt(ff.get('median_start_s'), 2)} | "
@@ -352,5 +360,5 @@ def write(out: Path, report: dict[str, Any]) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     corpus.write_json_atomic(out / "bench.json", report)
     md = out / "bench.md"
-    md.write_text(markdown(report))
+    corpus.write_text_atomic(md, markdown(report))
     return out / "bench.json", md

@@ -26,6 +26,8 @@ _SLOTS = 1024
 _RELEASED, _TIMED_OUT = 1, 2
 # Polling host memory takes about a microsecond a load over PCIe; generous on purpose.
 _POLLS_PER_MS = 2_000
+# The timed kernel's last resort, should its timer stop: no poll takes under 50 ns.
+_MAX_POLLS_PER_MS = 20_000
 
 
 class GateUnavailable(RuntimeError):
@@ -77,7 +79,8 @@ class Gates:
         self.device = device
         self.kind = "triton" + ("" if timed else "-polls")
         self._kernel = kernel
-        self._bound = int(bound_ms * 1e6) if timed else int(bound_ms * _POLLS_PER_MS)
+        self._bound: tuple[int, ...] = ((int(bound_ms * 1e6), int(bound_ms * _MAX_POLLS_PER_MS))
+                                        if timed else (int(bound_ms * _POLLS_PER_MS),))
         # Each slot is 16 bytes: [flag, status, pad, pad]. Aligned slots keep one
         # compiled specialization for every slot.
         self._slots = torch.zeros((_SLOTS, 4), dtype=torch.int32, pin_memory=True)
@@ -122,7 +125,7 @@ class Gates:
         self._next += 1
         gate = Gate(self, slot, stream)
         with torch.cuda.stream(stream):
-            self._kernel[(1,)](_Ptr(self._base + 16 * slot), self._bound, num_warps=1)
+            self._kernel[(1,)](_Ptr(self._base + 16 * slot), *self._bound, num_warps=1)
         return gate
 
     @property

@@ -14,7 +14,7 @@ from fuzz.streams import SimStreams
 from fuzz.targets import TargetContext
 
 COLUMNS = ["target", "fuzzer ex/s", "loop ex/s", "fuzzer/loop", "held by", "value oracle ms/ex",
-           "reuse oracle ms/ex", "found (seeds)", "examples to 1st failure",
+           "reuse oracle ms/ex", "lifetime oracle ms/ex", "found (seeds)", "examples to 1st failure",
            "s to 1st failure (cold)", "of which start s", "shrink s"]
 
 
@@ -29,7 +29,7 @@ def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path):
     (row,) = run["targets"]
     tp = row["throughput"]
     assert tp["examples"] == 4 and tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
-    assert set(tp["oracle_cost_ms"]) == {"value", "reuse"}
+    assert set(tp["oracle_cost_ms"]) == {"value", "reuse", "lifetime"}
     assert row["detection"]["crafted"]["examples"] == 2
     assert set(row["detection"]["random"]) == {"examples", "gate", "spin"}
     assert len(row["first_failure"]["seeds"]) == 1

@@ -101,3 +101,18 @@ def test_main_gather_is_clean_under_the_same_gates(gpu_pool, bug):
     for _ in range(20):
         v = driver.evaluate(gpu_pool, "main-gather", crafted(bug, 1), {"hold": "gate"})
         assert v.ok and v.held == ["gate"], v.summary()
+
+
+def test_no_gate_times_out_early(gates):
+    # Hundreds of gates, each opened from the host a millisecond in: the bound
+    # is 200 ms, so any timeout here is the clock lying, not the gate waiting.
+    early = 0
+    s = torch.cuda.Stream()
+    for _ in range(300):
+        g = gates.hold(s)
+        time.sleep(0.001)
+        g.release()
+        s.synchronize()
+        early += g.timed_out
+        gates.reset()
+    assert early == 0, f"{early} of 300 gates reported a timeout within about 1 ms"
