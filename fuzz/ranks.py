@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import secrets
 import signal
 import socket
@@ -60,6 +61,41 @@ def rss_bytes() -> int:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# Lines of a dying process that say nothing about why: C++ and Python frames,
+# addresses, separators.
+_NOISE = re.compile(r"^\s*(frame #\d+|#\d+\s|0x[0-9a-fA-F]+|Exception raised from|"
+                    r"C\+\+ CapturedTraceback|File \"|Traceback \(|-{3,}|={3,})")
+# Lines that do: a device-side assert, a CUDA or NCCL error, an abort.
+_CAUSE = re.compile(r"Assertion .* failed|CUDA error|NCCL error|terminate called|"
+                    r"Aborted|Segmentation fault|\w+Error\b|illegal memory access")
+# A device-side assert repeats once per thread; its coordinates make lines differ.
+_COORDS = re.compile(r"block: \[[\d,]+\], thread: \[[\d,]+\]")
+
+
+def _cause(text: str, limit: int = 600) -> str:
+    """The lines of a rank's output that say why it died, at most ``limit`` chars.
+
+    A device-side assert kills the process with SIGABRT after pages of C++
+    backtrace; the assert line (with the kernel's source file shortened to its
+    name) is what a user needs in the finding. Without a recognisable cause
+    line, the last few lines that are not frames.
+    """
+    lines, seen = [], set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or _NOISE.match(line):
+            continue
+        line = re.sub(r"(?:/[^\s:/]+)+/([^\s:/]+:\d+)", r"\1", line)
+        key = _COORDS.sub("", line)
+        if key in seen:
+            continue
+        seen.add(key)
+        lines.append(line)
+    causes = [ln for ln in lines if _CAUSE.search(ln)]
+    picked = causes[:3] if causes else lines[-4:]
+    return " | ".join(picked)[:limit] or "(no output)"
 
 
 def _free_port() -> int:
@@ -178,11 +214,10 @@ class _World:
 
     def tail(self, rank: int, limit: int = 600) -> str:
         try:
-            text = self.logs[rank].read_text(errors="replace").strip()
+            text = self.logs[rank].read_text(errors="replace")
         except (OSError, IndexError):
             return "(no output)"
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        return " | ".join(lines[-4:])[-limit:] or "(no output)"
+        return _cause(text, limit)
 
 
 class RankPool:

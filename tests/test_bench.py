@@ -14,8 +14,8 @@ from fuzz.streams import SimStreams
 from fuzz.targets import TargetContext
 
 COLUMNS = ["target", "fuzzer ex/s", "loop ex/s", "fuzzer/loop", "held by", "value oracle ms/ex",
-           "reuse oracle ms/ex", "lifetime oracle ms/ex", "found (seeds)", "examples to 1st failure",
-           "s to 1st failure (cold)", "of which start s", "shrink s"]
+           "reuse oracle ms/ex", "lifetime oracle ms/ex", "found (seeds)",
+           "examples to 1st failure", "s to 1st failure (cold)", "of which start s", "shrink s"]
 
 
 def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path):
