@@ -141,3 +141,17 @@ def test_unrecorded_event_wait_orders_nothing():
     m.wait_event(SIDE, "never")
     m.access(k, SIDE, False, "a", ())
     assert _kinds(m) == ["race"]  # side reads main's unordered initial write
+
+
+def test_findings_past_the_cap_are_counted_not_silently_dropped():
+    m = _model()
+    for key in range(12):
+        _alloc(m, key=key, name=f"t{key}")
+        m.wait_stream(SIDE, MAIN)
+        m.access(key, SIDE, False, "aten.index.Tensor", ())
+        m.free(key, ())
+    found = m.report()
+    assert len(found) == 8 and m.dropped == 4
+    assert found[-1]["message"].endswith("... and 4 more finding(s) in this example, "
+                                         "not shown (the first 8 are)")
+    assert "more finding" not in m.findings[-1]["message"]

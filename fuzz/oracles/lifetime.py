@@ -206,6 +206,14 @@ class LifetimeModel:
             return f"{info.name} ({what})"
         return f"a tensor {what} made by {info.alloc_op}"
 
+    def report(self) -> list[dict[str, Any]]:
+        """The findings, the last one saying how many more were left out."""
+        found = [dict(f) for f in self.findings]
+        if self.dropped:
+            found[-1]["message"] += (f"\n    ... and {self.dropped} more finding(s) in this "
+                                     f"example, not shown (the first {_MAX_FINDINGS} are)")
+        return found
+
     def _add(self, kind: str, message: str) -> None:
         if len(self.findings) >= _MAX_FINDINGS:
             self.dropped += 1
@@ -396,7 +404,7 @@ class TensorTracker:
 
     def finish(self) -> list[dict[str, Any]]:
         self.poll()
-        return list(self.model.findings)
+        return self.model.report()
 
 
 class LifetimeChecker(TensorTracker):
