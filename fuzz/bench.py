@@ -200,6 +200,7 @@ def first_failure(device: str, world: int, target: str, seed: int, max_examples:
                           max_examples=max_examples, seed=seed, budget_s=budget_s,
                           options=options, shrink_budget_s=shrink_budget_s)
         gates = pool.info[0].get("gates") if pool.info else None
+        setup = pool.info[0].get("setup_s") if pool.info else None
     found = res.failure is not None
     return {
         "seed": seed, "found": found, "kind": res.failure.kind if found else None,
@@ -210,6 +211,7 @@ def first_failure(device: str, world: int, target: str, seed: int, max_examples:
                      if found and shrink_budget_s is not None else None),
         "shrink_truncated": res.shrink_truncated,
         "examples_run": res.examples, "held_by": res.held, "gates": gates,
+        "rank_setup_s": setup,
         "shrunk": res.scenario.describe() if res.scenario else None,
     }
 

@@ -34,6 +34,20 @@ from fuzz.targets import TargetContext
 
 
 def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
+    # Where a cold start goes (seconds per phase), for the benchmark's report;
+    # "spawn" (interpreter and imports) only where the driver spawned this rank.
+    phases: dict[str, float] = {}
+    spawned = os.environ.get("STREAMFUZZ_SPAWNED_AT")
+    if spawned:
+        phases["spawn"] = time.time() - float(spawned)
+    mark = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = now - mark
+        mark = now
+
     rank = int(os.environ["RANK"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     if device_kind == "cuda":
@@ -48,14 +62,17 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
         dist.init_process_group("gloo", init_method="env://")
         group = dist.new_group(backend="gloo")
         name = "cpu"
+    phase("process_group")
     # The first dispatch-mode entry imports torch._dynamo lazily (seconds of CPU);
     # pay it here, before the hello, so that a spare world is ready at once.
     importlib.import_module("torch._dynamo")
+    phase("dynamo_import")
 
     warm = torch.zeros(1, device=device)
     dist.broadcast(warm, src=dist.get_world_size() - 1, group=group)
     if device_kind == "cuda":
         torch.cuda.synchronize(device)
+    phase("first_collective")
     info = {"rank": rank, "pid": os.getpid(), "torch": torch.__version__, "device_name": name,
             "backend": dist.get_backend(group), "gates": "none",
             "world_size": dist.get_world_size()}
@@ -66,6 +83,8 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
             info["gates"] = _GATES.kind
         except GateUnavailable as exc:
             info["gates"] = f"unavailable ({exc}); spins instead"
+        phase("gates")
+    info["setup_s"] = {k: round(v, 3) for k, v in phases.items()}
     return device, group, info
 
 

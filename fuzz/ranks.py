@@ -145,6 +145,7 @@ class _World:
             "STREAMFUZZ_DRIVER": f"{host}:{port}",
             "STREAMFUZZ_AUTHKEY": self.authkey.hex(), "PYTHONUNBUFFERED": "1",
             "STREAMFUZZ_PARENT": str(os.getpid()),
+            "STREAMFUZZ_SPAWNED_AT": repr(time.time()),
         })
         base["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), base.get("PYTHONPATH")) if p)
         if pool.device == "cpu":
