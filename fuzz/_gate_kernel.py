@@ -6,11 +6,10 @@ is set, or the bound runs out, then writes 1 (released) or 2 (timed out) into
 the word after the flag, so the host can tell which.
 
 The wall-clock bound adds up the steps of ``%globaltimer`` between polls and
-skips implausible ones: the driver re-synchronizes that timer with the host
-clock and it can jump by far more than the bound (on an H200 a gate opened a
-millisecond later once reported a 200 ms timeout). A poll takes about a
-microsecond, so a step outside (0, 1 ms) is a jump, not time waited. A polling
-bound stays as the last resort should the timer stop advancing.
+counts only plausible ones (a poll takes about a microsecond): the driver may
+re-synchronize that timer with the host clock, and a jump must neither end a
+gate early nor keep it forever. A polling bound stays as the last resort
+should the timer stop advancing.
 """
 
 import triton

@@ -9,7 +9,6 @@ examples; a CUDA error makes it exit, because its context is then unusable.
 
 from __future__ import annotations
 
-import importlib
 import os
 import select
 import signal
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fuzz import targets
+from fuzz import dispatch_mode, targets
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.ranks import rss_bytes
 from fuzz.runner import run_scenario
@@ -63,10 +62,10 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
         group = dist.new_group(backend="gloo")
         name = "cpu"
     phase("process_group")
-    # The first dispatch-mode entry imports torch._dynamo lazily (seconds of CPU);
-    # pay it here, before the hello, so that a spare world is ready at once.
-    importlib.import_module("torch._dynamo")
-    phase("dynamo_import")
+    # Whatever the first dispatch-mode entry costs, paid before the hello, so
+    # that a spare world is ready at once.
+    dispatch_mode.warm(device)
+    phase("dispatch_mode")
 
     warm = torch.zeros(1, device=device)
     dist.broadcast(warm, src=dist.get_world_size() - 1, group=group)
@@ -84,9 +83,47 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
         except GateUnavailable as exc:
             info["gates"] = f"unavailable ({exc}); spins instead"
         phase("gates")
+        try:
+            _warm_kernels(device, group)
+        except Exception as exc:  # a warm-up is an optimisation; say why it failed
+            info["kernels"] = f"not warmed ({type(exc).__name__}: {str(exc)[:200]})"
+        phase("kernels")
     info["setup_s"] = {k: round(v, 3) for k, v in phases.items()}
     return device, group, info
 
+
+def _warm_kernels(device: torch.device, group: Any) -> None:
+    """Launch once the kernels that the harness and the built-in versions use.
+
+    Under CUDA's lazy module loading, a kernel's first launch in a process
+    loads its module and waits for every running kernel, a gate included: the
+    gate then holds until its bound and the interleaving it was to force is
+    lost. Examples that hit a first launch anyway (a user's target) are re-run
+    by the driver when a gate timed out and nothing was found.
+    """
+    streams = CudaStreams(device, None)
+    for target in targets.VERSIONS:
+        scn = _WARM_SCENARIO
+        ctx = TargetContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                            last_rank=dist.get_world_size() - 1, device=device, group=group,
+                            max_num_reqs=scn.max_num_reqs, num_spec_steps=scn.num_spec_steps,
+                            streams=streams)
+        run_scenario(scn, targets.load(target), ctx, {"hold": "spin",
+                                                      "oracles": ["value", "reuse"]})
+    for dtype in (torch.int32, torch.int64, torch.float32, torch.uint8):
+        torch.empty(4, dtype=dtype, device=device).fill_(1).clone()
+    torch.cuda.synchronize(device)
+
+
+_WARM_SCENARIO = Scenario.from_dict({
+    "world_size": 1, "max_num_reqs": 4, "num_spec_steps": 2, "pipeline_depth": 1,
+    "steps": [{"idx_mapping": list(ix), "idx_dtype": dt, "final": [True, False],
+               "num_sampled": [1, 0], "num_rejected": [0, 1],
+               "churn": [{"stream": st, "numel": 8, "dtype": d, "fill": 1, "keep": True}
+                         for st in ("main", "side") for d in ("int32", "int64", "float32",
+                                                                "uint8")],
+               "delays": [{"point": "pre_call", "stream": "side", "cycles": 1000}]}
+              for ix, dt in (((1, 0), "int64"), ((0, 1), "int32"))]})
 
 _GATES: Gates | None = None
 """The rank's gate pool, made once (compiling the kernel) before the first example."""

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from fuzz.dispatch_mode import DispatchMode
 
 Listener = Callable[..., None]
 
@@ -208,7 +209,7 @@ class SimStreams:
             yield
 
 
-class _SimDispatch(TorchDispatchMode):
+class _SimDispatch(DispatchMode):
     """Routes every aten op through the listeners; executes ``record_stream``.
 
     CPU tensors have no ``record_stream`` kernel; here it becomes an event for

@@ -9,7 +9,7 @@ import time
 import torch
 
 from fuzz.targets import Batch, TargetContext
-from fuzz.targets.pp_draft import MainGather
+from fuzz.targets.pp_draft import MainGather, PreFix
 
 
 class ShiftedRows(MainGather):
@@ -69,3 +69,17 @@ def hangs(ctx: TargetContext) -> Hangs:
 
 
 not_callable = 42
+
+
+class FirstLaunch(PreFix):
+    """pre-fix, plus a kernel nothing else launches, queued on main after the
+    side stream's gather: its first launch loads its module (lazy loading)."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = super()._send(draft_table, batch)
+        torch.special.bessel_j0(torch.ones(4, dtype=torch.float64, device=self.ctx.device))
+        return send
+
+
+def first_launch(ctx: TargetContext) -> FirstLaunch:
+    return FirstLaunch(ctx)

@@ -15,8 +15,8 @@ import traceback
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from fuzz.dispatch_mode import DispatchMode
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
 
 _active: CudaLifetimeChecker | None = None
@@ -47,7 +47,7 @@ def _install() -> None:
     _installed = True
 
 
-class _CudaDispatch(TorchDispatchMode):
+class _CudaDispatch(DispatchMode):
     def __init__(self, checker: CudaLifetimeChecker) -> None:
         super().__init__()
         self.checker = checker

@@ -25,8 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from fuzz.dispatch_mode import DispatchMode
 
 _SKIP = {torch.ops.aten.record_stream.default}
 
@@ -43,7 +44,7 @@ class ReuseWatch:
         self.findings: list[dict[str, Any]] = []
         self._seen: set[tuple[int, int]] = set()
 
-    def call(self) -> TorchDispatchMode:
+    def call(self) -> DispatchMode:
         """The mode to run the handler call under."""
         return _Mode(self)
 
@@ -79,7 +80,7 @@ class ReuseWatch:
             self._used.append((lo, lo + max(1, s.nbytes()), event, self.step, op, stream))
 
 
-class _Mode(TorchDispatchMode):
+class _Mode(DispatchMode):
     def __init__(self, watch: ReuseWatch) -> None:
         super().__init__()
         self.watch = watch

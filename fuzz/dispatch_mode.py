@@ -1,0 +1,33 @@
+"""The base of the harness's dispatch modes: one that does not import Dynamo.
+
+``TorchDispatchMode`` wraps a subclass's ``__torch_dispatch__`` so that
+``torch.compile`` skips it, and that wrapper imports ``torch._dynamo`` on the
+first op: 4-6 s of a rank's cold start on a GPU node (measured), more than
+everything else the rank does before its first example. The harness never
+compiles, so its modes opt out through the class hook torch documents for it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class DispatchMode(TorchDispatchMode):
+    """A ``TorchDispatchMode`` that never runs under ``torch.compile``."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+class _Nothing(DispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        return func(*args, **(kwargs or {}))
+
+
+def warm(device: torch.device) -> None:
+    """Enter a mode once, paying now whatever the first entry costs (a torch
+    without the hook still imports Dynamo here, before the first example)."""
+    with _Nothing():
+        torch.zeros(1, device=device).add_(1)
