@@ -30,11 +30,11 @@ def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path):
     tp = row["throughput"]
     assert tp["examples"] == 4 and tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
     assert set(tp["oracle_cost_ms"]) == {"value", "reuse", "lifetime"}
-    assert row["detection"]["crafted"]["examples"] == 2
-    assert set(row["detection"]["random"]) == {"examples", "gate", "spin"}
+    assert "detection" not in row  # gates and spins mean nothing on simulated streams
     assert len(row["first_failure"]["seeds"]) == 1
     header = next(ln for ln in md_path.read_text().splitlines() if ln.startswith("| target |"))
     assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
+    assert "Detection with gates and spins: not on CPU" in md_path.read_text()
 
 
 def test_random_scenarios_are_valid_and_crafted_ones_hold_until_a_point():
