@@ -21,6 +21,11 @@ GROWTH_LIMIT = 0.10
 """Relative growth of the last quarter's median over the first's, above which
 memory is reported as growing."""
 
+PROJECTION_H = 8.0
+"""A steady slope is projected this far: growth that would pass GROWTH_LIMIT
+within a night is reported as growing, even when a short run shows little
+(an H200 rank grew 3.2% in 10 minutes, steadily: 30% in 8 hours)."""
+
 
 def _quarters(values: list[float]) -> tuple[float | None, float | None]:
     vals = [v for v in values if v is not None]
@@ -30,12 +35,37 @@ def _quarters(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.median(vals[:q]), statistics.median(vals[-q:])
 
 
-def _trend(values: list[float]) -> dict[str, Any]:
+def _slope_per_h(ts: list[float], values: list[float | None],
+                 restarts: list[int]) -> float | None:
+    """Least-squares slope (units per hour) over the longest stretch without a
+    rank restart (a new process starts small), its first quarter (warm-up) left out."""
+    best: list[tuple[float, float]] = []
+    run: list[tuple[float, float]] = []
+    for i, (t, v) in enumerate(zip(ts, values)):
+        if i and restarts[i] != restarts[i - 1]:
+            best, run = max(best, run, key=len), []
+        if v is not None:
+            run.append((t, v))
+    pts = max(best, run, key=len)
+    pts = pts[len(pts) // 4:]
+    if len(pts) < 6 or pts[-1][0] - pts[0][0] <= 0:
+        return None
+    mt = statistics.fmean(t for t, _ in pts)
+    mv = statistics.fmean(v for _, v in pts)
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    return sum((t - mt) * (v - mv) for t, v in pts) / var * 3600 if var else None
+
+
+def _trend(values: list[float | None], ts: list[float], restarts: list[int]) -> dict[str, Any]:
     start, end = _quarters(values)
     vals = [v for v in values if v is not None]
     growth = (end - start) / start if start else None
+    slope = _slope_per_h(ts, values, restarts)
+    projected = slope * PROJECTION_H / start if slope is not None and start else None
     return {"start": start, "end": end, "max": max(vals) if vals else None,
-            "growth": round(growth, 4) if growth is not None else None}
+            "growth": round(growth, 4) if growth is not None else None,
+            "slope_per_h": round(slope, 1) if slope is not None else None,
+            "projected_growth": round(projected, 4) if projected is not None else None}
 
 
 def _series(samples: list[dict[str, Any]]) -> dict[str, list]:
@@ -78,10 +108,12 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
             by_target.setdefault(s["target"], []).append(s["rate"])
     per_target = {k: dict(zip(("start", "end"), _quarters(v))) for k, v in by_target.items()}
     series = _series(samples)
-    memory = {k: _trend(v) for k, v in series.items() if k not in ("t", "rate")}
+    restarts = [int(x.get("restarts") or 0) for x in samples]
+    memory = {k: _trend(v, series["t"], restarts) for k, v in series.items()
+              if k not in ("t", "rate")}
     growing = sorted(k for k, v in memory.items()
-                     if k.endswith(("rss", "gpu_reserved")) and v["growth"] is not None
-                     and v["growth"] > GROWTH_LIMIT)
+                     if k.endswith(("rss", "gpu_reserved"))
+                     and max(v["growth"] or 0.0, v["projected_growth"] or 0.0) > GROWTH_LIMIT)
     behaviours = state.get("behaviours", {})
     return {
         "config": config, "stop_reason": stop_reason, "starts": state["starts"],
@@ -135,14 +167,20 @@ def _markdown(rep: dict[str, Any]) -> str:
                          f"{d['flaky_occurrences']} | {d['path']} | {msg} |")
     else:
         lines.append("none")
-    lines += ["", "## Memory (MiB unless noted; medians of first and last quarter)", "",
-              "| series | start | end | max | growth |", "|---|---|---|---|---|"]
+    lines += ["", "## Memory (MiB; start and end are medians of the first and last "
+              "quarter; the slope is fitted after warm-up, between rank restarts)", "",
+              f"| series | start | end | max | growth | slope MiB/h | in {PROJECTION_H:.0f} h |",
+              "|---|---|---|---|---|---|---|"]
     for k, v in rep["memory"].items():
         if v["start"] is None:
             continue
         growth = f"{v['growth'] * 100:+.1f}%" if v["growth"] is not None else "-"
+        slope = v.get("slope_per_h")
+        proj = v.get("projected_growth")
         lines.append(f"| {k} | {v['start'] / _MIB:.1f} | {v['end'] / _MIB:.1f} | "
-                     f"{v['max'] / _MIB:.1f} | {growth} |")
+                     f"{v['max'] / _MIB:.1f} | {growth} | "
+                     f"{f'{slope / _MIB:+.1f}' if slope is not None else '-'} | "
+                     f"{f'{proj * 100:+.0f}%' if proj is not None else '-'} |")
     lines += ["", "## Targets", "", "| target | rounds | examples | seconds | failures |",
               "|---|---|---|---|---|"]
     for name, t in rep["targets"].items():

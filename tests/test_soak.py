@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from fuzz import corpus
+from fuzz import corpus, soak_report
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario, Step
 from fuzz.soak import Soak, SoakConfig, parse_budget, read_samples
@@ -265,3 +265,34 @@ def test_thirty_minute_soak_memory_and_throughput_flat(tmp_path):
     assert not rep["memory_growing"], rep["memory"]
     tp = rep["throughput"]["by_target"]["main-gather"]
     assert tp["end"] > 0.7 * tp["start"]
+
+
+def _samples(rss_at, n=60, restarts_at=None):
+    out = []
+    for i in range(n):
+        t = 10.0 * i
+        out.append({"t": t, "rate": 40.0, "driver_rss": 500 * 2**20,
+                    "restarts": int(restarts_at is not None and i >= restarts_at),
+                    "ranks": [{"rss": int(rss_at(i) * 2**20)}]})
+    return out
+
+
+def _memory_verdict(samples):
+    state = {"failures": [], "elapsed_s": 600.0, "examples": 1, "rounds": 1, "starts": 1,
+             "restarts": 0}
+    return soak_report.summarize(state, samples, config={}, stop_reason=None)
+
+
+def test_a_steady_slope_is_growing_even_when_ten_minutes_show_little():
+    # +3% in 10 minutes, steadily (what an H200 rank did): about +140% in 8 hours.
+    rep = _memory_verdict(_samples(lambda i: 1100 + 0.6 * i))
+    assert rep["memory_growing"] == ["rank0_rss"], rep["memory"]
+    assert rep["memory"]["rank0_rss"]["growth"] < soak_report.GROWTH_LIMIT
+
+
+def test_noise_and_a_rank_restart_are_not_growth():
+    noisy = _memory_verdict(_samples(lambda i: 300 + (i * 7919 % 5) * 0.2))
+    assert noisy["memory_growing"] == [], noisy["memory"]
+    # A replaced rank starts small again: the stretch after it is flat.
+    restarted = _memory_verdict(_samples(lambda i: 400 if i < 10 else 300, restarts_at=10))
+    assert restarted["memory_growing"] == [], restarted["memory"]
