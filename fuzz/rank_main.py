@@ -101,13 +101,12 @@ def _warm_kernels(device: torch.device, group: Any) -> None:
     lost. Examples that hit a first launch anyway (a user's target) are re-run
     by the driver when a gate timed out and nothing was found.
     """
-    streams = CudaStreams(device, None)
+    scn = _WARM_SCENARIO
     for target in targets.VERSIONS:
-        scn = _WARM_SCENARIO
         ctx = TargetContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
                             last_rank=dist.get_world_size() - 1, device=device, group=group,
                             max_num_reqs=scn.max_num_reqs, num_spec_steps=scn.num_spec_steps,
-                            streams=streams)
+                            streams=CudaStreams(device, None))
         run_scenario(scn, targets.load(target), ctx, {"hold": "spin",
                                                       "oracles": ["value", "reuse"]})
     for dtype in (torch.int32, torch.int64, torch.float32, torch.uint8):
