@@ -124,6 +124,7 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
                        for k, v in zip(("start", "end"), _quarters(rates))}
         | {"by_target": per_target},
         "rank_restarts": state["restarts"],
+        "held_by": dict(sorted(state.get("held", {}).items())),
         "failures_by_kind": kinds,
         "flaky": sum(1 for f in fails if f["flaky"]),
         "distinct_failures": list(distinct.values()),
@@ -150,6 +151,9 @@ def _markdown(rep: dict[str, Any]) -> str:
         f"{rep['examples_per_s']:.1f}/s overall; first quarter {tp['start']}/s, "
         f"last quarter {tp['end']}/s",
         f"- rank restarts: {rep['rank_restarts']}",
+        "- streams held by (examples): "
+        + (", ".join(f"{k} {v}" for k, v in rep["held_by"].items()) or "nothing")
+        + (f" (gates: {c['gates']})" if c.get("gates") else ""),
         f"- distinct behaviours seen: {rep['behaviours']['distinct']}",
         f"- failures: {sum(rep['failures_by_kind'].values())} "
         f"({', '.join(f'{k} {v}' for k, v in rep['failures_by_kind'].items()) or 'none'}), "

@@ -133,6 +133,9 @@ def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path)
     assert {"rank0_rss", "rank1_rss", "driver_rss"} <= set(rep["memory"])
     assert json.loads((out / "report.json").read_text())["examples"] == rep["examples"] > 0
     assert "# streamfuzz soak report" in (out / "report.md").read_text()
+    assert "- streams held by (examples): " in (out / "report.md").read_text()
+    assert set(rep["held_by"]) <= {"gate", "gate-timeout", "rerun", "spin", "none"}
+    assert all(0 < n <= rep["examples"] for n in rep["held_by"].values())
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert rep["behaviours"]["distinct"] >= 3
     assert not (out / "journal.json").exists()
