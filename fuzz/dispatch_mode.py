@@ -2,9 +2,9 @@
 
 ``TorchDispatchMode`` wraps a subclass's ``__torch_dispatch__`` so that
 ``torch.compile`` skips it, and that wrapper imports ``torch._dynamo`` on the
-first op: 4-6 s of a rank's cold start on a GPU node (measured), more than
-everything else the rank does before its first example. The harness never
-compiles, so its modes opt out through the class hook torch documents for it.
+first op: the largest part of a rank's cold start (3.9-6.0 s of 8-12 s,
+measured on an H200 node). The harness never compiles, so its modes opt out
+through the class hook torch documents for it.
 """
 
 from __future__ import annotations
