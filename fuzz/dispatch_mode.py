@@ -4,7 +4,9 @@
 ``torch.compile`` skips it, and that wrapper imports ``torch._dynamo`` on the
 first op: the largest part of a rank's cold start (3.9-6.0 s of 8-12 s,
 measured on an H200 node). The harness never compiles, so its modes opt out
-through the class hook torch documents for it.
+through the class hook torch documents for it. A target whose handler calls
+``torch.compile``d code runs it under these modes too; should Dynamo then
+trace into a mode, set the hook back (return True) for that run.
 """
 
 from __future__ import annotations
