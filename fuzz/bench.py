@@ -4,9 +4,9 @@ For each device and built-in target it measures, on one warm rank pool:
 
 * fuzzer examples/s (Hypothesis + driver, generation only, failures counted
   and not raised) and, on exactly the scenarios it drew, a hand-written loop
-  that does the same per-example work (the same rank processes, the same
-  ``RankPool.run`` and value oracle) without Hypothesis or the driver: the
-  ratio fuzzer/loop is Hypothesis's and the driver's overhead alone;
+  that does the same per-example work (the same rank processes, the same run
+  and judgement of one example, ``driver.run_and_judge``) without Hypothesis
+  or the driver's campaign loop: the ratio fuzzer/loop is their overhead alone;
 * the cost of each oracle: the loop again with oracles switched off one by one;
 * on fresh pools (a cold start: processes, process group, gate compile, with
   an empty Triton cache), the examples and seconds to the first failure and
@@ -32,10 +32,10 @@ from typing import Any
 import hypothesis
 from hypothesis import Phase
 
-from fuzz import corpus, driver, oracles, profiles, targets
+from fuzz import corpus, driver, profiles, targets
 from fuzz.ranks import RankPool
 from fuzz.scenario import FILL_RANGE, Churn, Delay, Scenario, Step
-from fuzz.verdict import Failure, Verdict
+from fuzz.verdict import Verdict
 from strategies import scenarios
 
 Log = Callable[[str], None]
@@ -56,20 +56,10 @@ class LoopResult:
 
 def judge(pool: RankPool, target: str, scenario: Scenario,
           options: dict[str, Any]) -> Verdict:
-    """One example, by hand: the work ``driver.evaluate`` does, spelled out
-    (a clean run whose gate timed out runs once more)."""
-    found: list[Failure] = []
-    for _ in range(2):
-        outcome = pool.run(target, scenario, options)
-        if outcome.failure is not None:
-            return Verdict([outcome.failure])
-        obs = outcome.observations
-        found = [Failure(**f) for o in obs for f in o["findings"]]
-        if "value" in options.get("oracles", ("value",)):
-            found += oracles.check_values(scenario, obs)
-        if found or not any("gate-timeout" in o["held"] for o in obs):
-            break
-    return Verdict(found)
+    """One example without Hypothesis: the ranks' run and its judgement, as
+    ``driver.evaluate`` has them; ``options`` go to the ranks unchanged."""
+    return driver.run_and_judge(pool, target, scenario, options,
+                                values="value" in options.get("oracles", ("value",)))
 
 
 def hand_loop(pool: RankPool, target: str, batch: Sequence[Scenario],

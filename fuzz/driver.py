@@ -54,18 +54,28 @@ def evaluate(pool: RankPool, target: str, scenario: Scenario,
     options = dict(options or {})
     chosen = options.get("oracles") or ["value"]
     options["oracles"] = list(chosen)
-    verdict = _judge(pool.run(target, scenario, options), scenario, chosen)
+    return run_and_judge(pool, target, scenario, options, values="value" in chosen)
+
+
+def run_and_judge(pool: RankPool, target: str, scenario: Scenario, options: dict[str, Any],
+                  values: bool) -> Verdict:
+    """One run of ``scenario`` with ``options`` passed to the ranks unchanged,
+    judged (the value oracle when ``values``), and run once more when it was
+    clean but a gate timed out.
+
+    A gate that runs out its bound did not force its interleaving (a kernel's
+    first launch under lazy module loading waits for the gate); the kernel is
+    loaded now. A finding in the first run stands: a timed-out gate still
+    gives a real interleaving.
+    """
+    verdict = _judge(pool.run(target, scenario, options), scenario, values)
     if verdict.ok and "gate-timeout" in verdict.held:
-        # A gate ran out its bound, so the interleaving it was to force did not
-        # happen (a kernel's first launch under lazy module loading waits for
-        # the gate). Once more: that kernel is loaded now. A finding in the
-        # first run stands: a timed-out gate still gives a real interleaving.
-        verdict = _judge(pool.run(target, scenario, options), scenario, chosen)
+        verdict = _judge(pool.run(target, scenario, options), scenario, values)
         verdict.held = sorted(set(verdict.held) | {"rerun"})
     return verdict
 
 
-def _judge(outcome: Any, scenario: Scenario, chosen: list[str]) -> Verdict:
+def _judge(outcome: Any, scenario: Scenario, values: bool) -> Verdict:
     if outcome.failure is not None:
         return Verdict([outcome.failure])
     obs = outcome.observations
@@ -73,8 +83,8 @@ def _judge(outcome: Any, scenario: Scenario, chosen: list[str]) -> Verdict:
     found = [Failure(**f) for o in obs for f in o.get("findings", [])]
     # Earliest step first; within a step, lower rank first.
     found.sort(key=lambda f: (f.step if f.step is not None else -1, f.rank or 0))
-    values = oracles.check_values(scenario, obs) if "value" in chosen else []
-    return Verdict(found + values, held=held)
+    wrong = oracles.check_values(scenario, obs) if values else []
+    return Verdict(found + wrong, held=held)
 
 
 class _Found(Exception):
