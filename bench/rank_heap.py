@@ -161,6 +161,12 @@ def _primitives(device: Any, group: Any, n: int) -> None:
     def bcast() -> None:
         dist.broadcast(t, src=0, group=group)
 
+    def bcast_world() -> None:
+        dist.broadcast(t, src=0)
+
+    def bcast_async() -> None:
+        dist.broadcast(t, src=0, group=group, async_op=True).wait()
+
     def bcast_side() -> None:
         with torch.cuda.stream(side):
             side.wait_stream(main)
@@ -190,8 +196,8 @@ def _primitives(device: Any, group: Any, n: int) -> None:
         idx = torch.arange(4, device=device)
         t[idx] = idx
 
-    for fn in (bcast, bcast_side, new_stream, event, record_stream, pinned_copy, sleep,
-               index_put):
+    for fn in (bcast, bcast_world, bcast_async, bcast_side, new_stream, event, record_stream,
+               pinned_copy, sleep, index_put):
         for _ in range(200):
             fn()
         torch.cuda.synchronize(device)
