@@ -1,23 +1,27 @@
 """A complete user target: gather on main, broadcast on a side stream."""
 
 from collections import deque
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from fuzz.targets import Batch, TargetContext
+
 
 class MyHandler:
-    def __init__(self, ctx):
+    def __init__(self, ctx: TargetContext) -> None:
         self.ctx = ctx
         self.main = ctx.streams.current_stream()
         self.side = ctx.streams.Stream()
-        self.parked = deque()
+        self.parked: deque[Any] = deque()
 
-    def _bcast(self, t):
+    def _bcast(self, t: torch.Tensor) -> None:
         dist.broadcast(t, src=self.ctx.last_rank, group=self.ctx.group)
 
     # last rank
-    def broadcast_drafts(self, draft_table, batch):
+    def broadcast_drafts(self, draft_table: torch.Tensor,
+                         batch: Batch) -> torch.Tensor | None:
         if not batch.samples:
             return None
         send = draft_table[batch.idx_mapping]          # on main: no cross-stream read
@@ -29,7 +33,7 @@ class MyHandler:
         return send
 
     # every other rank
-    def receive_drafts(self, batch):
+    def receive_drafts(self, batch: Batch) -> None:
         if not batch.samples:
             return
         n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, self.ctx.device
@@ -45,12 +49,12 @@ class MyHandler:
             done.record(self.side)
         self.parked.append((batch.idx_mapping, got, done))
 
-    def apply_received(self, draft_table):
+    def apply_received(self, draft_table: torch.Tensor) -> tuple[torch.Tensor, ...]:
         idx_mapping, (tokens, num_sampled, num_rejected, drafts), done = self.parked.popleft()
         done.wait(self.main)
         draft_table[idx_mapping] = drafts
         return tokens, num_sampled, num_rejected
 
 
-def make_handler(ctx):
+def make_handler(ctx: TargetContext) -> MyHandler:
     return MyHandler(ctx)
