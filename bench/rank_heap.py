@@ -24,7 +24,6 @@ import gc
 import json
 import os
 import random
-import socket
 import time
 import tracemalloc
 from typing import Any
@@ -45,12 +44,6 @@ def _libc() -> Any:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
@@ -67,6 +60,8 @@ def main() -> None:
     ap.add_argument("--primitives", type=int, default=0, metavar="N",
                     help="instead: N iterations of each CUDA primitive an example uses")
     args = ap.parse_args()
+    from fuzz.ranks import _free_port, rss_bytes
+
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
         os.environ.setdefault(key, value)
@@ -75,15 +70,9 @@ def main() -> None:
 
     from fuzz import rank_main, runner, targets
     from fuzz.bench import random_scenario
-    from fuzz.ranks import rss_bytes
 
-    if args.pageable:
-        def _pageable(self: Any, values: list, dtype: Any, shape: tuple | None = None) -> Any:
-            host = torch.tensor(values, dtype=dtype)
-            if shape is not None:
-                host = host.reshape(shape)
-            return host.to(self.dev)
-        runner._Run._to_device = _pageable  # type: ignore[method-assign]
+    if args.pageable:  # the runner's own staging path, minus the pinning
+        torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
 
     device, group, info = rank_main._setup(args.device)
     if args.primitives:
