@@ -47,6 +47,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _mib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
 def _duration(text: str) -> float:
     from fuzz.soak import parse_budget
 
@@ -119,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="time a round may spend shrinking past --round (default: --round)")
     k.add_argument("--stats-every", type=_duration, default=10.0,
                    help="memory and throughput sample period (default 10s)")
+    k.add_argument("--recycle-mib", type=_mib, default=32.0,
+                   help="replace the ranks once one has grown this many MiB since it warmed "
+                        "up, bounding a leak in the libraries they call (default 32; 0: never)")
     k.add_argument("--seed", type=int, default=None)
     k.add_argument("--listen", type=_address, default=None, metavar="HOST:PORT",
                    help="with --ranks-external: where ranks started by torchrun connect")
@@ -369,7 +382,8 @@ def _soak(args: argparse.Namespace) -> int:
     cfg = SoakConfig(targets=names, budget_s=args.budget, out=args.out, corpus=args.corpus,
                      database=args.database or args.out / "hypothesis-db", round_s=args.round,
                      shrink_s=args.shrink, round_examples=args.round_examples,
-                     stats_every_s=args.stats_every, seed=args.seed)
+                     stats_every_s=args.stats_every, seed=args.seed,
+                     recycle_mib=args.recycle_mib)
     pool = RankPool(world, device, timeout=args.timeout, startup_timeout=args.startup_timeout,
                     listen=args.listen, authkey=authkey)
     soak = Soak(pool, cfg)

@@ -125,6 +125,7 @@ class _World:
     """One set of rank processes sharing a process group and a listener."""
 
     def __init__(self, pool: RankPool, generation: int) -> None:
+        self.generation = generation
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []
         self.info: list[dict[str, Any]] = []
@@ -244,6 +245,7 @@ class RankPool:
         self.startup_timeout = startup_timeout
         self.extra_env = dict(env or {})
         self.restarts = 0
+        self.recycles = 0
         self.logdir = Path(tempfile.mkdtemp(prefix="streamfuzz-ranks-"))
         self._generation = 0
         self._world: _World | None = None
@@ -284,6 +286,27 @@ class RankPool:
         self.restarts += 1
         self.start()
         self._spare = self._new_world()
+
+    def recycle(self) -> None:
+        """Replace healthy ranks by fresh ones (the spare, when one is ready).
+
+        A leak in a library the ranks call (torch 2.11's NCCL broadcast keeps
+        ~1 KB a call) then grows no further than one world accumulates. Counted
+        in ``recycles``, apart from the ``restarts`` that crashes and hangs cost.
+        """
+        if self.external:
+            raise RankStartError("external ranks cannot be replaced by the driver")
+        if self._world is not None:
+            self._world.stop()
+            self._world = None
+        self.recycles += 1
+        self.start()
+        self._spare = self._new_world()
+
+    @property
+    def generation(self) -> int:
+        """Which world serves now: changes at every restart and recycle."""
+        return self._world.generation if self._world else 0
 
     def close(self) -> None:
         for w in (self._world, self._spare):

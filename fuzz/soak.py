@@ -43,6 +43,7 @@ from fuzz.scenario import Scenario, ScenarioError
 from fuzz.verdict import Failure, Verdict
 
 STATE_SCHEMA = 1
+_MIB = 2**20
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -74,6 +75,11 @@ class SoakConfig:
     hang costs a full timeout per attempt, and must not starve the other targets.
     A failure cut short is saved as shrunk so far, and replayed."""
     stats_every_s: float = 10.0
+    recycle_mib: float = 32.0
+    """Replace healthy ranks once one of them has grown this much since its world
+    warmed up (0: never). torch 2.11's NCCL broadcast keeps about 1 KB a call, so
+    a CUDA rank grows ~2 MiB per 1,000 examples for as long as it lives; with
+    recycling, no rank outgrows its start by more than this, however long the run."""
     seed: int | None = None
     profile: str = "default"
     replay_failures: bool = True
@@ -100,6 +106,8 @@ class Soak:
         self.state["starts"] += 1
         self._base_elapsed = float(self.state["elapsed_s"])
         self._base_restarts = int(self.state["restarts"]) - pool.restarts
+        self._base_recycles = int(self.state["recycles"]) - pool.recycles
+        self._world_base: tuple[int, list[int] | None] = (-1, None)
         self._t0 = time.monotonic()
         self._last_sample = -1e9
         self._last_draw = 0.0
@@ -192,7 +200,9 @@ class Soak:
             self._settle(res)
 
     def _on_example(self, scenario: Scenario) -> None:
-        self._sample()
+        ranks = self._sample()
+        if ranks is not None:
+            self._maybe_recycle(ranks)
         write_json_atomic(self.journal, {"target": self._target, "round": self.state["rounds"],
                                          "scenario": scenario.to_dict(), "replays": 0})
 
@@ -235,6 +245,31 @@ class Soak:
         self._clear_line()
         self._say(f"soak: {res.target}: {res.failure.kind} saved to {path}, {how}: "
                   f"{res.failure.message[:160]}")
+
+    def _maybe_recycle(self, ranks: list[dict[str, Any] | None]) -> None:
+        """Recycle the world once a rank outgrew its warm size by ``recycle_mib``.
+        A world's first sample may precede its warm-up, so its second is the base."""
+        cap = self.cfg.recycle_mib
+        if not cap or self.pool.external or self.stop_reason is not None:
+            return
+        rss = [m["rss"] if m else None for m in ranks]
+        gen, base = self._world_base
+        if gen != self.pool.generation:
+            self._world_base = (self.pool.generation, None)
+            return
+        if base is None or len(base) != len(rss):
+            self._world_base = (gen, rss)
+            return
+        growth = [(r - b, rank) for rank, (r, b) in enumerate(zip(rss, base))
+                  if r is not None and b is not None]
+        if not growth or max(growth)[0] <= cap * _MIB:
+            return
+        grown, rank = max(growth)
+        self._clear_line()
+        self._say(f"soak: recycling the ranks: rank {rank} grew {grown / _MIB:.0f} MiB since "
+                  f"its world warmed up (limit {cap:g} MiB, --recycle-mib)")
+        self.pool.recycle()
+        self._save_state()
 
     # -- recovery --------------------------------------------------------------
     def _recover(self) -> None:
@@ -298,7 +333,8 @@ class Soak:
     # -- state, stats, display ---------------------------------------------------
     def _load_state(self) -> dict[str, Any]:
         fresh = {"schema": STATE_SCHEMA, "elapsed_s": 0.0, "examples": 0, "rounds": 0,
-                 "starts": 0, "restarts": 0, "failures": [], "behaviours": {}, "targets": {}}
+                 "starts": 0, "restarts": 0, "recycles": 0, "failures": [], "behaviours": {},
+                 "targets": {}}
         try:
             data = json.loads(self.state_path.read_text())
         except (OSError, ValueError):
@@ -310,12 +346,14 @@ class Soak:
     def _save_state(self) -> None:
         self.state["elapsed_s"] = round(self.elapsed(), 3)
         self.state["restarts"] = self._base_restarts + self.pool.restarts
+        self.state["recycles"] = self._base_recycles + self.pool.recycles
         write_json_atomic(self.state_path, self.state)
 
-    def _sample(self, force: bool = False) -> None:
+    def _sample(self, force: bool = False) -> list[dict[str, Any] | None] | None:
+        """Sample memory and throughput when due; the ranks' stats, or None."""
         now = time.monotonic()
         if not force and now - self._last_sample < self.cfg.stats_every_s:
-            return
+            return None
         self._last_sample = now
         t, ex = self.elapsed(), int(self.state["examples"])
         dt = t - self._prev[0]
@@ -327,6 +365,9 @@ class Soak:
                   "target": self._target, "examples": ex, "rate": round(rate, 3),
                   "failures": kinds,
                   "restarts": self._base_restarts + self.pool.restarts,
+                  "recycles": self._base_recycles + self.pool.recycles,
+                  # Samples of one world (one set of processes) share this id.
+                  "world": f"{self.state['starts']}.{self.pool.generation}",
                   "behaviours": len(self.state["behaviours"]), "driver_rss": rss_bytes(),
                   "ranks": ranks}
         with open(self.stats_path, "a") as fh:
@@ -336,10 +377,12 @@ class Soak:
         rss = " ".join(f"{m['rss'] / 2**20:.0f}" if m else "?" for m in ranks)
         self._log.write(f"{sample['time']} t={_hms(t)} examples={ex} rate={rate:.1f}/s "
                         f"failures={_kinds_text(kinds)} behaviours={sample['behaviours']} "
-                        f"restarts={sample['restarts']} driver_rss={rss_bytes() / 2**20:.0f}MiB "
+                        f"restarts={sample['restarts']} recycles={sample['recycles']} "
+                        f"driver_rss={rss_bytes() / 2**20:.0f}MiB "
                         f"rank_rss_mib=[{rss}]\n")
         self.state["elapsed_s"] = round(t, 3)
         self._save_state()
+        return ranks
 
     def _kinds(self) -> dict[str, int]:
         kinds: dict[str, int] = {}
@@ -357,7 +400,8 @@ class Soak:
         line = (f"[{_hms(t)}/{_hms(self.cfg.budget_s)}] {self._target} | {ex} examples, "
                 f"{self._prev_rate():.1f}/s | failures: {_kinds_text(self._kinds())} | "
                 f"behaviours: {len(self.state['behaviours'])} | "
-                f"restarts: {self._base_restarts + self.pool.restarts}")
+                f"restarts: {self._base_restarts + self.pool.restarts}, "
+                f"recycles: {self._base_recycles + self.pool.recycles}")
         self.stream.write("\r\033[K" + line[:200])
         self.stream.flush()
 
@@ -391,6 +435,7 @@ class Soak:
                 "external_ranks": self.pool.external, "timeout_s": self.pool.timeout,
                 "torch": info.get("torch"), "device_name": info.get("device_name"),
                 "gates": info.get("gates"),
+                "recycle_mib": None if self.pool.external else self.cfg.recycle_mib or None,
                 "nodes": sorted({i.get("node", "?") for i in self.pool.info}), **self.cfg.extra}
 
 

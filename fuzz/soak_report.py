@@ -2,13 +2,17 @@
 
 Memory and throughput are judged by comparing the first and last quarter of
 the samples (medians, so one slow round or one world restart does not decide
-it). Every file is written to a temporary name and renamed, so a reader never
-sees half a report.
+it), and memory also by its slope within one world of ranks, projected over a
+night. A rank's RSS slope is projected no higher than the campaign's recycling
+limit: recycled ranks cannot outgrow it, and the quarters still catch a world
+that starts bigger than the last. Every file is written to a temporary name
+and renamed, so a reader never sees half a report.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import tempfile
 from pathlib import Path
@@ -36,13 +40,13 @@ def _quarters(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def _slope_per_h(ts: list[float], values: list[float | None],
-                 restarts: list[int]) -> float | None:
-    """Least-squares slope (units per hour) over the longest stretch without a
-    rank restart (a new process starts small), its first quarter (warm-up) left out."""
+                 worlds: list[Any]) -> float | None:
+    """Least-squares slope (units per hour) over the longest stretch of one world
+    (a restarted or recycled rank starts small), its first quarter (warm-up) left out."""
     best: list[tuple[float, float]] = []
     run: list[tuple[float, float]] = []
     for i, (t, v) in enumerate(zip(ts, values)):
-        if i and restarts[i] != restarts[i - 1]:
+        if i and worlds[i] != worlds[i - 1]:
             best, run = max(best, run, key=len), []
         if v is not None:
             run.append((t, v))
@@ -56,16 +60,23 @@ def _slope_per_h(ts: list[float], values: list[float | None],
     return sum((t - mt) * (v - mv) for t, v in pts) / var * 3600 if var else None
 
 
-def _trend(values: list[float | None], ts: list[float], restarts: list[int]) -> dict[str, Any]:
+def _trend(values: list[float | None], ts: list[float], worlds: list[Any],
+           cap: float | None = None) -> dict[str, Any]:
+    """``cap``: bytes a world may grow before it is recycled (None: unbounded)."""
     start, end = _quarters(values)
     vals = [v for v in values if v is not None]
     growth = (end - start) / start if start else None
-    slope = _slope_per_h(ts, values, restarts)
-    projected = slope * PROJECTION_H / start if slope is not None and start else None
+    slope = _slope_per_h(ts, values, worlds)
+    rise = slope * PROJECTION_H if slope is not None else None
+    capped = rise is not None and cap is not None and rise > cap
+    if capped:
+        rise = cap
+    projected = rise / start if rise is not None and start else None
     return {"start": start, "end": end, "max": max(vals) if vals else None,
             "growth": round(growth, 4) if growth is not None else None,
             "slope_per_h": round(slope, 1) if slope is not None else None,
-            "projected_growth": round(projected, 4) if projected is not None else None}
+            "projected_growth": round(projected, 4) if projected is not None else None,
+            "bounded_by_recycling": capped}
 
 
 def _series(samples: list[dict[str, Any]]) -> dict[str, list]:
@@ -108,9 +119,10 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
             by_target.setdefault(s["target"], []).append(s["rate"])
     per_target = {k: dict(zip(("start", "end"), _quarters(v))) for k, v in by_target.items()}
     series = _series(samples)
-    restarts = [int(x.get("restarts") or 0) for x in samples]
-    memory = {k: _trend(v, series["t"], restarts) for k, v in series.items()
-              if k not in ("t", "rate")}
+    worlds = [(x.get("restarts") or 0, x.get("world")) for x in samples]
+    cap = (config.get("recycle_mib") or 0) * _MIB or None
+    memory = {k: _trend(v, series["t"], worlds, cap if re.fullmatch(r"rank\d+_rss", k) else None)
+              for k, v in series.items() if k not in ("t", "rate")}
     growing = sorted(k for k, v in memory.items()
                      if k.endswith(("rss", "gpu_reserved"))
                      and max(v["growth"] or 0.0, v["projected_growth"] or 0.0) > GROWTH_LIMIT)
@@ -124,6 +136,7 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
                        for k, v in zip(("start", "end"), _quarters(rates))}
         | {"by_target": per_target},
         "rank_restarts": state["restarts"],
+        "rank_recycles": state.get("recycles", 0),
         "held_by": dict(sorted(state.get("held", {}).items())),
         "failures_by_kind": kinds,
         "flaky": sum(1 for f in fails if f["flaky"]),
@@ -135,6 +148,14 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
         "memory": memory, "memory_growing": growing,
         "samples": len(samples),
     }
+
+
+def _bounded(rep: dict[str, Any]) -> str:
+    capped = [k for k, v in rep["memory"].items() if v.get("bounded_by_recycling")]
+    if not capped:
+        return ""
+    return (f" ({', '.join(capped)} would grow, and are bounded by recycling the ranks at "
+            f"+{rep['config']['recycle_mib']:g} MiB: {rep['rank_recycles']} recycles)")
 
 
 def _markdown(rep: dict[str, Any]) -> str:
@@ -150,7 +171,8 @@ def _markdown(rep: dict[str, Any]) -> str:
         f"- examples: {rep['examples']} in {rep['rounds']} rounds, "
         f"{rep['examples_per_s']:.1f}/s overall; first quarter {tp['start']}/s, "
         f"last quarter {tp['end']}/s",
-        f"- rank restarts: {rep['rank_restarts']}",
+        f"- rank restarts: {rep['rank_restarts']}; recycles: {rep['rank_recycles']}"
+        + (f" (at +{c['recycle_mib']:g} MiB)" if c.get("recycle_mib") else " (off)"),
         "- streams held by (examples): "
         + (", ".join(f"{k} {v}" for k, v in rep["held_by"].items()) or "nothing")
         + (f" (gates: {c['gates']})" if c.get("gates") else ""),
@@ -159,7 +181,7 @@ def _markdown(rep: dict[str, Any]) -> str:
         f"({', '.join(f'{k} {v}' for k, v in rep['failures_by_kind'].items()) or 'none'}), "
         f"{len(rep['distinct_failures'])} distinct, {rep['flaky']} flaky",
         "- memory: " + ("GROWING: " + ", ".join(rep["memory_growing"])
-                        if rep["memory_growing"] else "flat"),
+                        if rep["memory_growing"] else "flat") + _bounded(rep),
         "", "## Failures", "",
     ]
     if rep["distinct_failures"]:
@@ -172,7 +194,8 @@ def _markdown(rep: dict[str, Any]) -> str:
     else:
         lines.append("none")
     lines += ["", "## Memory (MiB; start and end are medians of the first and last "
-              "quarter; the slope is fitted after warm-up, between rank restarts)", "",
+              "quarter; the slope is fitted after warm-up, within one world of ranks; "
+              "* marks a projection bounded by recycling)", "",
               f"| series | start | end | max | growth | slope MiB/h | in {PROJECTION_H:.0f} h |",
               "|---|---|---|---|---|---|---|"]
     for k, v in rep["memory"].items():
@@ -184,7 +207,8 @@ def _markdown(rep: dict[str, Any]) -> str:
         lines.append(f"| {k} | {v['start'] / _MIB:.1f} | {v['end'] / _MIB:.1f} | "
                      f"{v['max'] / _MIB:.1f} | {growth} | "
                      f"{f'{slope / _MIB:+.1f}' if slope is not None else '-'} | "
-                     f"{f'{proj * 100:+.0f}%' if proj is not None else '-'} |")
+                     f"{f'{proj * 100:+.0f}%' if proj is not None else '-'}"
+                     f"{'*' if v.get('bounded_by_recycling') else ''} |")
     lines += ["", "## Targets", "", "| target | rounds | examples | seconds | failures |",
               "|---|---|---|---|---|"]
     for name, t in rep["targets"].items():
@@ -218,6 +242,9 @@ def plot(path: Path, samples: list[dict[str, Any]], title: str) -> bool:
         ax2.step(t, [(s.get("failures") or {}).get(k, 0) for s in samples], where="post", label=k)
     ax2.plot(t, [s.get("restarts", 0) for s in samples], ls=":", color="grey",
              label="rank restarts")
+    if any(s.get("recycles") for s in samples):
+        ax2.plot(t, [s.get("recycles", 0) for s in samples], ls="--", color="grey",
+                 label="rank recycles")
     ax2.set_ylabel("cumulative")
     ax2.legend(loc="upper left", fontsize=8)
     for k, v in series.items():

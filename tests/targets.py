@@ -52,6 +52,21 @@ class FailsOnce(MainGather):
         return super()._rows(draft_table, batch)
 
 
+class Leaks(MainGather):
+    """Keeps 256 KiB of host memory per example for as long as its process lives,
+    like a library that leaks a little per call."""
+
+    kept: list[bytearray] = []
+
+    def _rows(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        Leaks.kept.append(bytearray(b"\x01") * (256 * 1024))  # written, so resident
+        return super()._rows(draft_table, batch)
+
+
+def leaks(ctx: TargetContext) -> Leaks:
+    return Leaks(ctx)
+
+
 def fails_once(ctx: TargetContext) -> FailsOnce:
     return FailsOnce(ctx)
 

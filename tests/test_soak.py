@@ -142,6 +142,48 @@ def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path)
     _no_partial_files(tmp_path)
 
 
+def _leaking_soak(tmp_path, recycle_mib):
+    cfg = _cfg(tmp_path, ["tests.targets:leaks"], 20.0, recycle_mib=recycle_mib,
+               strategy=st.just(_scenario(2)))
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        first = pool.pids
+        rep = Soak(pool, cfg, stream=sys.stdout).run()
+        return rep, pool, first
+
+
+def test_a_leaking_rank_is_recycled_and_its_memory_bounded(tmp_path):
+    rep, pool, first = _leaking_soak(tmp_path, recycle_mib=8)
+    assert pool.recycles >= 1 and pool.restarts == 0 and not rep["failures"]
+    assert set(pool.pids).isdisjoint(first)
+    assert rep["rank_recycles"] == pool.recycles and rep["rank_restarts"] == 0
+    samples = read_samples(tmp_path / "out" / "stats.jsonl")
+    assert len({s["world"] for s in samples}) >= 2
+    # No world got far past its limit (one stats period of growth at most).
+    assert max(s["ranks"][0]["rss"] for s in samples[1:]) < samples[1]["ranks"][0]["rss"] \
+        + 64 * 2**20
+    # (The driver's own warm-up in 20 s is not the point here.)
+    assert not [k for k in rep["memory_growing"] if k.startswith("rank")], rep["memory"]
+    assert rep["memory"]["rank1_rss"]["bounded_by_recycling"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "bounded by recycling the ranks at +8 MiB" in md
+    assert "recycling the ranks: rank" in (tmp_path / "out" / "soak.log").read_text()
+
+
+def test_the_same_leak_without_recycling_is_reported_growing(tmp_path):
+    rep, pool, _ = _leaking_soak(tmp_path, recycle_mib=0)
+    assert pool.recycles == 0 and rep["rank_recycles"] == 0
+    assert {"rank0_rss", "rank1_rss"} <= set(rep["memory_growing"]), rep["memory"]
+    assert "GROWING" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_bad_recycle_limit_is_one_line_and_exit_2(tmp_path):
+    out = subprocess.run(_soak_cli("--budget", "1m", "--recycle-mib", "-1", "--out", tmp_path),
+                         env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'-1' must be >= 0" in lines[0], lines
+
+
 def test_sigterm_stops_cleanly_with_the_summary(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen(_soak_cli("--budget", "10m", "--targets", "main-gather",
@@ -270,20 +312,22 @@ def test_thirty_minute_soak_memory_and_throughput_flat(tmp_path):
     assert tp["end"] > 0.7 * tp["start"]
 
 
-def _samples(rss_at, n=60, restarts_at=None):
+def _samples(rss_at, n=60, restarts_at=None, world_at=None):
     out = []
     for i in range(n):
         t = 10.0 * i
         out.append({"t": t, "rate": 40.0, "driver_rss": 500 * 2**20,
                     "restarts": int(restarts_at is not None and i >= restarts_at),
+                    "world": f"1.{world_at(i) if world_at else 1}",
                     "ranks": [{"rss": int(rss_at(i) * 2**20)}]})
     return out
 
 
-def _memory_verdict(samples):
+def _memory_verdict(samples, recycle_mib=None):
     state = {"failures": [], "elapsed_s": 600.0, "examples": 1, "rounds": 1, "starts": 1,
              "restarts": 0}
-    return soak_report.summarize(state, samples, config={}, stop_reason=None)
+    return soak_report.summarize(state, samples, config={"recycle_mib": recycle_mib},
+                                 stop_reason=None)
 
 
 def test_a_steady_slope_is_growing_even_when_ten_minutes_show_little():
@@ -291,6 +335,28 @@ def test_a_steady_slope_is_growing_even_when_ten_minutes_show_little():
     rep = _memory_verdict(_samples(lambda i: 1100 + 0.6 * i))
     assert rep["memory_growing"] == ["rank0_rss"], rep["memory"]
     assert rep["memory"]["rank0_rss"]["growth"] < soak_report.GROWTH_LIMIT
+
+
+def test_a_steady_slope_is_bounded_when_the_ranks_are_recycled():
+    # The H200 rank's slope, recycled every 32 MiB: a sawtooth that never passes +32 MiB.
+    rep = _memory_verdict(_samples(lambda i: 1100 + 0.6 * (i % 50), n=120,
+                                   world_at=lambda i: i // 50), recycle_mib=32)
+    assert rep["memory_growing"] == [], rep["memory"]
+    assert rep["memory"]["rank0_rss"]["bounded_by_recycling"]
+    rss = rep["memory"]["rank0_rss"]
+    assert rss["projected_growth"] == round(32 * 2**20 / rss["start"], 4)
+    # The driver is not recycled: its own slope is still judged in full.
+    leaky_driver = _samples(lambda i: 1100, n=120)
+    for i, s in enumerate(leaky_driver):
+        s["driver_rss"] = int((500 + 0.6 * i) * 2**20)
+    rep = _memory_verdict(leaky_driver, recycle_mib=32)
+    assert rep["memory_growing"] == ["driver_rss"], rep["memory"]
+
+
+def test_worlds_that_start_bigger_each_time_are_growing_despite_recycling():
+    rep = _memory_verdict(_samples(lambda i: 1100 + 0.6 * (i % 20) + 40 * (i // 20), n=120,
+                                   world_at=lambda i: i // 20), recycle_mib=32)
+    assert rep["memory_growing"] == ["rank0_rss"], rep["memory"]
 
 
 def test_noise_and_a_rank_restart_are_not_growth():
