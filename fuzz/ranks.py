@@ -279,13 +279,8 @@ class RankPool:
         return self.listen is not None
 
     def restart(self) -> None:
-        if self.external:
-            raise RankStartError("external ranks cannot be replaced by the driver")
-        if self._world is not None:
-            self._world.kill()
-        self.restarts += 1
-        self.start()
-        self._spare = self._new_world()
+        """Replace broken ranks (killed, not asked): counted in ``restarts``."""
+        self._replace(graceful=False)
 
     def recycle(self) -> None:
         """Replace healthy ranks by fresh ones (the spare, when one is ready).
@@ -294,12 +289,18 @@ class RankPool:
         ~1 KB a call) then grows no further than one world accumulates. Counted
         in ``recycles``, apart from the ``restarts`` that crashes and hangs cost.
         """
+        self._replace(graceful=True)
+
+    def _replace(self, graceful: bool) -> None:
         if self.external:
             raise RankStartError("external ranks cannot be replaced by the driver")
         if self._world is not None:
-            self._world.stop()
+            self._world.stop() if graceful else self._world.kill()
             self._world = None
-        self.recycles += 1
+        if graceful:
+            self.recycles += 1
+        else:
+            self.restarts += 1
         self.start()
         self._spare = self._new_world()
 

@@ -257,7 +257,7 @@ class Soak:
         if gen != self.pool.generation:
             self._world_base = (self.pool.generation, None)
             return
-        if base is None or len(base) != len(rss):
+        if base is None:
             self._world_base = (gen, rss)
             return
         growth = [(r - b, rank) for rank, (r, b) in enumerate(zip(rss, base))
@@ -345,9 +345,15 @@ class Soak:
 
     def _save_state(self) -> None:
         self.state["elapsed_s"] = round(self.elapsed(), 3)
-        self.state["restarts"] = self._base_restarts + self.pool.restarts
-        self.state["recycles"] = self._base_recycles + self.pool.recycles
+        self.state["restarts"] = self._restarts()
+        self.state["recycles"] = self._recycles()
         write_json_atomic(self.state_path, self.state)
+
+    def _restarts(self) -> int:
+        return self._base_restarts + self.pool.restarts
+
+    def _recycles(self) -> int:
+        return self._base_recycles + self.pool.recycles
 
     def _sample(self, force: bool = False) -> list[dict[str, Any] | None] | None:
         """Sample memory and throughput when due; the ranks' stats, or None."""
@@ -364,8 +370,8 @@ class Soak:
         sample = {"t": round(t, 3), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "target": self._target, "examples": ex, "rate": round(rate, 3),
                   "failures": kinds,
-                  "restarts": self._base_restarts + self.pool.restarts,
-                  "recycles": self._base_recycles + self.pool.recycles,
+                  "restarts": self._restarts(),
+                  "recycles": self._recycles(),
                   # Samples of one world (one set of processes) share this id.
                   "world": f"{self.state['starts']}.{self.pool.generation}",
                   "behaviours": len(self.state["behaviours"]), "driver_rss": rss_bytes(),
@@ -400,8 +406,8 @@ class Soak:
         line = (f"[{_hms(t)}/{_hms(self.cfg.budget_s)}] {self._target} | {ex} examples, "
                 f"{self._prev_rate():.1f}/s | failures: {_kinds_text(self._kinds())} | "
                 f"behaviours: {len(self.state['behaviours'])} | "
-                f"restarts: {self._base_restarts + self.pool.restarts}, "
-                f"recycles: {self._base_recycles + self.pool.recycles}")
+                f"restarts: {self._restarts()}, "
+                f"recycles: {self._recycles()}")
         self.stream.write("\r\033[K" + line[:200])
         self.stream.flush()
 

@@ -119,6 +119,7 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
             by_target.setdefault(s["target"], []).append(s["rate"])
     per_target = {k: dict(zip(("start", "end"), _quarters(v))) for k, v in by_target.items()}
     series = _series(samples)
+    # Samples written before worlds had ids still change at every restart.
     worlds = [(x.get("restarts") or 0, x.get("world")) for x in samples]
     cap = (config.get("recycle_mib") or 0) * _MIB or None
     memory = {k: _trend(v, series["t"], worlds, cap if re.fullmatch(r"rank\d+_rss", k) else None)
