@@ -143,18 +143,21 @@ def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path)
 
 
 def _leaking_soak(tmp_path, recycle_mib):
-    cfg = _cfg(tmp_path, ["tests.targets:leaks"], 20.0, recycle_mib=recycle_mib,
-               strategy=st.just(_scenario(2)))
+    # Sized so that a world lives for 10 or more samples (the report fits a slope
+    # within one world) at 8 to 50 examples a second, and is recycled within the budget.
+    cfg = _cfg(tmp_path, ["tests.targets:leaks"], 30.0, recycle_mib=recycle_mib,
+               stats_every_s=0.25, strategy=st.just(_scenario(2)))
     with RankPool(2, "cpu", timeout=20.0) as pool:
         first = pool.pids
         rep = Soak(pool, cfg, stream=sys.stdout).run()
-        return rep, pool, first
+        last = pool.pids  # read before the pool closes: a closed pool has none
+    return rep, pool, first, last
 
 
 def test_a_leaking_rank_is_recycled_and_its_memory_bounded(tmp_path):
-    rep, pool, first = _leaking_soak(tmp_path, recycle_mib=8)
+    rep, pool, first, last = _leaking_soak(tmp_path, recycle_mib=8)
     assert pool.recycles >= 1 and pool.restarts == 0 and not rep["failures"]
-    assert set(pool.pids).isdisjoint(first)
+    assert len(last) == 2 and set(last).isdisjoint(first)
     assert rep["rank_recycles"] == pool.recycles and rep["rank_restarts"] == 0
     samples = read_samples(tmp_path / "out" / "stats.jsonl")
     assert len({s["world"] for s in samples}) >= 2
@@ -170,7 +173,8 @@ def test_a_leaking_rank_is_recycled_and_its_memory_bounded(tmp_path):
 
 
 def test_the_same_leak_without_recycling_is_reported_growing(tmp_path):
-    rep, pool, _ = _leaking_soak(tmp_path, recycle_mib=0)
+    rep, pool, first, last = _leaking_soak(tmp_path, recycle_mib=0)
+    assert last == first
     assert pool.recycles == 0 and rep["rank_recycles"] == 0
     assert {"rank0_rss", "rank1_rss"} <= set(rep["memory_growing"]), rep["memory"]
     assert "GROWING" in (tmp_path / "out" / "report.md").read_text()
