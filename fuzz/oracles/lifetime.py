@@ -23,6 +23,8 @@ seen by polling the weak references at every op and every stream call.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,24 @@ Clock = dict[Any, int]
 Frames = tuple[tuple[str, int, str], ...]
 
 _ROOT = Path(__file__).resolve().parents[2]
-_SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent))
+
+
+def _package_dirs(*names: str) -> tuple[str, ...]:
+    """Where these packages live, found without importing them."""
+    dirs: list[str] = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            dirs.extend(str(Path(d)) + os.sep for d in spec.submodule_search_locations)
+    return tuple(dirs)
+
+
+# Never the user's frames: torch, this checker and a checked block's own code.
+_SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent),
+              *_package_dirs("streamfuzz"))
+# Test runners around a checked block: everything outward of them is theirs too,
+# and a user's test file, which they call, is user code.
+_RUNNER_DIRS = _package_dirs("hypothesis", "_pytest", "pytest", "pluggy", "xdist", "execnet")
 _SKIP_FILES = ("contextlib.py", "streams.py", "_python_dispatch.py", "lifetime_cuda.py",
                "distributed_c10d.py", "c10d_logger.py", "_gpu_trace.py")
 # Ops that make the host wait for the current stream (a blocking copy to the host).
@@ -226,7 +245,7 @@ class LifetimeModel:
         user = self.name_of(use.stream)
         verb = "writes" if use.write else "reads"
         msg = (f"{self._what(info)} was freed while stream {user} may still use it: "
-               f"{user} {verb} it ({use.op}, step {use.step}) and that use is neither ordered "
+               f"{user} {verb} it ({_at(use)}) and that use is neither ordered "
                f"before {alloc}'s current point nor covered by record_stream({user}); "
                f"the block can be handed to the next allocation on {alloc} "
                f"(allocated on {alloc} by {info.alloc_op})"
@@ -240,11 +259,16 @@ class LifetimeModel:
                 "read-after-write" if prev.write else "write-after-read")
         a, b = self.name_of(prev.stream), self.name_of(now.stream)
         msg = (f"{kind} race on {self._what(info)}: {b} {'writes' if now.write else 'reads'} "
-               f"it ({now.op}, step {now.step}) unordered with {a}'s "
-               f"{'write' if prev.write else 'read'} ({prev.op}, step {prev.step})"
+               f"it ({_at(now)}) unordered with {a}'s "
+               f"{'write' if prev.write else 'read'} ({_at(prev)})"
                f"\n    {a}: {_fmt(prev.frames)}"
                f"\n    {b}: {_fmt(now.frames)}")
         self._add("race", msg)
+
+
+def _at(use: Access) -> str:
+    """Which op, and in which step where the caller counts steps (a checked block does not)."""
+    return use.op if use.step is None else f"{use.op}, step {use.step}"
 
 
 def frames_here(limit: int = 4) -> Frames:
@@ -253,6 +277,8 @@ def frames_here(limit: int = 4) -> Frames:
     f = sys._getframe(1)
     while f is not None and len(out) < limit:
         path = f.f_code.co_filename
+        if path.startswith(_RUNNER_DIRS):
+            break
         if not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES):
             out.append((path, f.f_lineno, f.f_code.co_name))
         f = f.f_back
@@ -260,10 +286,13 @@ def frames_here(limit: int = 4) -> Frames:
 
 
 def _short(path: str) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(_ROOT))
-    except ValueError:
-        return "/".join(Path(path).parts[-2:])
+    resolved = Path(path).resolve()
+    for root in (_ROOT, Path.cwd()):
+        try:
+            return str(resolved.relative_to(root))
+        except ValueError:
+            pass
+    return "/".join(Path(path).parts[-2:])
 
 
 def _fmt(frames: Frames) -> str:

@@ -1,0 +1,22 @@
+"""streamfuzz for your own tests: check any stream code for lifetime and race bugs.
+
+The public surface, kept small on purpose (the engine lives in ``fuzz``, as
+Hypothesis keeps its engine in ``_internal``)::
+
+    import streamfuzz
+
+    with streamfuzz.checked():       # cpu: simulated CUDA streams; cuda: real ones
+        out = my_engine_step(n)      # unmodified torch.cuda code
+
+At the block's end any finding raises ``StreamfuzzError``, whose message is
+what ``python -m fuzz run`` prints for it. Under pytest the plugin also gives
+the ``stream_checker`` fixture, the ``@pytest.mark.streamfuzz`` marker and the
+``--streamfuzz-device`` option.
+"""
+
+from fuzz import __version__
+from fuzz.verdict import Failure
+from streamfuzz._check import DEVICES, ORACLES, Check, StreamfuzzError, checked
+
+__all__ = ["DEVICES", "ORACLES", "Check", "Failure", "StreamfuzzError", "__version__",
+           "checked"]

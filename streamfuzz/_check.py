@@ -1,0 +1,178 @@
+"""``checked()``: one block of user code run under the lifetime oracle.
+
+The engine already has everything a block needs: simulated streams and the
+lifetime checker on CPU, the CUDA adapter on a GPU. This module only picks
+one, runs the block under it, and turns the oracle's findings into one
+exception whose message is the oracle's own text (the fuzzer prints the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from fuzz.verdict import Failure
+from streamfuzz import _group
+
+DEVICES = ("cpu", "cuda", "auto")
+"""``cpu`` simulates CUDA streams (no GPU needed); ``cuda`` uses real streams;
+``auto`` is ``cuda`` where a GPU is present, else ``cpu``."""
+
+ORACLES = ("lifetime", "race")
+"""What a block can report: a storage freed while another stream may still use
+it (``lifetime``), unordered accesses from two streams (``race``)."""
+
+_default_device = "auto"  # the one default; the pytest plugin sets it from --streamfuzz-device
+_active: Check | None = None
+
+
+class StreamfuzzError(Exception):
+    """A checked block broke a stream rule; ``findings`` says how, one ``Failure`` each."""
+
+    __module__ = "streamfuzz"  # as users import it
+
+    def __init__(self, findings: list[Failure], device: str) -> None:
+        self.findings = findings
+        self.device = device
+        head = (f"streamfuzz: {len(findings)} finding(s) in a checked block "
+                f"(device {device})")
+        super().__init__("\n".join([head] + [f"{f.kind}: {f.message}" for f in findings]))
+
+
+def _set_default_device(device: str) -> None:
+    global _default_device
+    _default_device = _valid_device(device)
+
+
+def _valid_device(device: str) -> str:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+    return device
+
+
+def _resolve(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' needs a CUDA GPU and none is visible; "
+                         "use 'cpu' (simulated streams) or 'auto'")
+    return device
+
+
+class Check:
+    """A checked block (see ``checked``). After it, ``findings`` holds what it found."""
+
+    __module__ = "streamfuzz"
+
+    def __init__(self, device: str | None = None, oracles: Iterable[str] | None = None,
+                 collect: bool = False) -> None:
+        self.requested = _valid_device(device) if device is not None else None
+        chosen = tuple(ORACLES if oracles is None else oracles)
+        unknown = sorted(set(chosen) - set(ORACLES))
+        if unknown:
+            raise ValueError(f"unknown oracle(s) {', '.join(unknown)}; "
+                             f"choose from {', '.join(ORACLES)}")
+        self.oracles = chosen
+        self.collect = collect
+        self.device: str | None = None
+        self.findings: list[Failure] = []
+        self._stack: contextlib.ExitStack | None = None
+        self._checker: Any = None
+        # Where a free first seen at the block's end is reported when no user
+        # frame is on the stack there (the plugin's block ends inside pytest).
+        self._end_frames: tuple[tuple[str, int, str], ...] = ()
+
+    def name(self, tensor: torch.Tensor, name: str) -> None:
+        """Call ``tensor``'s storage ``name`` in findings (as the fuzzer names ``idx_mapping``)."""
+        if self._checker is not None:
+            self._checker.name(tensor, name)
+
+    def __enter__(self) -> Check:
+        global _active
+        if _active is not None:
+            raise RuntimeError("streamfuzz.checked() blocks do not nest")
+        self.device = _resolve(self.requested or _default_device)
+        self.findings = []
+        _group.ensure(self.device)
+        stack = contextlib.ExitStack()
+        try:
+            self._checker = stack.enter_context(_session(self.device, bool(self.oracles)))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        _active = self
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        __tracebackhide__ = True  # pytest: the finding is the user's, not this frame's
+        global _active
+        _active = None
+        checker, stack = self._checker, self._stack
+        self._checker = self._stack = None
+        try:
+            found = []
+            if checker is not None:
+                from fuzz.oracles.lifetime import frames_here
+
+                checker.poll(frames_here() or self._end_frames)
+                found = checker.finish()
+        finally:
+            if stack is not None:
+                stack.close()
+        keep = set(self.oracles) | {"crash"}  # an oracle's own failure is always shown
+        self.findings = [Failure(**f) for f in found if f["kind"] in keep]
+        if not self.findings or self.collect:
+            return
+        error = StreamfuzzError(self.findings, self.device or "?")
+        if exc is not None:
+            # The block failed on its own; the findings may be why, so they ride along.
+            if hasattr(exc, "add_note"):
+                exc.add_note(str(error))
+            return
+        raise error
+
+
+def checked(device: str | None = None, oracles: Iterable[str] | None = None,
+            collect: bool = False) -> Check:
+    """Check the stream code run inside the ``with`` block.
+
+    ``device``: ``cpu``, ``cuda`` or ``auto`` (default: ``--streamfuzz-device``
+    under pytest, else ``auto``). ``oracles``: which of ``ORACLES`` to report
+    (default: all). ``collect``: keep findings in ``.findings`` instead of
+    raising ``StreamfuzzError`` at the block's end.
+    """
+    return Check(device, oracles, collect)
+
+
+@contextlib.contextmanager
+def _session(device: str, check: bool) -> Iterator[Any]:
+    """Streams for the block and, when ``check``, the lifetime checker watching them."""
+    if device == "cuda":
+        from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
+        from fuzz.streams import CudaStreams
+
+        streams = CudaStreams(torch.device("cuda", torch.cuda.current_device()))
+        checker = None
+        if check:
+            checker = CudaLifetimeChecker(streams, group_rank=_group.rank()).attach()
+        try:
+            yield checker
+        finally:
+            if checker is not None:
+                checker.detach()
+        return
+    from fuzz.oracles.lifetime import LifetimeChecker
+    from fuzz.streams import SimStreams
+
+    streams = SimStreams()
+    checker = LifetimeChecker(streams, group_rank=_group.rank()).attach() if check else None
+    try:
+        with streams.session():
+            yield checker
+    finally:
+        if checker is not None:
+            checker.detach()

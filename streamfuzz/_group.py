@@ -1,0 +1,43 @@
+"""A one-rank process group, so collectives inside a checked block just work.
+
+A test process (a pytest-xdist worker too) is one rank of a world of one.
+The store listens on a port the OS picks (port 0), so concurrent workers
+never race for one. A group the user started is used as it is; the one
+started here is destroyed when the test session ends (or the process exits).
+Multi-rank checks are the fuzzer's job (``python -m fuzz run``).
+"""
+
+from __future__ import annotations
+
+import atexit
+
+import torch.distributed as dist
+
+_started = False
+
+
+def ensure(device: str) -> None:
+    """Start the default group (rank 0 of 1) unless one already exists."""
+    global _started
+    if not dist.is_available() or dist.is_initialized():
+        return
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    if not _started:
+        atexit.register(close)
+    _started = True
+
+
+def close() -> None:
+    """Destroy the group started by ``ensure`` (never one the user started)."""
+    global _started
+    if _started and dist.is_initialized():
+        dist.destroy_process_group()
+    _started = False
+
+
+def rank() -> int:
+    """This process's rank in the default group (0 without one)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
