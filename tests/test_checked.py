@@ -1,0 +1,116 @@
+"""streamfuzz.checked() and the pytest plugin, as a user's test suite meets them.
+
+Plugin behaviour is checked by running pytest on small test files in a
+subprocess, the way a user runs it (the plugin loads through its entry point).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import streamfuzz
+from streamfuzz import _group
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Plain torch.cuda code with the pre-PR bug, written as an engine's test would.
+_PRE_PR = '''
+import torch
+import torch.distributed as dist
+
+def send(n):
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    table = torch.arange(4 * n, device="cuda").view(n, 4)
+    idx_mapping = torch.arange(n).to("cuda", non_blocking=True)
+    with torch.cuda.stream(side):
+        side.wait_stream(main)
+        rows = table[idx_mapping]
+        dist.broadcast(rows, src=0)
+    del idx_mapping
+    main.wait_stream(side)
+    return rows.sum().item()
+'''
+
+
+@pytest.fixture(autouse=True)
+def _own_group():
+    """A one-rank group started by a check here must not outlive the test."""
+    yield
+    _group.close()
+
+
+def _pytest(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(body))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_user.py"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_collectives_in_a_block_run_on_a_one_rank_group():
+    with streamfuzz.checked(device="cpu") as check:
+        t = torch.arange(4)
+        dist.all_reduce(t)
+        dist.broadcast(t, src=0)
+        assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+    assert t.tolist() == [0, 1, 2, 3] and check.findings == []
+
+
+def test_a_group_the_user_started_is_kept():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        with streamfuzz.checked(device="cpu"):
+            dist.all_reduce(torch.ones(2))
+        assert dist.is_initialized() and dist.group.WORLD is group
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"device": "tpu"}, "device must be one of cpu, cuda, auto, not 'tpu'"),
+    ({"oracles": ["lifetime", "speed"]}, "unknown oracle(s) speed; choose from lifetime, race"),
+])
+def test_bad_arguments_say_what_is_allowed(kwargs, error):
+    with pytest.raises(ValueError) as info:
+        streamfuzz.checked(**kwargs)
+    assert str(info.value) == error
+
+
+def test_blocks_do_not_nest():
+    with streamfuzz.checked(device="cpu"):
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with streamfuzz.checked(device="cpu"):
+                pass
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_a_gpu_is_refused_before_the_block_runs():
+    ran = []
+    with pytest.raises(ValueError, match="needs a CUDA GPU and none is visible"):
+        with streamfuzz.checked(device="cuda"):
+            ran.append(1)
+    assert ran == []
+
+
+def test_the_device_option_is_validated_by_pytest(tmp_path):
+    res = _pytest(tmp_path, "def test_x():\n    pass\n", "--streamfuzz-device", "tpu")
+    assert res.returncode == 4
+    assert "argument --streamfuzz-device: invalid choice: 'tpu'" in res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_the_cuda_device_option_without_a_gpu_is_one_usage_error(tmp_path):
+    res = _pytest(tmp_path, "def test_x():\n    pass\n", "--streamfuzz-device", "cuda")
+    assert res.returncode == 4
+    assert "--streamfuzz-device cuda: no CUDA GPU is visible here" in res.stderr
+    assert "Traceback" not in res.stderr
