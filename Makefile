@@ -49,7 +49,7 @@ matrix: $(VENV)/.ready
 	$(PY) -m fuzz matrix --device cpu --oracle lifetime --seeds $(SEEDS) --max-examples 200
 
 lint: $(VENV)/.ready
-	$(PY) -m ruff check fuzz strategies tests bench examples
+	$(PY) -m ruff check fuzz strategies streamfuzz tests bench examples
 
 # Throughput against a hand-written loop, time to first failure, gates vs spins,
 # on every available device; JSON and a markdown table under BENCH_OUT.
