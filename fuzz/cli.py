@@ -1,4 +1,4 @@
-"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak.
+"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config,
@@ -179,6 +179,30 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--oracle", choices=("value", "lifetime", "all"), action="append",
                    help="columns (default: lifetime and value)")
     m.add_argument("--target", action="append", metavar="T", help="rows (default: built-ins)")
+    u = sub.add_parser("mutate", help="remove each sync of a target in turn and fuzz it: "
+                       "which syncs does the fuzzer catch missing?")
+    u.add_argument("--target", required=True, metavar="T",
+                   help="built-in name or package.module:attr")
+    u.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    u.add_argument("--timeout", type=_seconds, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60)")
+    u.add_argument("--world-size", type=_positive, default=None,
+                   help="ranks per mutant (default: 2 on cpu, 1 on cuda)")
+    u.add_argument("--max-examples", type=_positive, default=200,
+                   help="examples per mutant, and for the original (default 200)")
+    u.add_argument("--seed", type=int, default=0)
+    u.add_argument("--jobs", type=_positive, default=None,
+                   help="mutants fuzzed at once, one rank pool each (default: CPU cores "
+                        "per world on cpu, GPUs per world on cuda)")
+    u.add_argument("--oracle", choices=("value", "lifetime", "all"), default="lifetime")
+    u.add_argument("--site", type=_positive, action="append", metavar="LINE",
+                   help="only the site(s) on this line; repeatable (default: every site)")
+    u.add_argument("--shrink-budget", type=_seconds, default=30.0,
+                   help="seconds of shrinking per caught mutant (default 30)")
+    u.add_argument("--corpus", type=Path, default=None,
+                   help="keep the shrunk cases of caught mutants here (default: not kept)")
+    u.add_argument("--out", type=Path, default=Path("reports/mutate"),
+                   help="where TARGET.json and TARGET.md go (default reports/mutate)")
     return p
 
 
@@ -200,6 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return matrix.main(args, device, _world_size(device, gpus, None))
         if args.command == "soak":
             return _soak(args)
+        if args.command == "mutate":
+            return _mutate(args)
         return _replay(args)
     except UsageError as exc:
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
@@ -356,6 +382,33 @@ def _bench(args: argparse.Namespace) -> int:
     json_path, md_path = bench.write(args.out, report)
     print(f"\n{md_path.read_text()}\nwrote {json_path} and {md_path}")
     return 0
+
+
+def _mutate(args: argparse.Namespace) -> int:
+    from fuzz import mutate, mutate_report
+
+    try:
+        sites = mutate.select(args.target, args.site)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    device, gpus = _device(args.device)
+    world = args.world_size or (2 if device == "cpu" else 1)
+    _world_size(device, gpus, world)
+    try:
+        report = mutate.run(args.target, sites, device=device, world_size=world,
+                            jobs=args.jobs or mutate.default_jobs(device, gpus, world),
+                            max_examples=args.max_examples, seed=args.seed,
+                            oracles=_oracles(args.oracle), timeout=args.timeout,
+                            shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
+                            log=lambda line: print(line, flush=True))
+    except mutate.NotClean as exc:
+        print(f"streamfuzz: {exc}", file=sys.stderr)
+        return 1
+    json_path, md_path = mutate_report.write(args.out, report)
+    print(f"\n{mutate_report.text(report)}\nwrote {json_path} and {md_path}")
+    return 0 if report.complete else 130
+
+
 def _soak(args: argparse.Namespace) -> int:
     import os
 

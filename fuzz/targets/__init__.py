@@ -106,7 +106,12 @@ def resolve(name: str) -> str:
 
 
 def load(name: str) -> Factory:
-    """Import a target factory by built-in name or ``module:attr``."""
+    """Import a target factory by built-in name, ``module:attr`` or mutant name
+    (``target#line:col``, see ``fuzz.targets.mutated``)."""
+    from fuzz.targets import mutated
+
+    if mutated.split(name) is not None:
+        return mutated.load(name)
     spec = resolve(name)
     module_name, _, attr = spec.partition(":")
     try:

@@ -1,0 +1,57 @@
+"""Targets for ``mutate``'s tests: one whose sync is load-bearing, one with a
+deliberately redundant second sync. Only ``_send`` is their own source; the
+rest comes from ``MainGather``."""
+
+from __future__ import annotations
+
+import torch
+
+from fuzz.targets import Batch, TargetContext
+from fuzz.targets.pp_draft import MainGather
+
+
+class OneWait(MainGather):
+    """The side stream waits for main before broadcasting what main wrote:
+    without the wait, the broadcast reads the tokens unordered (a race)."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = draft_table[batch.idx_mapping]
+        with self.streams.stream(self.side):
+            self.side.wait_stream(self.main)
+            self._send_sampled(batch)
+            self._bcast(send)
+            send.record_stream(self.side)
+        return send
+
+
+class TwoWaits(MainGather):
+    """The same wait twice in a row: either one alone orders everything."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = draft_table[batch.idx_mapping]
+        with self.streams.stream(self.side):
+            self.side.wait_stream(self.main)
+            self.side.wait_stream(self.main)
+            self._send_sampled(batch)
+            self._bcast(send)
+            send.record_stream(self.side)
+        return send
+
+
+class NoSync(MainGather):
+    """Nothing of its own synchronizes (its source has no sync call)."""
+
+    def _rows(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return draft_table[batch.idx_mapping]
+
+
+def one_wait(ctx: TargetContext) -> OneWait:
+    return OneWait(ctx)
+
+
+def two_waits(ctx: TargetContext) -> TwoWaits:
+    return TwoWaits(ctx)
+
+
+def no_sync(ctx: TargetContext) -> NoSync:
+    return NoSync(ctx)
