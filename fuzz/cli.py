@@ -194,7 +194,8 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--jobs", type=_positive, default=None,
                    help="mutants fuzzed at once, one rank pool each (default: CPU cores "
                         "per world on cpu, GPUs per world on cuda)")
-    u.add_argument("--oracle", choices=("value", "lifetime", "all"), default="lifetime")
+    u.add_argument("--oracle", choices=("value", "lifetime", "all"), default="lifetime",
+                   help="lifetime (default), value, or all (with reuse on cuda)")
     u.add_argument("--site", type=_positive, action="append", metavar="LINE",
                    help="only the site(s) on this line; repeatable (default: every site)")
     u.add_argument("--shrink-budget", type=_seconds, default=30.0,
@@ -398,7 +399,7 @@ def _mutate(args: argparse.Namespace) -> int:
         report = mutate.run(args.target, sites, device=device, world_size=world,
                             jobs=args.jobs or mutate.default_jobs(device, gpus, world),
                             max_examples=args.max_examples, seed=args.seed,
-                            oracles=_oracles(args.oracle), timeout=args.timeout,
+                            oracles=mutate.oracles(args.oracle), timeout=args.timeout,
                             shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
                             log=lambda line: print(line, flush=True))
     except mutate.NotClean as exc:

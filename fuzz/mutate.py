@@ -97,6 +97,11 @@ def select(target: str, lines: list[int] | None = None) -> list[Site]:
     return sites
 
 
+def oracles(choice: str) -> list[str]:
+    """``all`` is every oracle, ``reuse`` included (a no-op on CPU)."""
+    return list(driver.ORACLES) if choice == "all" else [choice]
+
+
 def default_jobs(device: str, gpus: int, world_size: int) -> int:
     """One rank pool per ``world_size`` CPU cores (cpu) or GPUs (cuda)."""
     import os
@@ -226,8 +231,8 @@ def _why(report: Report, row: Row, twin: int | None) -> str:
     if twin is not None:
         return (f"redundant under this protocol: line {twin} makes the same call with "
                 "nothing between that this one could order")
-    gpu = (f"`python -m fuzz mutate --target {report.target} --device cuda "
-           f"--site {row.site.line}` (gates, value and reuse oracles)")
+    gpu = (f"`python -m fuzz mutate --target {report.target} --device cuda --oracle all "
+           f"--site {row.site.line}` (gates; value, lifetime and reuse oracles)")
     if row.reached is False:
         return (f"cannot tell: no example ran this line in {row.examples} (a branch the "
                 "harness never takes); only a scenario or platform that runs it can say "

@@ -59,7 +59,7 @@ def markdown(report: Report) -> str:
     lines = [f"{_title(report)}.", "", "| " + " | ".join(_HEADER) + " |",
              "|" + "---|" * len(_HEADER)]
     for r in report.rows:
-        c = list(_cells(r))
+        c = [x.splitlines()[0] if x else x for x in _cells(r)]  # frames stay in the JSON
         c[1] = f"`{c[1]}`"
         lines.append("| " + " | ".join(_md(x) for x in c) + " |")
     notes = [f"- `{r.site.where}` (`{r.site.call}`): {r.why}" for r in report.rows if r.why]
