@@ -16,7 +16,7 @@ class OneWait(MainGather):
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         send = draft_table[batch.idx_mapping]
-        with self.streams.stream(self.side):
+        with self.ctx.streams.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
             self._bcast(send)
@@ -25,11 +25,14 @@ class OneWait(MainGather):
 
 
 class TwoWaits(MainGather):
-    """The same wait twice in a row: either one alone orders everything."""
+    """The same wait twice in a row: either one alone orders everything. And a
+    host sync in a branch no scenario takes (batches are far smaller)."""
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         send = draft_table[batch.idx_mapping]
-        with self.streams.stream(self.side):
+        if batch.num_reqs > 10_000:
+            self.side.synchronize()
+        with self.ctx.streams.stream(self.side):
             self.side.wait_stream(self.main)
             self.side.wait_stream(self.main)
             self._send_sampled(batch)

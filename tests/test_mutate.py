@@ -78,7 +78,7 @@ def test_a_repeated_call_is_a_twin():
 
 
 def _run(target: str, lines: set[int], jobs: int = 1) -> mutate.Report:
-    sites = [s for s in mutated.sites(target) if s.rule == "wait_stream"]
+    sites = [s for s in mutated.sites(target) if s.line in lines]
     assert {s.line for s in sites} == lines
     return mutate.run(target, sites, device="cpu", world_size=2, jobs=jobs, max_examples=30,
                       seed=0, oracles=["lifetime"], timeout=30.0, shrink_budget_s=5.0,
@@ -101,10 +101,14 @@ def test_a_load_bearing_wait_is_caught():
 
 def test_a_redundant_second_wait_survives_and_is_called_redundant():
     target = "tests.sync_targets:two_waits"
-    report = _run(target, _line_of(target, "self.side.wait_stream(self.main)"), jobs=2)
-    assert [r.verdict for r in report.rows] == ["survived", "survived"]
-    assert all(r.reached and r.examples == 30 for r in report.rows)
-    assert all(r.why.startswith("redundant") for r in report.rows)
+    never = _line_of(target, "self.side.synchronize()")
+    report = _run(target, _line_of(target, "self.side.wait_stream(self.main)") | never, jobs=2)
+    assert [r.verdict for r in report.rows] == ["survived"] * 3
+    assert all(r.examples == 30 for r in report.rows)
+    unreached, *waits = report.rows
+    assert all(r.reached and r.why.startswith("redundant") for r in waits)
+    assert unreached.site.line in never and unreached.reached is False
+    assert unreached.why.startswith("cannot tell: no example ran this line")
 
 
 def test_cli_writes_json_and_markdown(tmp_path, capsys):
