@@ -12,8 +12,8 @@ from fuzz.targets import Batch, TargetContext
 class MyHandler:
     def __init__(self, ctx: TargetContext) -> None:
         self.ctx = ctx
-        self.main = ctx.streams.current_stream()
-        self.side = ctx.streams.Stream()
+        self.main = torch.cuda.current_stream()
+        self.side = torch.cuda.Stream()
         self.parked: deque[Any] = deque()
 
     def _bcast(self, t: torch.Tensor) -> None:
@@ -25,7 +25,7 @@ class MyHandler:
         if not batch.samples:
             return None
         send = draft_table[batch.idx_mapping]          # on main: no cross-stream read
-        with self.ctx.streams.stream(self.side):
+        with torch.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
                 t.record_stream(self.side)             # made on main, used on side
@@ -36,16 +36,16 @@ class MyHandler:
     def receive_drafts(self, batch: Batch) -> None:
         if not batch.samples:
             return
-        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, self.ctx.device
-        with self.ctx.streams.stream(self.side):
-            got = [torch.empty((n, k + 1), dtype=torch.int64, device=dev),
-                   torch.empty((n,), dtype=torch.int32, device=dev),
-                   torch.empty((n,), dtype=torch.int32, device=dev),
-                   torch.empty((n, k), dtype=torch.int64, device=dev)]
+        n, k = batch.num_reqs, self.ctx.num_spec_steps
+        with torch.cuda.stream(self.side):
+            got = [torch.empty((n, k + 1), dtype=torch.int64, device="cuda"),
+                   torch.empty((n,), dtype=torch.int32, device="cuda"),
+                   torch.empty((n,), dtype=torch.int32, device="cuda"),
+                   torch.empty((n, k), dtype=torch.int64, device="cuda")]
             for t in got:
                 self._bcast(t)
                 t.record_stream(self.main)             # made on side, read on main
-            done = self.ctx.streams.Event()
+            done = torch.cuda.Event()
             done.record(self.side)
         self.parked.append((batch.idx_mapping, got, done))
 

@@ -16,6 +16,7 @@ no-op on CPU). ``held`` in the observations says how streams were actually held:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from typing import Any
 
@@ -39,6 +40,9 @@ def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
     how streams are held); rank-side oracles add their ``findings``.
     """
     streams = ctx.streams
+    if streams.kind == "sim" and ctx.device.type == "cpu":
+        # Simulated streams stand for a CUDA device: a target allocates on it.
+        ctx = dataclasses.replace(ctx, device=streams.device)
     with streams.session():
         return _Run(scenario, factory, ctx, options or {}).run()
 
@@ -65,7 +69,6 @@ class _Run:
         self.ctx = ctx
         self.streams = ctx.streams
         self.dev = ctx.device
-        self.pin = ctx.device.type == "cuda"
         self.main = self.streams.current_stream()
         self.checker = _lifetime_checker(ctx, options)
         self.handler = factory(ctx)
@@ -198,8 +201,6 @@ class _Run:
         host = torch.tensor(values, dtype=dtype)
         if shape is not None:
             host = host.reshape(shape)
-        if self.dev.type == "cpu":
-            return host
         return host.pin_memory().to(self.dev, non_blocking=True)
 
     def _drafter(self, i: int, idx: torch.Tensor) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from fuzz import cuda_on_cpu
 from fuzz.dispatch_mode import DispatchMode
 
 Listener = Callable[..., None]
@@ -38,7 +40,8 @@ class CudaStreams:
 
     def Stream(self, priority: int = 0) -> torch.cuda.Stream:  # noqa: N802 - torch's name
         s = torch.cuda.Stream(self.device, priority=priority)
-        self.created.append(s)
+        if not any(c is s for c in self.created):  # a session notes it already
+            self.created.append(s)
         return s
 
     def stream(self, s: Any) -> contextlib.AbstractContextManager:
@@ -66,21 +69,48 @@ class CudaStreams:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        yield
+        """Note the streams a target makes with ``torch.cuda.Stream`` too: the
+        scenario's holds and churn use its first one as "side"."""
+        real = torch.cuda.Stream
+        created = self.created
+
+        class _Noted(real):  # type: ignore[valid-type, misc]
+            def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+                s = real.__new__(cls, *args, **kwargs)
+                created.append(s)
+                return s
+
+        torch.cuda.Stream = _Noted
+        try:
+            yield
+        finally:
+            torch.cuda.Stream = real
 
 
 class SimStream(torch.Stream):
-    """A CPU stream that exists only as an identity and a clock for listeners."""
+    """A CPU stream that exists only as an identity and a clock for listeners.
+
+    Under CUDA on CPU it is also ``torch.cuda.Stream``: ``SimStream()`` then
+    makes a new stream of the example's simulated streams.
+    """
 
     _api: SimStreams
 
-    def __new__(cls, api: SimStreams, stream_id: int) -> SimStream:
-        self = super().__new__(cls, stream_id=stream_id, device_type=0, device_index=0)
+    def __new__(cls, device: Any = None, priority: int = 0, **_: Any) -> SimStream:
+        return _active().Stream(priority)
+
+    @classmethod
+    def _make(cls, api: SimStreams, stream_id: int) -> SimStream:
+        self = torch.Stream.__new__(cls, stream_id=stream_id, device_type=0, device_index=0)
         self._api = api
         return self
 
-    def __init__(self, api: SimStreams, stream_id: int) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+    @property
+    def cuda_stream(self) -> int:
+        return self.stream_id
 
     def wait_stream(self, other: Any) -> None:  # type: ignore[override]
         self._api.emit("wait_stream", self, other)
@@ -99,6 +129,14 @@ class SimStream(torch.Stream):
     def query(self) -> bool:  # type: ignore[override]
         return True
 
+    def __enter__(self) -> SimStream:
+        self._entered = self._api.current_stream()
+        self._api.set_stream(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._api.set_stream(self._entered)
+
     def __repr__(self) -> str:
         return f"SimStream({self._api.name_of(self)})"
 
@@ -110,18 +148,24 @@ class SimStream(torch.Stream):
 
 
 class SimEvent:
-    """An event on simulated streams: its clock is kept by the listeners."""
+    """An event on simulated streams: its clock is kept by the listeners.
+
+    Under CUDA on CPU it is also ``torch.cuda.Event``.
+    """
 
     _ids = itertools.count(1)
 
-    def __init__(self, api: SimStreams, **_: Any) -> None:
-        self._api = api
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, *, _api: SimStreams | None = None) -> None:
+        self._api = _api if _api is not None else _active()
         self.event_id = next(self._ids)
         self.recorded = False
+        self._at = 0.0
 
     def record(self, stream: Any = None) -> None:
         stream = stream or self._api.current_stream()
         self.recorded = True
+        self._at = time.perf_counter()
         self._api.emit("record_event", self, stream)
 
     def wait(self, stream: Any = None) -> None:
@@ -134,6 +178,20 @@ class SimEvent:
     def synchronize(self) -> None:
         self._api.emit("sync_event", self)
 
+    def elapsed_time(self, end: SimEvent) -> float:
+        """Host time between the two records, in ms: every op ran when it was issued."""
+        return (end._at - self._at) * 1000.0
+
+
+_ACTIVE: list[SimStreams] = []
+
+
+def _active() -> SimStreams:
+    if not _ACTIVE:
+        raise RuntimeError("simulated CUDA streams exist only while an example runs "
+                           "on --device cpu")
+    return _ACTIVE[-1]
+
 
 class SimStreams:
     """Simulated streams for CPU tensors.
@@ -143,17 +201,20 @@ class SimStreams:
     """
 
     kind = "sim"
+    device = cuda_on_cpu.DEVICE
+    """What ``ctx.device`` is: tensors made on it stand for device memory."""
 
     def __init__(self) -> None:
         self._next_id = itertools.count(1)
-        self.main = SimStream(self, 0)
+        self.main = SimStream._make(self, 0)
         self._current = self.main
         self.created: list[SimStream] = []
         self.listeners: list[Listener] = []
         self._by_id = {0: self.main}
+        self.memory = cuda_on_cpu.Memory()
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
-        s = SimStream(self, next(self._next_id))
+        s = SimStream._make(self, next(self._next_id))
         self.created.append(s)
         self._by_id[s.stream_id] = s
         self.emit("new_stream", s)
@@ -173,8 +234,11 @@ class SimStreams:
     def current_stream(self) -> SimStream:
         return self._current
 
+    def set_stream(self, s: SimStream) -> None:
+        self._current = s
+
     def Event(self, **kwargs: Any) -> SimEvent:  # noqa: N802
-        return SimEvent(self, **kwargs)
+        return SimEvent(_api=self, **kwargs)
 
     def synchronize(self) -> None:
         self.emit("sync_device")
@@ -203,10 +267,17 @@ class SimStreams:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        """Run the example under the dispatch mode that makes CPU streams work."""
+        """Run the example with torch.cuda on these streams, under the dispatch
+        mode that makes CPU streams work."""
         self._current = self.main
-        with _SimDispatch(self):
-            yield
+        _ACTIVE.append(self)
+        try:
+            with cuda_on_cpu.session(self) as memory:
+                self.memory = memory
+                with _SimDispatch(self):
+                    yield
+        finally:
+            _ACTIVE.remove(self)
 
 
 class _SimDispatch(DispatchMode):
@@ -226,6 +297,7 @@ class _SimDispatch(DispatchMode):
             self.api.emit("record_stream", args[0], self.api.by_id(args[1].stream_id))
             return None
         out = func(*args, **kwargs)
+        self.api.memory.classify(args, out)
         if self.api.listeners:
             self.api.emit("op", func, args, kwargs, out, self.api.current_stream())
         return out

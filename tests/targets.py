@@ -98,3 +98,53 @@ class FirstLaunch(PreFix):
 
 def first_launch(ctx: TargetContext) -> FirstLaunch:
     return FirstLaunch(ctx)
+
+
+class StreamsReceiverNoWait:
+    """Written against ``ctx.streams`` (the older target API): the receiver
+    applies the drafts on main without waiting for the broadcast stream."""
+
+    def __init__(self, ctx: TargetContext) -> None:
+        self.ctx = ctx
+        self.main = ctx.streams.current_stream()
+        self.side = ctx.streams.Stream()
+        self.parked: list = []
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        dist.broadcast(t, src=self.ctx.last_rank, group=self.ctx.group)
+
+    def broadcast_drafts(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+        if not batch.samples:
+            return None
+        send = draft_table[batch.idx_mapping]
+        with self.ctx.streams.stream(self.side):
+            self.side.wait_stream(self.main)
+            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
+                t.record_stream(self.side)
+                self._bcast(t)
+        return send
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if not batch.samples:
+            return
+        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, self.ctx.device
+        with self.ctx.streams.stream(self.side):
+            got = [torch.empty((n, k + 1), dtype=torch.int64, device=dev),
+                   torch.empty((n,), dtype=torch.int32, device=dev),
+                   torch.empty((n,), dtype=torch.int32, device=dev),
+                   torch.empty((n, k), dtype=torch.int64, device=dev)]
+            for t in got:
+                self._bcast(t)
+                t.record_stream(self.main)
+        self.parked.append((batch.idx_mapping, got))
+
+    def apply_received(self, draft_table: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        idx_mapping, (tokens, num_sampled, num_rejected, drafts) = self.parked.pop(0)
+        draft_table[idx_mapping] = drafts
+        return tokens, num_sampled, num_rejected
+
+
+def streams_receiver_no_wait(ctx: TargetContext) -> StreamsReceiverNoWait:
+    return StreamsReceiverNoWait(ctx)

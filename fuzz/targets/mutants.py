@@ -20,7 +20,7 @@ class MissingWait(MainGather):
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         send = draft_table[batch.idx_mapping]
-        with self.streams.stream(self.side):
+        with torch.cuda.stream(self.side):
             self._send_sampled(batch)
             self._bcast(send)
             send.record_stream(self.side)
@@ -57,15 +57,15 @@ class ReceiverNoRecord(MainGather):
     def receive_drafts(self, batch: Batch) -> None:
         if not batch.samples:
             return
-        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, self.ctx.device
-        with self.streams.stream(self.side):
+        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, "cuda"
+        with torch.cuda.stream(self.side):
             tensors = (torch.empty((n, k + 1), dtype=torch.int64, device=dev),
                        torch.empty((n,), dtype=torch.int32, device=dev),
                        torch.empty((n,), dtype=torch.int32, device=dev),
                        torch.empty((n, k), dtype=torch.int64, device=dev))
             for t in tensors:
                 self._bcast(t)
-            done = self.streams.Event()
+            done = torch.cuda.Event()
             done.record(self.side)
         self.pending.append((batch.idx_mapping, *tensors, done))
 
@@ -78,7 +78,7 @@ class ReceiverDropsIdx(MainGather):
     def receive_drafts(self, batch: Batch) -> None:
         if not batch.samples:
             return
-        with self.streams.stream(self.side):
+        with torch.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             slots = batch.idx_mapping.to(torch.int64, copy=True)
         super().receive_drafts(batch)
@@ -92,7 +92,7 @@ class SampledBeforeWait(MainGather):
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         send = draft_table[batch.idx_mapping]
-        with self.streams.stream(self.side):
+        with torch.cuda.stream(self.side):
             self._send_sampled(batch)
             self.side.wait_stream(self.main)
             self._bcast(send)
@@ -108,15 +108,15 @@ class EarlyEvent(MainGather):
     def receive_drafts(self, batch: Batch) -> None:
         if not batch.samples:
             return
-        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, self.ctx.device
-        with self.streams.stream(self.side):
+        n, k, dev = batch.num_reqs, self.ctx.num_spec_steps, "cuda"
+        with torch.cuda.stream(self.side):
             tensors = (torch.empty((n, k + 1), dtype=torch.int64, device=dev),
                        torch.empty((n,), dtype=torch.int32, device=dev),
                        torch.empty((n,), dtype=torch.int32, device=dev),
                        torch.empty((n, k), dtype=torch.int64, device=dev))
             for t in tensors[:3]:
                 self._bcast(t)
-            done = self.streams.Event()
+            done = torch.cuda.Event()
             done.record(self.side)
             self._bcast(tensors[3])
             for t in tensors:
@@ -134,7 +134,7 @@ class StagingBuffer(MainGather):
             self._staging = torch.empty_like(draft_table)
         send = self._staging[: batch.num_reqs]
         torch.index_select(draft_table, 0, batch.idx_mapping, out=send)
-        with self.streams.stream(self.side):
+        with torch.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
             self._bcast(send)

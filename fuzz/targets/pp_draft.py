@@ -1,6 +1,7 @@
 """Our implementation of the pipeline-parallel draft broadcast, three versions.
 
-Written from the protocol: the last pipeline rank sends the step's sampled
+Written from the protocol, as plain torch.cuda code (on ``--device cpu`` it
+runs on simulated streams): the last pipeline rank sends the step's sampled
 tokens, per-request counts and draft rows on a side stream over its own group;
 every other rank receives on that stream, parks the step, and applies the
 drafts on its main stream pipeline-depth steps later. The versions differ only
@@ -23,9 +24,8 @@ class DraftBroadcast:
 
     def __init__(self, ctx: TargetContext) -> None:
         self.ctx = ctx
-        self.streams = ctx.streams
-        self.main = ctx.streams.current_stream()
-        self.side = ctx.streams.Stream()
+        self.main = torch.cuda.current_stream()
+        self.side = torch.cuda.Stream()
         self.pending: deque[tuple[Any, ...]] = deque()
 
     # -- last rank ---------------------------------------------------------
@@ -51,15 +51,15 @@ class DraftBroadcast:
         if not batch.samples:
             return
         n, k = batch.num_reqs, self.ctx.num_spec_steps
-        dev = self.ctx.device
-        with self.streams.stream(self.side):
+        dev = "cuda"
+        with torch.cuda.stream(self.side):
             tokens = torch.empty((n, k + 1), dtype=torch.int64, device=dev)
             num_sampled = torch.empty((n,), dtype=torch.int32, device=dev)
             num_rejected = torch.empty((n,), dtype=torch.int32, device=dev)
             drafts = torch.empty((n, k), dtype=torch.int64, device=dev)
             for t in (tokens, num_sampled, num_rejected, drafts):
                 self._bcast(t)
-            done = self.streams.Event()
+            done = torch.cuda.Event()
             done.record(self.side)
             # Allocated here, read on main: main must hold the blocks too.
             for t in (tokens, num_sampled, num_rejected, drafts):
@@ -78,7 +78,7 @@ class PreFix(DraftBroadcast):
     without recording it, so its block can be reused while the gather waits."""
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        with self.streams.stream(self.side):
+        with torch.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
             send = draft_table[batch.idx_mapping].contiguous()
@@ -93,7 +93,7 @@ class PrFix(DraftBroadcast):
     step's main-stream writes to it (write-after-read)."""
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        with self.streams.stream(self.side):
+        with torch.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
             send = draft_table[batch.idx_mapping].contiguous()
@@ -112,7 +112,7 @@ class MainGather(DraftBroadcast):
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         send = self._rows(draft_table, batch)
-        with self.streams.stream(self.side):
+        with torch.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
             self._bcast(send)

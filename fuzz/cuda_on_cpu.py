@@ -1,0 +1,357 @@
+"""CUDA on CPU: a target's plain torch.cuda code, run on simulated streams.
+
+On ``--device cpu`` a rank has no CUDA, yet the code under test is engine code
+written against ``torch.cuda``: it makes streams and events, allocates with
+``device="cuda"``, pins host buffers and copies with ``non_blocking=True``.
+For the duration of one example (``session``), inside the rank process only:
+
+* ``torch.cuda``'s and ``torch.accelerator``'s stream, event and device calls
+  are swapped for the simulated ones (``fuzz.streams``), and restored after;
+* a torch-function mode rewrites every ``cuda`` device to ``cpu`` before torch
+  parses the arguments (so nothing initialises CUDA), turns ``pin_memory``
+  into a plain host copy, and keeps ``.cuda()``/``.to("cuda")`` copies;
+* ``Memory`` remembers which CPU storages stand for device memory and which
+  for pinned or pageable host memory, since CPU tensors stand for all three.
+
+What is not simulated raises ``NotSimulated``: one line naming the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+DEVICE = torch.device("cuda", 0)
+"""The device a target sees on the simulation (``ctx.device``)."""
+
+DEVICE_KIND, PINNED, PAGEABLE = "device", "pinned", "pageable"
+
+
+class NotSimulated(RuntimeError):
+    """A CUDA feature the CPU simulation does not model."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} is not simulated on --device cpu (see the README's "
+                         f"'CUDA on CPU'); run this target with --device cuda")
+
+
+class Memory:
+    """What each CPU storage stands for: device memory, pinned or pageable host memory.
+
+    Keyed by the storage's address with a weak reference beside it, so an
+    address reused by a later storage is not mistaken for the old one, and
+    nothing here keeps a storage alive. Storages never seen are host memory.
+    """
+
+    def __init__(self) -> None:
+        self._kinds: dict[int, tuple[Any, str]] = {}
+        self.making: str | None = None
+        """The kind of the storages the current call creates, when the call says."""
+        self._since_sweep = 0
+
+    def kind(self, t: torch.Tensor) -> str:
+        try:
+            key = t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):
+            return PAGEABLE
+        entry = self._kinds.get(key)
+        if entry is None or entry[0].expired():
+            return PAGEABLE
+        return entry[1]
+
+    def is_device(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and self.kind(t) == DEVICE_KIND
+
+    def mark(self, t: torch.Tensor, kind: str) -> None:
+        storage = t.untyped_storage()
+        self._kinds[storage._cdata] = (StorageWeakRef(storage), kind)
+        self._since_sweep += 1
+        if self._since_sweep > 4096:
+            self._since_sweep = 0
+            self._kinds = {k: v for k, v in self._kinds.items() if not v[0].expired()}
+
+    def known(self, t: torch.Tensor) -> bool:
+        entry = self._kinds.get(t.untyped_storage()._cdata)
+        return entry is not None and not entry[0].expired()
+
+    def classify(self, args: Any, out: Any) -> None:
+        """Mark the storages an op made: the kind its call asked for, else
+        device memory when any input is, else pageable host memory."""
+        fresh = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and not self.known(t)]
+        if not fresh:
+            return
+        kind = self.making
+        if kind is None:
+            kind = DEVICE_KIND if any(self.is_device(t) for t in tree_leaves(args)) else PAGEABLE
+        for t in fresh:
+            self.mark(t, kind)
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device == "cuda" or device.startswith("cuda:")
+    return False
+
+
+def _check_index(device: Any) -> None:
+    """The simulation has one device, 0: any other index is a target's mistake here."""
+    if device is None:
+        return
+    index = device if isinstance(device, int) else torch.device(device).index
+    if index not in (None, 0):
+        raise NotSimulated(f"CUDA device {index} (the simulation has device 0 only)")
+
+
+class _DeviceMode(TorchFunctionMode):
+    """Rewrites ``cuda`` devices to ``cpu`` and says what kind of memory each call makes."""
+
+    def __init__(self, memory: Memory) -> None:
+        super().__init__()
+        self.memory = memory
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        special = _METHODS.get(func)
+        if special is not None:
+            return special(self.memory, *args, **kwargs)
+        making = None
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+            making = DEVICE_KIND
+        if kwargs.get("pin_memory"):
+            kwargs = dict(kwargs, pin_memory=False)
+            making = PINNED
+        if making is None:
+            return func(*args, **kwargs)
+        return _making(self.memory, making, func, *args, **kwargs)
+
+
+def _making(memory: Memory, kind: str, func: Any, *args: Any, **kwargs: Any) -> Any:
+    before, memory.making = memory.making, kind
+    try:
+        return func(*args, **kwargs)
+    finally:
+        memory.making = before
+
+
+def _to(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``Tensor.to``: a copy whenever the memory kind changes, as on CUDA."""
+    args = list(args)
+    target = kwargs.get("device")
+    where = "device" if target is not None else None
+    if target is None and args:
+        first = args[0]
+        if isinstance(first, (str, torch.device)) or (isinstance(first, int)
+                                                       and not isinstance(first, bool)):
+            target, where = first, 0
+        elif isinstance(first, torch.Tensor):
+            target = DEVICE if memory.is_device(first) else "cpu"
+            args[0] = first.dtype
+    if target is None:
+        return torch.Tensor.to(t, *args, **kwargs)
+    to_device = _is_cuda(target) or (isinstance(target, int) and not isinstance(target, bool))
+    if where == "device":
+        kwargs["device"] = "cpu"
+    elif where == 0:
+        args[0] = "cpu"
+    else:
+        args.insert(0, "cpu")
+    on_device = memory.is_device(t)
+    if to_device == on_device:
+        return torch.Tensor.to(t, *args, **kwargs)
+    kwargs["copy"] = True
+    if to_device:
+        kind = DEVICE_KIND
+    else:
+        # torch pins the output of a non-blocking device-to-host copy.
+        kind = PINNED if kwargs.get("non_blocking") or (len(args) > 2 and args[2]) else PAGEABLE
+    return _making(memory, kind, torch.Tensor.to, t, *args, **kwargs)
+
+
+def _cuda(memory: Memory, t: torch.Tensor, device: Any = None, non_blocking: bool = False,
+          **kwargs: Any) -> torch.Tensor:
+    _check_index(device)
+    if memory.is_device(t):
+        return t
+    return _making(memory, DEVICE_KIND, torch.Tensor.to, t, "cpu", non_blocking=non_blocking,
+                   copy=True, **kwargs)
+
+
+def _cpu(memory: Memory, t: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    if not memory.is_device(t):
+        return t
+    return _making(memory, PAGEABLE, torch.Tensor.to, t, "cpu", copy=True, **kwargs)
+
+
+def _pin_memory(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if memory.is_device(t):
+        raise RuntimeError("cannot pin a device tensor: only dense CPU tensors can be pinned")
+    if memory.kind(t) == PINNED:
+        return t
+    return _making(memory, PINNED, torch.Tensor.clone, t)
+
+
+def _is_pinned(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> bool:
+    return memory.kind(t) == PINNED
+
+
+def _host_read(method: Any) -> Any:
+    """``tolist``/``numpy``: on a device tensor, a blocking copy to the host first."""
+    def call(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if memory.is_device(t):
+            t = _cpu(memory, t)
+        return method(t, *args, **kwargs)
+    return call
+
+
+_METHODS: dict[Any, Any] = {
+    torch.Tensor.to: _to,
+    torch.Tensor.cuda: _cuda,
+    torch.Tensor.cpu: _cpu,
+    torch.Tensor.pin_memory: _pin_memory,
+    torch.Tensor.is_pinned: _is_pinned,
+    torch.Tensor.tolist: _host_read(torch.Tensor.tolist),
+    torch.Tensor.numpy: _host_read(torch.Tensor.numpy),
+}
+
+
+# -- the torch.cuda and torch.accelerator functions --------------------------------
+class _Device:
+    """``torch.cuda.device(i)`` / ``torch.accelerator.device_index(i)``: one device."""
+
+    def __init__(self, device: Any = None) -> None:
+        _check_index(device)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _not_simulated(name: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise NotSimulated(name)
+    return call
+
+
+def _cuda_patches(api: Any) -> dict[str, Any]:
+    from fuzz.streams import SimEvent, SimStream
+
+    def stream(s: Any = None) -> Any:
+        return api.stream(s)
+
+    def current_stream(device: Any = None) -> Any:
+        _check_index(device)
+        return api.current_stream()
+
+    def default_stream(device: Any = None) -> Any:
+        _check_index(device)
+        return api.main
+
+    def set_stream(s: Any) -> None:
+        api.set_stream(s)
+
+    def synchronize(device: Any = None) -> None:
+        _check_index(device)
+        api.synchronize()
+
+    def set_device(device: Any) -> None:
+        _check_index(device)
+
+    return {
+        "Stream": SimStream, "Event": SimEvent, "stream": stream, "StreamContext": stream,
+        "current_stream": current_stream, "default_stream": default_stream,
+        "set_stream": set_stream, "synchronize": synchronize,
+        "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
+        "_lazy_init": lambda: None, "current_device": lambda: 0, "device_count": lambda: 1,
+        "set_device": set_device, "device": _Device, "device_of": lambda t: _Device(),
+        "get_device_name": lambda device=None: "simulated CUDA device (CPU)",
+        "is_current_stream_capturing": lambda: False, "empty_cache": lambda: None,
+        "get_sync_debug_mode": lambda: 0, "set_sync_debug_mode": lambda mode: None,
+    }
+
+
+def _accelerator_patches(api: Any) -> dict[str, Any]:
+    cuda = _cuda_patches(api)
+
+    def set_device_index(device: Any) -> None:
+        _check_index(device)
+
+    return {
+        "current_stream": cuda["current_stream"], "set_stream": cuda["set_stream"],
+        "synchronize": cuda["synchronize"], "device_count": lambda: 1,
+        "is_available": lambda: True,
+        "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
+        "set_device_index": set_device_index, "set_device_idx": set_device_index,
+        "device_index": _Device,
+    }
+
+
+_KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+                   "cast", "lru_cache", "classproperty", "NewType", "Any", "Callable",
+                   "Optional"})
+
+
+def _unsimulated(module: Any, simulated: dict[str, Any]) -> dict[str, Any]:
+    """Every other public function or class of ``module`` (not exceptions, not
+    the legacy tensor types): calling it raises ``NotSimulated``."""
+    out = {}
+    for name, value in vars(module).items():
+        if name.startswith("_") or name in simulated or name in _KEEP:
+            continue
+        if inspect.isclass(value) and (issubclass(value, BaseException)
+                                       or name.endswith(("Tensor", "Storage"))):
+            continue
+        if inspect.isfunction(value) or inspect.isclass(value):
+            out[name] = _not_simulated(f"{module.__name__}.{name}")
+    return out
+
+
+@functools.cache
+def _cuda_graphs() -> dict[str, Any]:
+    return {name: _not_simulated(f"torch.cuda.graphs.{name}")
+            for name in ("CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle")}
+
+
+@contextlib.contextmanager
+def _patched(module: Any, values: dict[str, Any]) -> Iterator[None]:
+    saved = {name: vars(module)[name] for name in values if name in vars(module)}
+    try:
+        for name, value in values.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name in values:
+            if name in saved:
+                setattr(module, name, saved[name])
+            else:
+                delattr(module, name)
+
+
+@contextlib.contextmanager
+def session(api: Any) -> Iterator[Memory]:
+    """torch.cuda and torch.accelerator on ``api``'s simulated streams, for one example."""
+    memory = Memory()
+    cuda = _cuda_patches(api)
+    cuda.update(_unsimulated(torch.cuda, cuda))
+    cuda["_sleep"] = _not_simulated("torch.cuda._sleep")
+    accel = _accelerator_patches(api)
+    accel.update(_unsimulated(torch.accelerator, accel))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(torch.cuda, cuda))
+        stack.enter_context(_patched(torch.accelerator, accel))
+        stack.enter_context(_patched(torch.cuda.graphs, _cuda_graphs()))
+        stack.enter_context(_DeviceMode(memory))
+        yield memory

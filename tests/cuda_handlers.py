@@ -1,0 +1,82 @@
+"""Handlers written the way engine code is: plain torch.cuda, no ``ctx.streams``.
+
+Self-contained (nothing from ``fuzz.targets.pp_draft``), so the tests prove
+that unmodified torch.cuda code runs on the CPU simulation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+
+class PlainPreFix:
+    """The pre-fix bug in plain torch.cuda: the side stream gathers with
+    ``idx_mapping`` and never records it, so its block can be reused."""
+
+    def __init__(self, ctx) -> None:  # noqa: ANN001 - any object with the context's fields
+        self.src, self.group, self.k = ctx.last_rank, ctx.group, ctx.num_spec_steps
+        torch.cuda.set_device(0)
+        self.main = torch.cuda.current_stream()
+        self.side = torch.cuda.Stream()
+        self.parked: deque = deque()
+
+    def broadcast_drafts(self, draft_table, batch):  # noqa: ANN001, ANN201
+        if not any(batch.final):
+            return None
+        with torch.cuda.stream(self.side):
+            self.side.wait_stream(self.main)
+            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected):
+                t.record_stream(self.side)
+                dist.broadcast(t, src=self.src, group=self.group)
+            send = draft_table[batch.idx_mapping].contiguous()
+            dist.broadcast(send, src=self.src, group=self.group)
+            send.record_stream(self.side)
+        return send
+
+    def receive_drafts(self, batch) -> None:  # noqa: ANN001
+        if not any(batch.final):
+            return
+        n = len(batch.final)
+        with torch.cuda.stream(self.side):
+            got = [torch.empty((n, self.k + 1), dtype=torch.int64, device="cuda"),
+                   torch.empty((n,), dtype=torch.int32, device=torch.device("cuda", 0)),
+                   torch.zeros(n, dtype=torch.int32).cuda(),
+                   torch.empty((n, self.k), dtype=torch.int64).to("cuda")]
+            for t in got:
+                dist.broadcast(t, src=self.src, group=self.group)
+                t.record_stream(self.main)
+            done = torch.cuda.Event()
+            done.record()
+        self.parked.append((batch.idx_mapping, got, done))
+
+    def apply_received(self, draft_table):  # noqa: ANN001, ANN201
+        idx_mapping, (tokens, num_sampled, num_rejected, drafts), done = self.parked.popleft()
+        torch.cuda.current_stream().wait_event(done)
+        draft_table[idx_mapping] = drafts
+        return tokens, num_sampled, num_rejected
+
+
+class PlainMainGather(PlainPreFix):
+    """The correct design: gather on main, broadcast the gathered rows on the side stream."""
+
+    def broadcast_drafts(self, draft_table, batch):  # noqa: ANN001, ANN201
+        if not any(batch.final):
+            return None
+        send = draft_table[batch.idx_mapping]
+        with torch.cuda.stream(self.side):
+            self.side.wait_stream(self.main)
+            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
+                t.record_stream(self.side)
+                dist.broadcast(t, src=self.src, group=self.group)
+        return send
+
+
+class UsesGraphs(PlainMainGather):
+    """Captures a CUDA graph: not simulated on CPU."""
+
+    def __init__(self, ctx) -> None:  # noqa: ANN001
+        super().__init__(ctx)
+        self.graph = torch.cuda.CUDAGraph()

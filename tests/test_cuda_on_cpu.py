@@ -1,0 +1,135 @@
+"""CUDA on CPU: plain torch.cuda code on simulated streams, and nothing left
+patched once the example is over."""
+
+import pytest
+import torch
+
+from fuzz import cuda_on_cpu, driver
+from fuzz.cuda_on_cpu import NotSimulated
+from fuzz.scenario import Scenario, Step
+from fuzz.streams import SimEvent, SimStream, SimStreams
+
+LIFETIME = {"oracles": ["lifetime"]}
+
+
+def _names(module):
+    return {n: v for n, v in vars(module).items() if not n.startswith("__")}
+
+
+def test_cuda_devices_become_cpu_tensors_that_stand_for_device_memory():
+    api = SimStreams()
+    with api.session():
+        mem = api.memory
+        made = [torch.empty(3, device="cuda"), torch.zeros(2, device=torch.device("cuda", 0)),
+                torch.tensor([1, 2], device="cuda:0"), torch.arange(4, device=api.device),
+                torch.full((2,), 7, device="cuda")]
+        assert all(t.device.type == "cpu" and mem.kind(t) == "device" for t in made)
+        host = torch.tensor([1, 2])
+        assert mem.kind(host) == "pageable" and not host.is_pinned()
+        pinned = host.pin_memory()
+        assert mem.kind(pinned) == "pinned" and pinned.is_pinned()
+        assert mem.kind(torch.empty(2, pin_memory=True)) == "pinned"
+        for dev in (host.cuda(), host.to("cuda"), pinned.to("cuda", non_blocking=True),
+                    host.to(device="cuda"), host.to(made[0])):
+            assert mem.kind(dev) == "device"
+            assert dev.untyped_storage().data_ptr() != host.untyped_storage().data_ptr()
+        d = made[2]
+        assert d.cuda() is d and d.to("cuda") is d
+        assert mem.kind(d + 1) == "device" and mem.kind(d[:1]) == "device"
+        assert mem.kind(d.cpu()) == "pageable" and mem.kind(d.to("cpu")) == "pageable"
+        assert mem.kind(d.to("cpu", non_blocking=True)) == "pinned"  # as torch pins it
+        assert d.tolist() == [1, 2] and d.cpu().tolist() == [1, 2]
+
+
+def test_torch_cuda_and_accelerator_run_on_the_simulated_streams():
+    api = SimStreams()
+    seen = []
+    api.listeners.append(lambda what, *args: seen.append(what))
+    with api.session():
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+        assert torch.cuda.current_device() == 0
+        torch.cuda.set_device(0)
+        side = torch.cuda.Stream()
+        assert isinstance(side, SimStream) and isinstance(side, torch.cuda.Stream)
+        assert torch.cuda.current_stream() is api.main
+        with torch.cuda.stream(side):
+            assert torch.cuda.current_stream() is side
+            assert torch.accelerator.current_stream() is side
+            side.wait_stream(api.main)
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        assert isinstance(ev, SimEvent) and ev.query()
+        api.main.wait_event(ev)
+        torch.cuda.set_stream(side)
+        assert torch.cuda.current_stream() is side
+        torch.accelerator.set_stream(api.main)
+        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
+        assert ev.elapsed_time(ev) == 0.0
+        t = torch.ones(2, device="cuda")
+        t.record_stream(side)
+    assert {"new_stream", "wait_stream", "record_event", "wait_event", "sync_device",
+            "record_stream"} <= set(seen)
+
+
+def test_what_is_not_simulated_says_so_in_one_line():
+    api = SimStreams()
+    with api.session():
+        for call in (torch.cuda.CUDAGraph, lambda: torch.cuda.graph(None),
+                     torch.cuda.memory_allocated, lambda: torch.cuda.set_device(1),
+                     lambda: torch.cuda._sleep(10)):
+            with pytest.raises(NotSimulated) as err:
+                call()
+            assert "\n" not in str(err.value) and "not simulated on --device cpu" in str(
+                err.value)
+
+
+def test_every_patch_is_restored_after_the_session_even_on_error():
+    cuda, accel = _names(torch.cuda), _names(torch.accelerator)
+    graphs = _names(torch.cuda.graphs)
+    with pytest.raises(ZeroDivisionError), SimStreams().session():
+        assert torch.cuda.is_available()
+        raise ZeroDivisionError
+    assert _names(torch.cuda) == cuda and _names(torch.accelerator) == accel
+    assert _names(torch.cuda.graphs) == graphs
+    assert not torch.cuda.is_available()
+    with pytest.raises((RuntimeError, AssertionError)):  # torch's own "not compiled" error
+        torch.empty(1, device="cuda")  # the device mode is gone too
+    assert torch.empty(2, device="cpu").tolist() is not None
+    assert cuda_on_cpu.DEVICE.type == "cuda"
+
+
+def _one_step(world=2):
+    step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
+                num_rejected=(0, 0))
+    return Scenario(world_size=world, max_num_reqs=3, num_spec_steps=2, steps=(step,))
+
+
+def test_an_unmodified_torch_cuda_handler_finds_pre_fix_on_cpu(cpu_pool, ci_settings):
+    v = driver.evaluate(cpu_pool, "tests.cuda_handlers:PlainPreFix", _one_step(), LIFETIME)
+    assert v.first.kind == "lifetime" and v.first.message.startswith("idx_mapping")
+    assert "cuda_handlers.py" in v.first.message
+    res = driver.fuzz(cpu_pool, "tests.cuda_handlers:PlainPreFix", ci_settings,
+                      max_examples=200, seed=0, oracles=["lifetime"])
+    assert res.failure is not None and res.failure.kind == "lifetime"
+    clean = driver.fuzz(cpu_pool, "tests.cuda_handlers:PlainMainGather", ci_settings,
+                        max_examples=30, seed=0, oracles=["lifetime", "value"])
+    assert clean.failure is None
+
+
+def test_targets_written_against_ctx_streams_still_work(cpu_pool):
+    scn = Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2,
+                   steps=(_one_step().steps[0],) * 2)
+    spec = "fuzz.targets.pp_draft_streams:"
+    assert driver.evaluate(cpu_pool, spec + "pre_fix", scn, LIFETIME).first.kind == "lifetime"
+    assert driver.evaluate(cpu_pool, spec + "pr_fix", scn, LIFETIME).first.kind == "race"
+    assert driver.evaluate(cpu_pool, spec + "main_gather", scn,
+                           {"oracles": ["value", "lifetime"]}).ok
+    assert driver.evaluate(cpu_pool, "tests.targets:streams_receiver_no_wait", scn,
+                           LIFETIME).first.kind == "race"
+
+
+def test_a_target_needing_cuda_graphs_gets_one_line(cpu_pool):
+    v = driver.evaluate(cpu_pool, "tests.cuda_handlers:UsesGraphs", _one_step(), LIFETIME)
+    assert v.first.kind == "crash"
+    assert "torch.cuda.CUDAGraph is not simulated on --device cpu" in v.first.message
