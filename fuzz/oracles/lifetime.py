@@ -56,8 +56,8 @@ _SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().par
 # Test runners around a checked block: everything outward of them is theirs too,
 # and a user's test file, which they call, is user code.
 _RUNNER_DIRS = _package_dirs("hypothesis", "_pytest", "pytest", "pluggy", "xdist", "execnet")
-_SKIP_FILES = ("contextlib.py", "streams.py", "_python_dispatch.py", "lifetime_cuda.py",
-               "distributed_c10d.py", "c10d_logger.py", "_gpu_trace.py")
+_SKIP_FILES = ("contextlib.py", "streams.py", "cuda_on_cpu.py", "_python_dispatch.py",
+               "lifetime_cuda.py", "distributed_c10d.py", "c10d_logger.py", "_gpu_trace.py")
 # Ops that make the host wait for the current stream (a blocking copy to the host).
 _HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::equal",
                             "aten::is_nonzero", "aten::masked_select", "aten::unique_dim",
