@@ -66,6 +66,8 @@ class Report:
     oracles: list[str]
     jobs: int
     clean_examples: int = 0
+    sites: int = 0
+    """Sites asked for; fewer rows when interrupted."""
     rows: list[Row] = field(default_factory=list)
     elapsed_s: float = 0.0
     complete: bool = True
@@ -115,21 +117,28 @@ def run(target: str, sites: list[Site], *, device: str, world_size: int, jobs: i
         shrink_budget_s: float, corpus_dir: Path | None, log: Log = print) -> Report:
     """Check ``target`` is clean, then fuzz one mutant per site; raises NotClean."""
     report = Report(target, device, world_size, max_examples, seed, list(oracles),
-                    max(1, min(jobs, len(sites))))
+                    max(1, min(jobs, len(sites))), sites=len(sites))
     start = time.monotonic()
     settings = profiles.get("ci")
     hits = Path(tempfile.mkdtemp(prefix="streamfuzz-hits-"))
-    env = {mutated.HITS_ENV: str(hits)}
+    stopping = threading.Event()
+
+    def pool() -> RankPool:
+        p = RankPool(world_size, device, timeout=timeout, env={mutated.HITS_ENV: str(hits)})
+        p.start()
+        return p
 
     def fuzz(pool: RankPool, name: str, corpus: Path | None) -> driver.CampaignResult:
         return driver.fuzz(pool, name, settings, max_examples=max_examples, seed=seed,
                            oracles=oracles, shrink_budget_s=shrink_budget_s, corpus_dir=corpus,
                            stop=stopping.is_set)
 
-    stopping = threading.Event()
-    first = RankPool(world_size, device, timeout=timeout, env=env)
+    def one(p: RankPool, site: Site) -> Row:
+        return _mutant(fuzz, p, target, site, hits, corpus_dir)
+
+    first = None
     try:
-        first.start()
+        first = pool()
         log(f"{target}: checking the original ({max_examples} examples, seed {seed})")
         clean = fuzz(first, target, None)
         if clean.failure is not None:
@@ -138,59 +147,66 @@ def run(target: str, sites: list[Site], *, device: str, world_size: int, jobs: i
                            f"({clean.failure.message.splitlines()[0]}); "
                            "fix it (or fuzz it with `run`) before asking which syncs it needs")
         report.clean_examples = clean.examples
-        todo: queue.Queue[Site] = queue.Queue()
-        for s in sites:
-            todo.put(s)
-        rows: dict[Site, Row] = {}
-        errors: list[BaseException] = []
-
-        def work(pool: RankPool | None) -> None:
-            own = pool is None
-            try:
-                if pool is None:
-                    pool = RankPool(world_size, device, timeout=timeout, env=env)
-                    pool.start()
-                while not stopping.is_set():
-                    try:
-                        site = todo.get_nowait()
-                    except queue.Empty:
-                        return
-                    row = _mutant(fuzz, pool, target, site, hits, corpus_dir)
-                    if not stopping.is_set() or row.verdict == "caught":
-                        rows[site] = row
-                        log(_line(row))
-            except BaseException as exc:  # surfaced in the main thread
-                errors.append(exc)
-                stopping.set()
-            finally:
-                if own and pool is not None:
-                    pool.close()
-
-        workers = [threading.Thread(target=work, args=(first if i == 0 else None,),
-                                    name=f"mutate-{i}") for i in range(report.jobs)]
-        for w in workers:
-            w.start()
-        try:
-            for w in workers:
-                while w.is_alive():
-                    w.join(0.5)
-        except KeyboardInterrupt:
-            stopping.set()
-            for w in workers:
-                w.join()
-            report.complete = False
-        if errors:
-            raise errors[0]
+        rows = _parallel(sites, report.jobs, first, pool, one, stopping, log)
         report.rows = [rows[s] for s in sites if s in rows]
-        report.complete = report.complete and len(report.rows) == len(sites)
-        _explain(report, sites)
+        report.complete = not stopping.is_set() and len(report.rows) == len(sites)
+        _explain(report)
     finally:
-        first.close()
+        if first is not None:
+            first.close()
         for f in hits.iterdir():
             f.unlink()
         hits.rmdir()
     report.elapsed_s = time.monotonic() - start
     return report
+
+
+def _parallel(sites: list[Site], jobs: int, first: RankPool, pool: Callable[[], RankPool],
+              one: Callable[[RankPool, Site], Row], stopping: threading.Event,
+              log: Log) -> dict[Site, Row]:
+    """``one`` per site on ``jobs`` workers, each with its own pool (the first
+    reuses ``first``). Ctrl-C stops them all and keeps the rows already done."""
+    todo: queue.Queue[Site] = queue.Queue()
+    for s in sites:
+        todo.put(s)
+    rows: dict[Site, Row] = {}
+    errors: list[BaseException] = []
+
+    def work(mine: RankPool | None) -> None:
+        p = mine
+        try:
+            p = p or pool()
+            while not stopping.is_set():
+                try:
+                    site = todo.get_nowait()
+                except queue.Empty:
+                    return
+                row = one(p, site)
+                if not stopping.is_set() or row.verdict == "caught":
+                    rows[site] = row
+                    log(_line(row))
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+            stopping.set()
+        finally:
+            if mine is None and p is not None:
+                p.close()
+
+    workers = [threading.Thread(target=work, args=(first if i == 0 else None,),
+                                name=f"mutate-{i}") for i in range(jobs)]
+    for w in workers:
+        w.start()
+    try:
+        for w in workers:
+            while w.is_alive():
+                w.join(0.5)
+    except KeyboardInterrupt:
+        stopping.set()
+        for w in workers:
+            w.join()
+    if errors:
+        raise errors[0]
+    return rows
 
 
 def _mutant(fuzz: Callable[..., driver.CampaignResult], pool: RankPool, target: str,
@@ -218,7 +234,7 @@ def _line(row: Row) -> str:
     return f"  {row.site.where} {row.site.call}: survived {row.examples} examples"
 
 
-def _explain(report: Report, sites: list[Site]) -> None:
+def _explain(report: Report) -> None:
     src = mutated.source_of(report.target)
     nodes = sync_sites.scope(src.tree, src.root)
     for row in report.rows:

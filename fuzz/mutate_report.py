@@ -19,7 +19,8 @@ def _cells(row: Row) -> tuple[str, ...]:
 
 
 def _title(report: Report) -> str:
-    done = "" if report.complete else " (interrupted: partial)"
+    done = "" if report.complete else (f" (interrupted: {len(report.rows)} of "
+                                       f"{report.sites} sites done)")
     return (f"streamfuzz mutate {report.target} on {report.device}, world size "
             f"{report.world_size}, {report.max_examples} examples per mutant, seed "
             f"{report.seed}, oracle {'+'.join(report.oracles)}{done}")
