@@ -10,9 +10,12 @@ import torch.distributed as dist
 
 import fuzz.runner as runner_module
 from fuzz import oracles, targets
+from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.rank_main import _context
 from fuzz.runner import run_scenario
 from fuzz.scenario import Churn, Delay, Scenario, Step
+
+_OPTIONS = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.SPIN)
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", "29555")
@@ -66,7 +69,7 @@ for target in sys.argv[1:] or ["pre-fix", "pr-fix", "main-gather"]:
             bad = 0
             for _trial in range(40):
                 scn = steps(4, cycles, 1, dt)
-                obs = run_scenario(scn, f, _context(dev, group, scn), {"hold": "spin"})
+                obs = run_scenario(scn, f, _context(dev, group, scn), _OPTIONS)
                 fails = oracles.check_values(scn, [obs])
                 bad += bool(fails)
 

@@ -70,6 +70,7 @@ def main() -> None:
 
     from fuzz import rank_main, runner, targets
     from fuzz.bench import random_scenario
+    from fuzz.options import RunOptions
 
     if args.pageable:  # the runner's own staging path, minus the pinning
         torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
@@ -81,7 +82,7 @@ def main() -> None:
     factory = targets.load(args.target)
     rng = random.Random(5)
     batch = [random_scenario(rng, 1) for _ in range(args.warmup + args.examples)]
-    options = {"oracles": args.oracles, "hold": args.hold}
+    options = RunOptions(oracles=args.oracles, hold=args.hold)
     libc = _libc()
     if args.tracemalloc:
         tracemalloc.start(10)
@@ -128,7 +129,8 @@ def main() -> None:
         diff = tracemalloc.take_snapshot().compare_to(first_snapshot, "lineno")
         top = [str(d) for d in diff[:8]]
     print(json.dumps({"label": args.label, "device": args.device, "target": args.target,
-                      "torch": torch.__version__, "options": options, "pageable": args.pageable,
+                      "torch": torch.__version__, "options": options.to_dict(),
+                      "pageable": args.pageable,
                       "examples": args.examples, "errors": errors,
                       "examples_per_s": round(len(batch) / elapsed, 1),
                       "growth_per_1000_examples": per_k, "tracemalloc_top": top,

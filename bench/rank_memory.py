@@ -19,15 +19,16 @@ import random
 import time
 
 from fuzz.bench import random_scenario
+from fuzz.options import RunOptions
 from fuzz.ranks import RankPool
 
 SETS = {
-    "all+gates": {"oracles": ["value", "lifetime", "reuse"], "hold": "gate"},
-    "value+spins": {"oracles": ["value"], "hold": "spin"},
-    "value+gates": {"oracles": ["value"], "hold": "gate"},
-    "lifetime": {"oracles": ["value", "lifetime"], "hold": "spin"},
-    "reuse": {"oracles": ["value", "reuse"], "hold": "spin"},
-    "no-oracle": {"oracles": [], "hold": "spin"},
+    "all+gates": RunOptions(oracles=["value", "lifetime", "reuse"], hold="gate"),
+    "value+spins": RunOptions(oracles=["value"], hold="spin"),
+    "value+gates": RunOptions(oracles=["value"], hold="gate"),
+    "lifetime": RunOptions(oracles=["value", "lifetime"], hold="spin"),
+    "reuse": RunOptions(oracles=["value", "reuse"], hold="spin"),
+    "no-oracle": RunOptions(oracles=[], hold="spin"),
 }
 
 

@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +33,18 @@ import hypothesis
 from hypothesis import Phase
 
 from fuzz import corpus, driver, profiles, targets
+from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool
 from fuzz.scenario import FILL_RANGE, Churn, Delay, Scenario, Step
 from fuzz.verdict import Verdict
 from strategies import scenarios
 
 Log = Callable[[str], None]
-ORACLE_SETS = {"none": (), "value": ("value",), "value+reuse": ("value", "reuse"),
-               "all": ("value", "reuse", "lifetime")}
+ORACLE_SETS = {"none": frozenset(), "value": frozenset({Oracle.VALUE}),
+               "value+reuse": frozenset({Oracle.VALUE, Oracle.REUSE}), "all": frozenset(Oracle)}
+DETECTION_ORACLES = frozenset({Oracle.VALUE, Oracle.REUSE})
+"""Gates against spins is about what manifests: the lifetime oracle would find
+the bug from the order of events, held or not."""
 
 
 @dataclass
@@ -54,16 +58,14 @@ class LoopResult:
         return self.examples / self.elapsed_s if self.elapsed_s else 0.0
 
 
-def judge(pool: RankPool, target: str, scenario: Scenario,
-          options: dict[str, Any]) -> Verdict:
+def judge(pool: RankPool, target: str, scenario: Scenario, options: RunOptions) -> Verdict:
     """One example without Hypothesis: the ranks' run and its judgement, as
     ``driver.evaluate`` has them; ``options`` go to the ranks unchanged."""
-    return driver.run_and_judge(pool, target, scenario, options,
-                                values="value" in options.get("oracles", ("value",)))
+    return driver.run_and_judge(pool, target, scenario, options)
 
 
 def hand_loop(pool: RankPool, target: str, batch: Sequence[Scenario],
-              options: dict[str, Any]) -> LoopResult:
+              options: RunOptions) -> LoopResult:
     """The baseline: scenarios drawn up front, then a plain loop over the ranks."""
     failures = 0
     start = time.perf_counter()
@@ -142,19 +144,16 @@ def _settings(generate_only: bool) -> hypothesis.settings:
 
 
 def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
-               options: dict[str, Any] | None = None,
+               options: RunOptions = DEFAULT,
                oracle_examples: int = 50, oracle_rounds: int = 2) -> dict[str, Any]:
-    """Fuzzer and loop on the same scenarios with the same oracles (those of
-    ``options``, default all, as ``fuzz run`` has them), then the loop per
-    oracle set (on the first ``oracle_examples`` of them)."""
-    options = dict(options or {})
-    options.update(driver.oracle_options(options.get("oracles")))
+    """Fuzzer and loop on the same scenarios with the same ``options`` (by
+    default those of ``fuzz run``), then the loop per oracle set (on the first
+    ``oracle_examples`` of them)."""
     drawn: list[Scenario] = []
     strategy = scenarios(world_size=pool.world_size).map(lambda s: drawn.append(s) or s)
     restarts = pool.restarts
     fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
-                     strategy=strategy, options=options, oracles=options["oracles"],
-                     stop_on_failure=False)
+                     strategy=strategy, options=options, stop_on_failure=False)
     fuzz_restarts = pool.restarts - restarts
     loop = hand_loop(pool, target, drawn, options)
     # Interleaved rounds, best of each: one pass is at the mercy of a busy host.
@@ -162,7 +161,7 @@ def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
     for _ in range(oracle_rounds):
         for name, oracle_set in ORACLE_SETS.items():
             r = hand_loop(pool, target, drawn[:oracle_examples],
-                          dict(options, oracles=oracle_set))
+                          replace(options, oracles=oracle_set))
             ms = 1000 * r.elapsed_s / max(1, r.examples)
             per_oracle[name] = min(ms, per_oracle.get(name, ms))
     return {
@@ -173,7 +172,7 @@ def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
         "restarts_in_fuzzer_run": fuzz_restarts, "held_by": fz.held,
         "oracle_examples": min(oracle_examples, len(drawn)),
         "ms_per_example": per_oracle,
-        "oracles": options["oracles"],
+        "oracles": options.oracle_names(),
         "oracle_cost_ms": {"value": per_oracle["value"] - per_oracle["none"],
                            "reuse": per_oracle["value+reuse"] - per_oracle["value"],
                            "lifetime": per_oracle["all"] - per_oracle["value+reuse"]},
@@ -181,7 +180,7 @@ def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
 
 
 def first_failure(device: str, world: int, target: str, seed: int, max_examples: int,
-                  budget_s: float, options: dict[str, Any], timeout: float,
+                  budget_s: float, options: RunOptions, timeout: float,
                   shrink_budget_s: float | None) -> dict[str, Any]:
     """From a cold start: fresh ranks, an empty Triton cache, then fuzz until found.
 
@@ -214,9 +213,9 @@ def first_failure(device: str, world: int, target: str, seed: int, max_examples:
 def detection(pool: RankPool, target: str, batch: Sequence[Scenario]) -> dict[str, Any]:
     """Failing examples out of ``len(batch)``, with gates and with spins."""
     out: dict[str, Any] = {"examples": len(batch)}
-    for hold in ("gate", "spin"):
-        r = hand_loop(pool, target, batch, {"hold": hold})
-        out[hold] = r.failures
+    for hold in Hold:
+        r = hand_loop(pool, target, batch, RunOptions(oracles=DETECTION_ORACLES, hold=hold))
+        out[hold.value] = r.failures
     return out
 
 
@@ -230,7 +229,7 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
         ff_examples: int = 1000, ff_budget_s: float = 60.0, shrink_budget_s: float = 30.0,
         warmup_examples: int = 30,
         world_sizes: dict[str, int] | None = None, timeout: float = 60.0,
-        log: Log = print,
+        options: RunOptions = DEFAULT, log: Log = print,
         save: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
     """Every measurement for every device and target; returns the report.
 
@@ -254,7 +253,7 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
             if name in targets.CORRECT:
                 continue
             runs = [first_failure(device, world, name, seed, ff_examples, ff_budget_s,
-                                  {"hold": "gate"}, timeout,
+                                  options, timeout,
                                   shrink_budget_s if seed == 0 else None)
                     for seed in range(seeds)]
             row["first_failure"] = {
@@ -280,12 +279,12 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
             # Warm up first (imports, strategy caches, the ranks' allocators), so
             # that the first target's numbers are not the warm-up's.
             driver.fuzz(pool, "main-gather", _settings(True), max_examples=warmup_examples,
-                        seed=99, stop_on_failure=False)
+                        seed=99, options=options, stop_on_failure=False)
             rng = random.Random(1234)
             random_batch = [random_scenario(rng, world) for _ in range(random_examples)]
             for row in run_info["targets"]:
                 name = row["target"]
-                row["throughput"] = throughput(pool, name, examples,
+                row["throughput"] = throughput(pool, name, examples, options=options,
                                                oracle_examples=oracle_examples)
                 log(f"  {name}: fuzzer {row['throughput']['fuzzer_ex_s']:.1f} ex/s, "
                     f"loop {row['throughput']['loop_ex_s']:.1f} ex/s")

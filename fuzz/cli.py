@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import corpus, profiles, targets
+from fuzz.options import (
+    DEFAULT,
+    MUTATE,
+    ORACLE_CHOICES,
+    Hold,
+    OptionsError,
+    Oracle,
+    RunOptions,
+    parse_oracles,
+)
 from fuzz.ranks import RankPool, RankStartError, probe_gpus
 
 
@@ -66,6 +76,29 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _oracles(text: str) -> frozenset[Oracle]:
+    try:
+        return parse_oracles(text)
+    except OptionsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_run_options(q: argparse.ArgumentParser) -> None:
+    """``--oracle`` and ``--hold``: what every rank is asked to do (``RunOptions``)."""
+    q.add_argument("--hold", choices=[h.value for h in Hold], default=DEFAULT.hold.value,
+                   help="how delays that name a point hold a stream: a gate kernel opened "
+                        "at that point (falls back to spins without Triton) or a spin "
+                        f"(default {DEFAULT.hold.value})")
+    q.add_argument("--oracle", type=_oracles, default=DEFAULT.oracles, metavar="O[,O]",
+                   help=f"which oracles judge each example: {', '.join(ORACLE_CHOICES)} "
+                        "(default all; reuse watches the CUDA allocator and does nothing "
+                        "on CPU)")
+
+
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    return RunOptions(oracles=args.oracle, hold=args.hold)
+
+
 def _address(text: str) -> tuple[str, int]:
     from fuzz.ranks import parse_address
 
@@ -99,11 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--corpus", type=Path, default=Path("corpus"))
     r.add_argument("--report", type=Path, default=None)
     r.add_argument("--profile", choices=profiles.PROFILES, default="default")
-    r.add_argument("--hold", choices=("gate", "spin"), default="gate",
-                   help="how delays that name a point hold a stream: a gate kernel opened "
-                        "at that point (falls back to spins without Triton) or a spin")
-    r.add_argument("--oracle", choices=("value", "lifetime", "all"), default="all",
-                   help="which oracles judge each example (default: all)")
+    _add_run_options(r)
 
     k = sub.add_parser("soak", help="a time-budgeted campaign that survives crashes, hangs "
                        "and kills, resumes, and ends with a report and a plot")
@@ -133,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="replace the ranks once one has grown this many MiB since it warmed "
                         "up, bounding a leak in the libraries they call (default 32; 0: never)")
     k.add_argument("--seed", type=int, default=None)
+    _add_run_options(k)
     k.add_argument("--listen", type=_address, default=None, metavar="HOST:PORT",
                    help="with --ranks-external: where ranks started by torchrun connect")
     k.add_argument("--ranks-external", type=_positive, default=None, metavar="N",
@@ -170,14 +200,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cuda-world-size", type=_positive, default=1)
     b.add_argument("--timeout", type=_seconds, default=60.0)
     b.add_argument("--out", type=Path, default=Path("reports/bench"))
+    _add_run_options(b)
     m = sub.add_parser("matrix", help="every built-in target x oracle: found or clean")
     m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     m.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds one example may take before it is a hang (default 60)")
     m.add_argument("--max-examples", type=_positive, default=200)
     m.add_argument("--seeds", type=_positive, default=1, help="seeds 0..K-1 per cell")
-    m.add_argument("--oracle", choices=("value", "lifetime", "all"), action="append",
-                   help="columns (default: lifetime and value)")
+    m.add_argument("--oracle", type=_oracles, action="append", metavar="O[,O]",
+                   help="a column: the oracles that judge it, as for run; repeatable "
+                        "(default: a lifetime column and a value column)")
     m.add_argument("--target", action="append", metavar="T", help="rows (default: built-ins)")
     u = sub.add_parser("mutate", help="remove each sync of a target in turn and fuzz it: "
                        "which syncs does the fuzzer catch missing?")
@@ -194,8 +226,9 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--jobs", type=_positive, default=None,
                    help="mutants fuzzed at once, one rank pool each (default: CPU cores "
                         "per world on cpu, GPUs per world on cuda)")
-    u.add_argument("--oracle", choices=("value", "lifetime", "all"), default="lifetime",
-                   help="lifetime (default), value, or all (with reuse on cuda)")
+    u.add_argument("--oracle", type=_oracles, default=MUTATE.oracles, metavar="O[,O]",
+                   help=f"{', '.join(ORACLE_CHOICES)} or a list (default lifetime; all "
+                        "adds reuse on cuda)")
     u.add_argument("--site", type=_positive, action="append", metavar="LINE",
                    help="only the site(s) on this line; repeatable (default: every site)")
     u.add_argument("--shrink-budget", type=_seconds, default=30.0,
@@ -205,10 +238,6 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--out", type=Path, default=Path("reports/mutate"),
                    help="where TARGET.json and TARGET.md go (default reports/mutate)")
     return p
-
-
-def _oracles(choice: str) -> list[str]:
-    return ["value", "lifetime"] if choice == "all" else [choice]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,6 +320,7 @@ def _run(args: argparse.Namespace) -> int:
     device, gpus = _device(args.device)
     world = _world_size(device, gpus, args.world_size)
     settings = profiles.get(args.profile)
+    options = _run_options(args)
     results = []
     with RankPool(world, device, timeout=args.timeout) as pool:
         for name in names:
@@ -298,15 +328,14 @@ def _run(args: argparse.Namespace) -> int:
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget,
                               shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                              progress=progress, options={"hold": args.hold},
-                              oracles=_oracles(args.oracle))
+                              progress=progress, options=options)
             progress.done()
             results.append(res)
             _print_result(res)
         restarts = pool.restarts
     _print_table(results, device, world)
     if args.report:
-        _write_report(args.report, results, device, world, restarts)
+        _write_report(args.report, results, device, world, restarts, options)
     return 1 if any(r.failure for r in results) else 0
 
 
@@ -336,7 +365,8 @@ def _print_table(results: list, device: str, world: int) -> None:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
-def _write_report(path: Path, results: list, device: str, world: int, restarts: int) -> None:
+def _write_report(path: Path, results: list, device: str, world: int, restarts: int,
+                  options: RunOptions) -> None:
     examples = sum(r.examples for r in results)
     elapsed = sum(r.elapsed_s for r in results)
     report = {
@@ -344,7 +374,7 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
         "device": device, "world_size": world, "examples": examples,
         "elapsed_s": round(elapsed, 3),
         "examples_per_s": round(examples / elapsed, 3) if elapsed else 0.0,
-        "rank_restarts": restarts,
+        "rank_restarts": restarts, **options.to_dict(),
         "failures": [{"target": r.target, "kind": r.failure.kind,
                       "corpus_path": str(r.corpus_path), "message": r.failure.message,
                       "flaky": r.flaky} for r in results if r.failure],
@@ -378,6 +408,7 @@ def _bench(args: argparse.Namespace) -> int:
                        shrink_budget_s=args.shrink_budget, ff_examples=args.ff_examples,
                        ff_budget_s=args.ff_budget, timeout=args.timeout,
                        world_sizes={"cpu": args.cpu_world_size, "cuda": args.cuda_world_size},
+                       options=_run_options(args),
                        log=lambda line: print(line, flush=True),
                        save=lambda partial: bench.write(args.out, partial))
     json_path, md_path = bench.write(args.out, report)
@@ -399,7 +430,7 @@ def _mutate(args: argparse.Namespace) -> int:
         report = mutate.run(args.target, sites, device=device, world_size=world,
                             jobs=args.jobs or mutate.default_jobs(device, gpus, world),
                             max_examples=args.max_examples, seed=args.seed,
-                            oracles=mutate.oracles(args.oracle), timeout=args.timeout,
+                            options=RunOptions(oracles=args.oracle), timeout=args.timeout,
                             shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
                             log=lambda line: print(line, flush=True))
     except mutate.NotClean as exc:
@@ -437,7 +468,7 @@ def _soak(args: argparse.Namespace) -> int:
                      database=args.database or args.out / "hypothesis-db", round_s=args.round,
                      shrink_s=args.shrink, round_examples=args.round_examples,
                      stats_every_s=args.stats_every, seed=args.seed,
-                     recycle_mib=args.recycle_mib)
+                     recycle_mib=args.recycle_mib, options=_run_options(args))
     pool = RankPool(world, device, timeout=args.timeout, startup_timeout=args.startup_timeout,
                     listen=args.listen, authkey=authkey)
     soak = Soak(pool, cfg)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from fuzz import corpus, oracles
+from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario
 from fuzz.verdict import Failure, Verdict
@@ -29,48 +30,29 @@ Progress = Callable[[int, float, int], None]
 OnExample = Callable[[Scenario], None]
 OnVerdict = Callable[[Scenario, Verdict, list[str]], None]
 
-ORACLES = ("value", "lifetime", "reuse")
-"""Every oracle; ``value`` runs in the driver, ``lifetime`` on the ranks."""
-
-
-def oracle_options(oracles: tuple[str, ...] | list[str] | None) -> dict[str, Any]:
-    """The options that turn on ``oracles`` (default: all of them)."""
-    chosen = list(ORACLES if oracles is None else oracles)
-    unknown = sorted(set(chosen) - set(ORACLES))
-    if unknown:
-        raise ValueError(f"unknown oracle(s) {unknown}: use {', '.join(ORACLES)}")
-    return {"oracles": chosen}
-
-
 def evaluate(pool: RankPool, target: str, scenario: Scenario,
-             options: dict[str, Any] | None = None) -> Verdict:
-    """Run one scenario on every rank and judge it with every oracle.
+             options: RunOptions = DEFAULT) -> Verdict:
+    """Run one scenario on every rank and judge it with ``options.oracles``.
 
     Rank-side oracles report ``findings`` in the observations; the value
     oracle runs here. Rank-side findings come first: they name the cause.
-    ``options["oracles"]`` picks the oracles (default: only ``value``, the
-    behaviour of runs that predate the option).
     """
-    options = dict(options or {})
-    chosen = options.get("oracles") or ["value"]
-    options["oracles"] = list(chosen)
-    return run_and_judge(pool, target, scenario, options, values="value" in chosen)
+    return run_and_judge(pool, target, scenario, options)
 
 
-def run_and_judge(pool: RankPool, target: str, scenario: Scenario, options: dict[str, Any],
-                  values: bool) -> Verdict:
+def run_and_judge(pool: RankPool, target: str, scenario: Scenario,
+                  options: RunOptions) -> Verdict:
     """One run of ``scenario`` with ``options`` passed to the ranks unchanged,
-    judged (the value oracle when ``values``), and run once more when it was
-    clean but a gate timed out.
+    judged, and run once more when it was clean but a gate timed out.
 
     A gate that runs out its bound did not force its interleaving (a kernel's
     first launch under lazy module loading waits for the gate); the kernel is
     loaded now. A finding in the first run stands: a timed-out gate still
     gives a real interleaving.
     """
-    verdict = _judge(pool.run(target, scenario, options), scenario, values)
+    verdict = _judge(pool.run(target, scenario, options), scenario, options.values)
     if verdict.ok and "gate-timeout" in verdict.held:
-        verdict = _judge(pool.run(target, scenario, options), scenario, values)
+        verdict = _judge(pool.run(target, scenario, options), scenario, options.values)
         verdict.held = sorted(set(verdict.held) | {"rerun"})
     return verdict
 
@@ -145,33 +127,33 @@ class CampaignResult:
         return self.examples / self.elapsed_s if self.elapsed_s else 0.0
 
 
-def found_on(pool: RankPool, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Where a failure was found, and by which oracles, for the corpus entry."""
+def found_on(pool: RankPool, options: RunOptions) -> dict[str, Any]:
+    """Where a failure was found, and by which oracles (those that ran), for
+    the corpus entry: ``fuzz replay`` judges it with the same ones."""
     info = pool.info[0] if pool.info else {}
     return {"torch": info.get("torch"), "device": pool.device,
             "device_name": info.get("device_name"), "backend": info.get("backend"),
             "world_size": pool.world_size, "hypothesis": hypothesis.__version__,
-            "oracles": list((options or {}).get("oracles") or ["value"])}
+            "oracles": options.oracle_names()}
 
 
 def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_examples: int,
          seed: int | None = None, budget_s: float | None = None,
          corpus_dir: Path | None = None,
          strategy: st.SearchStrategy[Scenario] | None = None,
-         progress: Progress | None = None, options: dict[str, Any] | None = None,
+         progress: Progress | None = None, options: RunOptions = DEFAULT,
          stop_on_failure: bool = True, shrink_budget_s: float | None = 120.0,
-         oracles: tuple[str, ...] | list[str] | None = None,
          on_example: OnExample | None = None, on_verdict: OnVerdict | None = None,
          stop: Callable[[], bool] | None = None) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
-    ``options`` go to every rank unchanged (see ``fuzz.runner``); ``oracles``
-    (default: all) are added to them. With ``stop_on_failure`` False failures
-    are counted in ``failures`` and the run goes on (the benchmark measures
-    throughput that way). ``shrink_budget_s`` bounds shrinking: past it no more
-    examples run, the smallest failure so far is kept and ``shrink_truncated``
-    is set (on a GPU every crash costs a new CUDA context per shrink step; a
-    smaller case found late is worth less than one saved now).
+    ``options`` go to every rank unchanged (see ``fuzz.runner``). With
+    ``stop_on_failure`` False failures are counted in ``failures`` and the run
+    goes on (the benchmark measures throughput that way). ``shrink_budget_s``
+    bounds shrinking: past it no more examples run, the smallest failure so far
+    is kept and ``shrink_truncated`` is set (on a GPU every crash costs a new
+    CUDA context per shrink step; a smaller case found late is worth less than
+    one saved now).
 
     ``on_example`` runs before each dispatch (a journal can make it durable
     first); ``on_verdict`` gets each verdict with its behaviour labels (a
@@ -180,7 +162,6 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     the smallest failure so far is still saved.
     """
     result = CampaignResult(target=target)
-    options = {**(options or {}), **oracle_options(oracles)}
     strategy = strategy if strategy is not None else scenarios(world_size=pool.world_size)
     start = time.monotonic()
     held: set[str] = set()
@@ -247,7 +228,7 @@ def replay(pool: RankPool, entry: corpus.Entry, target: str | None = None,
 
     A race found by the value oracle on a GPU gets ``attempts`` tries to show.
     """
-    options = {"oracles": list(entry.found_on.get("oracles") or ["value"])}
+    options = RunOptions.from_dict(entry.found_on)
     verdict = Verdict()
     for _ in range(max(1, attempts)):
         verdict = evaluate(pool, target or entry.target, entry.scenario, options)

@@ -1,10 +1,11 @@
 """``python -m fuzz matrix``: every built-in target against every oracle.
 
-A cell is one target fuzzed by one oracle over seeds 0..K-1 with the ``ci``
-profile (no database, so the seed alone decides). It shows whether the bug
+A cell is one target fuzzed by one set of oracles (a column) over seeds
+0..K-1 with the ``ci`` profile (no database, so the seed alone decides). It shows whether the bug
 was found, after how many examples and seconds, and how small the shrunk case
-is. The exit status is the CI check: 1 when the lifetime oracle misses a
-buggy built-in or a mutant on some seed, or any oracle flags a correct target.
+is. The exit status is the CI check: 1 when a column with the lifetime oracle
+misses a buggy built-in or a mutant on some seed, or any column flags a
+correct target.
 The value oracle cannot see stream bugs on CPU (every op runs at once), so its
 misses there are reported, not failed.
 """
@@ -16,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from fuzz import driver, profiles, targets
+from fuzz.options import Oracle, RunOptions
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario
 
@@ -24,12 +26,22 @@ _RECEIVER_SIDE = frozenset({"receiver-no-wait", "receiver-no-record", "receiver-
                             "early-event"})
 
 
+DEFAULT_COLUMNS = (frozenset({Oracle.LIFETIME}), frozenset({Oracle.VALUE}))
+
+
+def column_name(oracles: frozenset[Oracle]) -> str:
+    """``all``, or the oracles' names joined by ``+``."""
+    if oracles == frozenset(Oracle):
+        return "all"
+    return "+".join(RunOptions(oracles=oracles).oracle_names()) or "none"
+
+
 @dataclass
 class Cell:
-    """One target x oracle over several seeds."""
+    """One target x column (a set of oracles) over several seeds."""
 
     target: str
-    oracle: str
+    options: RunOptions
     seeds: int = 0
     world: int = 2
     found: list[str] = field(default_factory=list)
@@ -45,13 +57,17 @@ class Cell:
             return False
         return self.target not in targets.CORRECT
 
+    @property
+    def oracle(self) -> str:
+        return column_name(self.options.oracles)
+
     def ok(self) -> bool:
         """Whether this cell passes the CI check (see the module docstring)."""
         if self.target in targets.CORRECT:
             return not self.found
         if not self.expected_found:
             return True
-        if self.oracle != "lifetime":
+        if not self.options.runs(Oracle.LIFETIME):
             return True
         return len(self.found) == self.seeds
 
@@ -60,14 +76,14 @@ def _size(s: Scenario) -> str:
     return f"{len(s.steps)} steps/{sum(st.num_reqs for st in s.steps)} reqs"
 
 
-def run_cell(pool: RankPool, target: str, oracle: str, seeds: int,
+def run_cell(pool: RankPool, target: str, oracles: frozenset[Oracle], seeds: int,
              max_examples: int) -> Cell:
-    """Fuzz ``target`` with ``oracle`` alone, once per seed."""
-    cell = Cell(target, oracle, seeds, pool.world_size)
+    """Fuzz ``target`` with ``oracles`` alone, once per seed."""
+    cell = Cell(target, RunOptions(oracles=oracles), seeds, pool.world_size)
     settings = profiles.get("ci")
     for seed in range(seeds):
         res = driver.fuzz(pool, target, settings, max_examples=max_examples, seed=seed,
-                          oracles=[oracle])
+                          options=cell.options)
         cell.total_examples += res.examples
         cell.total_s += res.elapsed_s
         if res.failure is not None:
@@ -109,12 +125,10 @@ def main(args: argparse.Namespace, device: str, world: int) -> int:
     names = args.target or list(targets.BUILTIN)
     for name in names:
         targets.check_importable(name)
-    chosen = args.oracle or ["lifetime", "value"]
-    columns: list[str] = []
-    for o in chosen:
-        for col in (["lifetime", "value"] if o == "all" else [o]):
-            if col not in columns:
-                columns.append(col)
+    columns: list[frozenset[Oracle]] = []
+    for col in args.oracle or DEFAULT_COLUMNS:
+        if col not in columns:
+            columns.append(col)
     cells = []
     with RankPool(world, device, timeout=args.timeout) as pool:
         for name in names:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import driver, profiles, sync_sites
+from fuzz.options import RunOptions
 from fuzz.ranks import RankPool
 from fuzz.sync_sites import Site
 from fuzz.targets import mutated
@@ -99,11 +100,6 @@ def select(target: str, lines: list[int] | None = None) -> list[Site]:
     return sites
 
 
-def oracles(choice: str) -> list[str]:
-    """``all`` is every oracle, ``reuse`` included (a no-op on CPU)."""
-    return list(driver.ORACLES) if choice == "all" else [choice]
-
-
 def default_jobs(device: str, gpus: int, world_size: int) -> int:
     """One rank pool per ``world_size`` CPU cores (cpu) or GPUs (cuda)."""
     import os
@@ -113,10 +109,10 @@ def default_jobs(device: str, gpus: int, world_size: int) -> int:
 
 
 def run(target: str, sites: list[Site], *, device: str, world_size: int, jobs: int,
-        max_examples: int, seed: int, oracles: list[str], timeout: float,
+        max_examples: int, seed: int, options: RunOptions, timeout: float,
         shrink_budget_s: float, corpus_dir: Path | None, log: Log = print) -> Report:
     """Check ``target`` is clean, then fuzz one mutant per site; raises NotClean."""
-    report = Report(target, device, world_size, max_examples, seed, list(oracles),
+    report = Report(target, device, world_size, max_examples, seed, options.oracle_names(),
                     max(1, min(jobs, len(sites))), sites=len(sites))
     start = time.monotonic()
     settings = profiles.get("ci")
@@ -130,7 +126,7 @@ def run(target: str, sites: list[Site], *, device: str, world_size: int, jobs: i
 
     def fuzz(pool: RankPool, name: str, corpus: Path | None) -> driver.CampaignResult:
         return driver.fuzz(pool, name, settings, max_examples=max_examples, seed=seed,
-                           oracles=oracles, shrink_budget_s=shrink_budget_s, corpus_dir=corpus,
+                           options=options, shrink_budget_s=shrink_budget_s, corpus_dir=corpus,
                            stop=stopping.is_set)
 
     def one(p: RankPool, site: Site) -> Row:

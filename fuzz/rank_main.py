@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from fuzz import dispatch_mode, targets
 from fuzz.gates import Gates, GateUnavailable
+from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.ranks import rss_bytes
 from fuzz.runner import run_scenario
 from fuzz.scenario import Scenario
@@ -107,12 +108,14 @@ def _warm_kernels(device: torch.device, group: Any) -> None:
                             last_rank=dist.get_world_size() - 1, device=device, group=group,
                             max_num_reqs=scn.max_num_reqs, num_spec_steps=scn.num_spec_steps,
                             streams=CudaStreams(device, None))
-        run_scenario(scn, targets.load(target), ctx, {"hold": "spin",
-                                                      "oracles": ["value", "reuse"]})
+        run_scenario(scn, targets.load(target), ctx, _WARM_OPTIONS)
     for dtype in (torch.int32, torch.int64, torch.float32, torch.uint8):
         torch.empty(4, dtype=dtype, device=device).fill_(1).clone()
     torch.cuda.synchronize(device)
 
+
+_WARM_OPTIONS = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.SPIN)
+"""The kernels the reuse watch launches, without the lifetime oracle's dispatch mode."""
 
 _WARM_SCENARIO = Scenario.from_dict({
     "world_size": 1, "max_num_reqs": 4, "num_spec_steps": 2, "pipeline_depth": 1,
@@ -239,6 +242,8 @@ def serve(device_kind: str, address: str, authkey: bytes) -> int:
         try:
             if not isinstance(scenario, Scenario):  # plain values from another client
                 scenario = Scenario.from_dict(scenario)
+            if not isinstance(options, RunOptions):
+                options = RunOptions.from_dict(options)
             if target not in factories:
                 factories[target] = targets.load(target)
             ctx = _context(device, group, scenario)

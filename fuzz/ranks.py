@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
+from fuzz.options import DEFAULT, RunOptions
 from fuzz.scenario import Scenario
 from fuzz.verdict import Failure
 
@@ -362,7 +363,7 @@ class RankPool:
 
     # -- one example -------------------------------------------------------
     def run(self, target: str, scenario: Scenario,
-            options: dict[str, Any] | None = None) -> Outcome:
+            options: RunOptions = DEFAULT) -> Outcome:
         """Run one example on every rank; replaces the ranks if they broke."""
         if self.lost is not None:
             raise RankStartError(f"the ranks are gone: {self.lost}")
@@ -370,7 +371,7 @@ class RankPool:
         eid = self._eid
         # Pickled once for every rank; the Scenario object itself travels (a
         # dict round trip through asdict and validation cost ~1 ms an example).
-        data = pickle.dumps(("run", eid, target, scenario, dict(options or {})),
+        data = pickle.dumps(("run", eid, target, scenario, options),
                             protocol=pickle.HIGHEST_PROTOCOL)
         for c in self._conns:
             try:

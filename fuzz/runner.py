@@ -7,11 +7,11 @@ scenario's delays and allocation churn. Outputs are copied on the main stream
 and read only after a final synchronize, so the harness adds no ordering of its
 own between the streams — except what a scenario's gates ask for.
 
-Options (from the driver, unchanged): ``hold`` is ``"gate"`` (default; falls
-back to spins where gates are unavailable) or ``"spin"``; ``oracles`` lists
-the rank-side oracles to run (default: ``value`` and ``reuse``; ``reuse`` is a
-no-op on CPU). ``held`` in the observations says how streams were actually held:
-``gate``, ``gate-timeout`` (a gate nobody opened in time), ``spin``, ``none``.
+Options (``fuzz.options.RunOptions``, from the driver, unchanged) say how
+delays hold streams and which rank-side oracles run; the observations say
+back which oracles ran (``oracles``) and how streams were actually held
+(``held``: ``gate``, ``gate-timeout`` (a gate nobody opened in time),
+``spin``, ``none``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.reference import token_rows
 from fuzz.scenario import DEFAULT_SPIN, Scenario, Step
 from fuzz.targets import Batch, Factory, TargetContext
@@ -29,11 +30,10 @@ from fuzz.targets import Batch, Factory, TargetContext
 _DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32,
            "uint8": torch.uint8}
 _UNTIL_ORDER = {"after_call": 1, "after_churn": 2, "before_next_call": 3}
-DEFAULT_ORACLES = ("value", "reuse")
 
 
 def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
-                 options: dict[str, Any] | None = None) -> dict[str, Any]:
+                 options: RunOptions = DEFAULT) -> dict[str, Any]:
     """Run every step on this rank; returns plain observations for the oracles.
 
     ``options`` come from the driver unchanged (which oracles run on the rank,
@@ -44,12 +44,12 @@ def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
         # Simulated streams stand for a CUDA device: a target allocates on it.
         ctx = dataclasses.replace(ctx, device=streams.device)
     with streams.session():
-        return _Run(scenario, factory, ctx, options or {}).run()
+        return _Run(scenario, factory, ctx, options).run()
 
 
-def _lifetime_checker(ctx: TargetContext, options: dict[str, Any]) -> Any:
+def _lifetime_checker(ctx: TargetContext, options: RunOptions) -> Any:
     """The lifetime oracle for this rank's streams, or None when it is off."""
-    if "lifetime" not in (options.get("oracles") or ()):
+    if not options.runs(Oracle.LIFETIME):
         return None
     if ctx.streams.kind == "sim":
         from fuzz.oracles.lifetime import LifetimeChecker
@@ -63,7 +63,7 @@ def _lifetime_checker(ctx: TargetContext, options: dict[str, Any]) -> Any:
 
 class _Run:
     def __init__(self, scenario: Scenario, factory: Factory, ctx: TargetContext,
-                 options: dict[str, Any]) -> None:
+                 options: RunOptions) -> None:
         self.sc = scenario
         self.options = options
         self.ctx = ctx
@@ -79,14 +79,13 @@ class _Run:
         self.applied: list[tuple[int, tuple[torch.Tensor, ...]]] = []
         self.parked: deque[int] = deque()
         self.held: set[str] = set()
-        oracles = options.get("oracles", DEFAULT_ORACLES)
-        self.values = "value" in oracles
-        self.gates = self.streams.gates if options.get("hold", "gate") == "gate" else None
+        self.values = options.values
+        self.gates = self.streams.gates if options.hold is Hold.GATE else None
         # Gates not yet opened: (gate, until, stream that opens it, step placed).
         self.open: list[tuple[Any, str, Any, int]] = []
         self.step = 0
         self.watch = None
-        if "reuse" in oracles and self.dev.type == "cuda":
+        if options.runs(Oracle.REUSE) and self.dev.type == "cuda":
             from fuzz.oracles.reuse import ReuseWatch
 
             self.watch = ReuseWatch(self.main, ctx.rank)
@@ -125,6 +124,7 @@ class _Run:
                 "sent": [[i, t.tolist()] for i, t in self.sent],
                 "applied": [[i] + [t.tolist() for t in ts] for i, ts in self.applied],
                 "held": sorted(self.held),
+                "oracles": self.options.oracle_names(),
                 "findings": findings,
             }
         finally:

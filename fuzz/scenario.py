@@ -50,7 +50,7 @@ class Delay:
     """Hold ``stream`` at ``point`` of a step: a spin, or a gate ``until`` a point.
 
     ``side`` is the first stream the handler created (its broadcast stream).
-    With ``until`` set and gates available (``options["hold"] == "gate"``), the
+    With ``until`` set and gates available (``RunOptions.hold`` is gate), the
     stream is held by a gate kernel that the other stream opens at that point
     (``before_next_call``: after the next step's drafter), which forces the
     interleaving every time. Otherwise it is a spin of ``cycles`` GPU cycles

@@ -38,6 +38,7 @@ from typing import Any, TextIO
 
 from fuzz import corpus, driver, profiles
 from fuzz.corpus import write_json_atomic
+from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import RankPool, rss_bytes
 from fuzz.scenario import Scenario, ScenarioError
 from fuzz.verdict import Failure, Verdict
@@ -81,6 +82,8 @@ class SoakConfig:
     a CUDA rank grows ~2 MiB per 1,000 examples for as long as it lives; with
     recycling, no rank outgrows its start by more than this, however long the run."""
     seed: int | None = None
+    options: RunOptions = DEFAULT
+    """What every example runs with, the replay of one left in flight included."""
     profile: str = "default"
     replay_failures: bool = True
     strategy: Any = None
@@ -186,7 +189,7 @@ class Soak:
             return self._should_stop() or time.monotonic() > cutoff
 
         res = driver.fuzz(self.pool, target, settings, max_examples=self.cfg.round_examples,
-                          seed=seed, budget_s=budget,
+                          seed=seed, budget_s=budget, options=self.cfg.options,
                           corpus_dir=self.cfg.corpus, strategy=self.cfg.strategy,
                           on_example=self._on_example,
                           on_verdict=self._on_verdict, stop=stop)
@@ -295,7 +298,7 @@ class Soak:
             return
         write_json_atomic(self.journal, dict(data, replays=replays + 1))
         self._say(f"soak: replaying the example in flight when the last run ended ({target})")
-        verdict = driver.evaluate(self.pool, target, scenario)
+        verdict = driver.evaluate(self.pool, target, scenario, self.cfg.options)
         if not verdict.ok:
             path = self._save(target, verdict.first, scenario, shrunk=False)
             self._record(target, verdict.first, path, shrunk=False, flaky=False, recovered=True)
@@ -307,7 +310,8 @@ class Soak:
     # -- failures --------------------------------------------------------------
     def _save(self, target: str, failure: Failure, scenario: Scenario, *, shrunk: bool) -> Path:
         entry = corpus.Entry(target=target, kind=failure.kind, message=failure.message,
-                             scenario=scenario, found_on=driver.found_on(self.pool))
+                             scenario=scenario,
+                             found_on=driver.found_on(self.pool, self.cfg.options))
         path = corpus.save(self.cfg.corpus, entry)
         self._record(target, failure, path, shrunk=shrunk, flaky=False, pending=True)
         return path
@@ -436,6 +440,7 @@ class Soak:
         info = self.pool.info[0] if self.pool.info else {}
         return {"targets": self.cfg.targets, "budget_s": self.cfg.budget_s,
                 "round_s": self.cfg.round_s, "corpus": str(self.cfg.corpus),
+                **self.cfg.options.to_dict(),
                 "database": str(self.cfg.database) if self.cfg.database else None,
                 "device": self.pool.device, "world_size": self.pool.world_size,
                 "external_ranks": self.pool.external, "timeout_s": self.pool.timeout,

@@ -16,3 +16,21 @@ def cpu_pool():
 @pytest.fixture(scope="session")
 def ci_settings():
     return profiles.get("ci")
+
+
+@pytest.fixture
+def rank_oracles(monkeypatch):
+    """What the ranks ran, example by example: ``(target, {oracle names})`` per
+    rank reply, as each rank reports the options it received."""
+    from fuzz.options import DEFAULT
+
+    seen: list[tuple[str, frozenset[str]]] = []
+    real = RankPool.run
+
+    def run(self, target, scenario, options=DEFAULT):
+        outcome = real(self, target, scenario, options)
+        seen.extend((target, frozenset(obs["oracles"])) for obs in outcome.observations)
+        return outcome
+
+    monkeypatch.setattr(RankPool, "run", run)
+    return seen

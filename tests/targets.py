@@ -148,3 +148,27 @@ class StreamsReceiverNoWait:
 
 def streams_receiver_no_wait(ctx: TargetContext) -> StreamsReceiverNoWait:
     return StreamsReceiverNoWait(ctx)
+
+
+class HangsOnceThenPreFix(PreFix):
+    """pre-fix, except that its first broadcast ever hangs: the first process
+    to broadcast creates the file named by ``$STREAMFUZZ_TEST_HANG_ONCE`` and
+    never returns; once the file exists it is plain pre-fix (a lifetime bug
+    only the lifetime oracle sees on CPU). Lets a test kill a driver with that
+    first example in flight and check what the next start makes of it."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        marker = os.environ.get("STREAMFUZZ_TEST_HANG_ONCE")
+        if marker:
+            try:
+                with open(marker, "x"):
+                    pass
+            except FileExistsError:
+                pass
+            else:
+                time.sleep(3600)
+        return super()._send(draft_table, batch)
+
+
+def hangs_once_then_pre_fix(ctx: TargetContext) -> HangsOnceThenPreFix:
+    return HangsOnceThenPreFix(ctx)

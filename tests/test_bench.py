@@ -8,6 +8,7 @@ import torch
 
 from fuzz import bench
 from fuzz.gates import Gates, GateUnavailable
+from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.runner import run_scenario
 from fuzz.scenario import DEFAULT_SPIN, Delay, Scenario, Step
 from fuzz.streams import SimStreams
@@ -18,10 +19,16 @@ COLUMNS = ["target", "fuzzer ex/s", "loop ex/s", "fuzzer/loop", "held by", "valu
            "examples to 1st failure", "s to 1st failure (cold)", "of which start s", "shrink s"]
 
 
-def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path):
+def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path, rank_oracles):
     report = bench.run(["cpu"], ["pre-fix"], seeds=1, examples=4, detect_examples=2,
                        ff_examples=3, ff_budget_s=20, timeout=30, warmup_examples=2,
                        oracle_examples=2, log=lambda _: None)
+    # The fuzzer's runs get every oracle, as `fuzz run` does; the loop then
+    # switches them off set by set to cost each.
+    every = frozenset(o.value for o in Oracle)
+    assert rank_oracles[0] == ("pre-fix", every)  # the cold start's first example
+    assert {o for _, o in rank_oracles} == {frozenset(), frozenset({"value"}),
+                                            frozenset({"value", "reuse"}), every}
     json_path, md_path = bench.write(tmp_path, report)
     data = json.loads(json_path.read_text())
     (run,) = data["runs"]
@@ -29,6 +36,7 @@ def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path):
     (row,) = run["targets"]
     tp = row["throughput"]
     assert tp["examples"] == 4 and tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
+    assert tp["oracles"] == sorted(every)
     assert set(tp["oracle_cost_ms"]) == {"value", "reuse", "lifetime"}
     assert "detection" not in row  # gates and spins mean nothing on simulated streams
     assert len(row["first_failure"]["seeds"]) == 1
@@ -82,7 +90,7 @@ def test_gate_delays_fall_back_to_spins_where_gates_are_unavailable():
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        obs = run_scenario(scn, _factory, ctx, {"hold": "gate"})
+        obs = run_scenario(scn, _factory, ctx, RunOptions(oracles={Oracle.VALUE}, hold=Hold.GATE))
     finally:
         dist.destroy_process_group()
     assert obs["held"] == ["spin"]

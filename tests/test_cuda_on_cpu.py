@@ -6,10 +6,11 @@ import torch
 
 from fuzz import cuda_on_cpu, driver
 from fuzz.cuda_on_cpu import NotSimulated
+from fuzz.options import Oracle, RunOptions
 from fuzz.scenario import Scenario, Step
 from fuzz.streams import SimEvent, SimStream, SimStreams
 
-LIFETIME = {"oracles": ["lifetime"]}
+LIFETIME = RunOptions(oracles={Oracle.LIFETIME})
 
 
 def _names(module):
@@ -110,10 +111,11 @@ def test_an_unmodified_torch_cuda_handler_finds_pre_fix_on_cpu(cpu_pool, ci_sett
     assert v.first.kind == "lifetime" and v.first.message.startswith("idx_mapping")
     assert "cuda_handlers.py" in v.first.message
     res = driver.fuzz(cpu_pool, "tests.cuda_handlers:PlainPreFix", ci_settings,
-                      max_examples=200, seed=0, oracles=["lifetime"])
+                      max_examples=200, seed=0, options=LIFETIME)
     assert res.failure is not None and res.failure.kind == "lifetime"
     clean = driver.fuzz(cpu_pool, "tests.cuda_handlers:PlainMainGather", ci_settings,
-                        max_examples=30, seed=0, oracles=["lifetime", "value"])
+                        max_examples=30, seed=0,
+                        options=RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE}))
     assert clean.failure is None
 
 
@@ -124,7 +126,7 @@ def test_targets_written_against_ctx_streams_still_work(cpu_pool):
     assert driver.evaluate(cpu_pool, spec + "pre_fix", scn, LIFETIME).first.kind == "lifetime"
     assert driver.evaluate(cpu_pool, spec + "pr_fix", scn, LIFETIME).first.kind == "race"
     assert driver.evaluate(cpu_pool, spec + "main_gather", scn,
-                           {"oracles": ["value", "lifetime"]}).ok
+                           RunOptions(oracles={Oracle.VALUE, Oracle.LIFETIME})).ok
     assert driver.evaluate(cpu_pool, "tests.targets:streams_receiver_no_wait", scn,
                            LIFETIME).first.kind == "race"
 

@@ -7,8 +7,13 @@ import torch
 
 from fuzz import driver
 from fuzz.bench import crafted
+from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool, probe_gpus
 from fuzz.scenario import Churn, Delay, Scenario, Step
+
+GATES = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.GATE)
+"""What a forced interleaving shows without the lifetime oracle, which would
+find these bugs from the order of events, held or not."""
 
 pytestmark = pytest.mark.gpu
 
@@ -80,8 +85,7 @@ def gpu_pool():
 
 def test_gates_force_the_pre_fix_reuse_every_time(gpu_pool):
     scn = crafted("reuse", 1)
-    opts = {"hold": "gate", "oracles": ["value", "reuse"]}
-    kinds = [driver.evaluate(gpu_pool, "pre-fix", scn, opts) for _ in range(20)]
+    kinds = [driver.evaluate(gpu_pool, "pre-fix", scn, GATES) for _ in range(20)]
     assert all(not v.ok and v.first.kind == "reuse" and "gate" in v.held for v in kinds)
 
 
@@ -92,31 +96,30 @@ def test_reuse_is_reported_even_when_the_values_match(gpu_pool):
                 churn=tuple(Churn("main", 1, "int64", 0, True) for _ in range(4)),
                 delays=(Delay("pre_call", "side", 0, until="after_churn"),))
     scn = Scenario(world_size=1, max_num_reqs=4, steps=(step,))
-    opts = {"hold": "gate", "oracles": ["value", "reuse"]}
-    v = driver.evaluate(gpu_pool, "pre-fix", scn, opts)
+    v = driver.evaluate(gpu_pool, "pre-fix", scn, GATES)
     assert [f.kind for f in v.failures] == ["reuse"], v.summary()
-    assert driver.evaluate(gpu_pool, "pr-fix", scn, opts).ok
+    assert driver.evaluate(gpu_pool, "pr-fix", scn, GATES).ok
 
 
 def test_a_gate_timed_out_by_a_first_kernel_launch_is_run_again(gpu_pool):
     # The first example waits on a module load behind the held gate, which
     # times out; the driver runs it again and the forced reuse shows.
     v = driver.evaluate(gpu_pool, "tests.targets:first_launch", crafted("reuse", 1),
-                        {"hold": "gate", "oracles": ["value", "reuse"]})
+                        GATES)
     assert not v.ok and v.first.kind == "reuse", v.summary()
     assert "rerun" in v.held, v.held
 
 
 def test_gates_force_the_pr_fix_write_after_read_every_time(gpu_pool):
     scn = crafted("war", 1)
-    verdicts = [driver.evaluate(gpu_pool, "pr-fix", scn, {"hold": "gate"}) for _ in range(20)]
+    verdicts = [driver.evaluate(gpu_pool, "pr-fix", scn, GATES) for _ in range(20)]
     assert all(not v.ok and v.first.kind == "value" for v in verdicts)
 
 
 @pytest.mark.parametrize("bug", ["reuse", "war"])
 def test_main_gather_is_clean_under_the_same_gates(gpu_pool, bug):
     for _ in range(20):
-        v = driver.evaluate(gpu_pool, "main-gather", crafted(bug, 1), {"hold": "gate"})
+        v = driver.evaluate(gpu_pool, "main-gather", crafted(bug, 1), GATES)
         assert v.ok and v.held == ["gate"], v.summary()
 
 

@@ -4,10 +4,11 @@ and on a GPU where one is visible."""
 import pytest
 
 from fuzz import driver, targets
+from fuzz.options import Oracle, RunOptions
 from fuzz.ranks import RankPool, probe_gpus
 from fuzz.scenario import Scenario, Step
 
-LIFETIME = ["lifetime"]
+LIFETIME = RunOptions(oracles={Oracle.LIFETIME})
 
 
 def _step(slots=(1, 0)):
@@ -22,7 +23,7 @@ def _scn(world=2, steps=2):
 
 
 def test_pre_fix_is_a_lifetime_bug_on_idx_mapping(cpu_pool):
-    v = driver.evaluate(cpu_pool, "pre-fix", _scn(steps=1), {"oracles": LIFETIME})
+    v = driver.evaluate(cpu_pool, "pre-fix", _scn(steps=1), LIFETIME)
     f = v.first
     assert (f.kind, f.rank, f.step) == ("lifetime", 1, 0)
     assert f.message.startswith("idx_mapping (int64[2]) was freed while stream side1")
@@ -30,7 +31,7 @@ def test_pre_fix_is_a_lifetime_bug_on_idx_mapping(cpu_pool):
 
 
 def test_pr_fix_is_a_race_on_the_draft_table(cpu_pool):
-    v = driver.evaluate(cpu_pool, "pr-fix", _scn(), {"oracles": LIFETIME})
+    v = driver.evaluate(cpu_pool, "pr-fix", _scn(), LIFETIME)
     assert [f.kind for f in v.failures] == ["race"]
     assert v.first.message.startswith("write-after-read race on draft_table")
     assert v.first.step == 1
@@ -39,26 +40,26 @@ def test_pr_fix_is_a_race_on_the_draft_table(cpu_pool):
 def test_main_gather_is_clean(cpu_pool):
     for world_steps in (1, 3):
         assert driver.evaluate(cpu_pool, "main-gather", _scn(steps=world_steps),
-                               {"oracles": LIFETIME}).ok
+                               LIFETIME).ok
 
 
 def test_value_only_runs_have_no_rank_findings(cpu_pool):
-    assert driver.evaluate(cpu_pool, "pre-fix", _scn(), {"oracles": ["value"]}).ok
+    assert driver.evaluate(cpu_pool, "pre-fix", _scn(), RunOptions(oracles={Oracle.VALUE})).ok
 
 
 @pytest.mark.parametrize("name", sorted(targets.MUTANTS))
 def test_every_mutant_is_found_by_the_lifetime_oracle(cpu_pool, ci_settings, name):
-    res = driver.fuzz(cpu_pool, name, ci_settings, max_examples=200, seed=0, oracles=LIFETIME)
+    res = driver.fuzz(cpu_pool, name, ci_settings, max_examples=200, seed=0, options=LIFETIME)
     assert res.failure is not None and res.failure.kind in ("lifetime", "race"), name
 
 
 def test_fuzzing_finds_and_shrinks_both_bugs(cpu_pool, ci_settings):
     pre = driver.fuzz(cpu_pool, "pre-fix", ci_settings, max_examples=200, seed=1,
-                      oracles=LIFETIME)
+                      options=LIFETIME)
     assert pre.failure.kind == "lifetime" and "idx_mapping" in pre.failure.message
     assert len(pre.scenario.steps) == 1
     pr = driver.fuzz(cpu_pool, "pr-fix", ci_settings, max_examples=200, seed=1,
-                     oracles=LIFETIME)
+                     options=LIFETIME)
     assert pr.failure.kind == "race" and "draft_table" in pr.failure.message
     assert len(pr.scenario.steps) == 2
 
@@ -69,7 +70,7 @@ def test_every_buggy_target_found_within_200_examples_on_every_seed(cpu_pool, ci
                                                                     seed):
     for name in targets.BUILTIN:
         res = driver.fuzz(cpu_pool, name, ci_settings, max_examples=200, seed=seed,
-                          oracles=LIFETIME)
+                          options=LIFETIME)
         assert (res.failure is None) == (name in targets.CORRECT), (name, seed)
 
 
@@ -77,7 +78,7 @@ def test_every_buggy_target_found_within_200_examples_on_every_seed(cpu_pool, ci
 def test_gpu_run_reports_lifetime_and_race_beside_the_value_oracle():
     if probe_gpus() < 1:
         pytest.skip("no CUDA GPU")
-    both = {"oracles": ["value", "lifetime"]}
+    both = RunOptions(oracles={Oracle.VALUE, Oracle.LIFETIME})
     with RankPool(1, "cuda", timeout=120.0) as pool:
         pre = driver.evaluate(pool, "pre-fix", _scn(world=1, steps=1), both)
         assert pre.first.kind == "lifetime", pre.summary()

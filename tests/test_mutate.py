@@ -6,6 +6,7 @@ import ast
 import json
 
 from fuzz import cli, mutate, sync_sites
+from fuzz.options import MUTATE
 from fuzz.targets import mutated
 
 _SNIPPET = '''
@@ -81,7 +82,7 @@ def _run(target: str, lines: set[int], jobs: int = 1) -> mutate.Report:
     sites = [s for s in mutated.sites(target) if s.line in lines]
     assert {s.line for s in sites} == lines
     return mutate.run(target, sites, device="cpu", world_size=2, jobs=jobs, max_examples=30,
-                      seed=0, oracles=["lifetime"], timeout=30.0, shrink_budget_s=5.0,
+                      seed=0, options=MUTATE, timeout=30.0, shrink_budget_s=5.0,
                       corpus_dir=None, log=lambda _: None)
 
 
@@ -111,12 +112,13 @@ def test_a_redundant_second_wait_survives_and_is_called_redundant():
     assert unreached.why.startswith("cannot tell: no example ran this line")
 
 
-def test_cli_writes_json_and_markdown(tmp_path, capsys):
+def test_cli_writes_json_and_markdown(tmp_path, capsys, rank_oracles):
     site = min(_line_of("tests.sync_targets:one_wait", "self.side.wait_stream(self.main)"))
     rc = cli.main(["mutate", "--target", "tests.sync_targets:one_wait", "--device", "cpu",
                    "--site", str(site), "--max-examples", "20", "--jobs", "1",
                    "--out", str(tmp_path), "--corpus", str(tmp_path / "corpus")])
     assert rc == 0
+    assert {o for _, o in rank_oracles} == {frozenset({"lifetime"})}  # mutate's default
     data = json.loads((tmp_path / "tests.sync_targets-one_wait.json").read_text())
     assert [r["verdict"] for r in data["rows"]] == ["caught"]
     assert data["rows"][0]["site"]["line"] == site

@@ -1,0 +1,116 @@
+"""What one run asks of every example: which oracles judge it, how streams are held.
+
+One frozen object, built and validated here, so that every command, every rank
+and every replay agrees on what ran. It travels to the ranks as itself
+(pickled), and into corpus entries as plain values (``to_dict``), so that
+``fuzz replay`` judges an entry with the oracles that found it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Oracle(str, Enum):
+    """A judge of one example. ``value`` runs in the driver; ``lifetime`` and
+    ``reuse`` on the ranks (``reuse`` watches the CUDA caching allocator and
+    has nothing to watch on CPU, where it is a no-op)."""
+
+    VALUE = "value"
+    LIFETIME = "lifetime"
+    REUSE = "reuse"
+
+
+class Hold(str, Enum):
+    """How a delay that names a point holds a stream: a gate kernel opened at
+    that point (spins where gates are unavailable), or a plain spin."""
+
+    GATE = "gate"
+    SPIN = "spin"
+
+
+ALL = "all"
+ORACLE_CHOICES = (ALL, *(o.value for o in Oracle))
+"""What ``--oracle`` accepts; ``all`` is every member of ``Oracle``."""
+
+_LEGACY_ORACLES = frozenset({Oracle.VALUE})
+"""What judged a corpus entry that does not say: entries written before the
+oracles were recorded were all found by the value oracle."""
+
+
+class OptionsError(ValueError):
+    """An option that names no oracle or hold; the message lists the choices."""
+
+
+def parse_oracles(names: str | Iterable[str]) -> frozenset[Oracle]:
+    """``"all"``, one name, a comma-separated list, or an iterable of those."""
+    parts = [names] if isinstance(names, str) else list(names)
+    chosen: set[Oracle] = set()
+    for part in parts:
+        for name in str(part.value if isinstance(part, Oracle) else part).split(","):
+            name = name.strip()
+            if name == ALL:
+                chosen.update(Oracle)
+            elif name in Oracle._value2member_map_:
+                chosen.add(Oracle(name))
+            elif name:
+                raise OptionsError(f"unknown oracle {name!r}: use {', '.join(ORACLE_CHOICES)}")
+    return frozenset(chosen)
+
+
+def _hold(value: Hold | str) -> Hold:
+    try:
+        return Hold(value)
+    except ValueError:
+        raise OptionsError(f"unknown hold {value!r}: use "
+                           f"{', '.join(h.value for h in Hold)}") from None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Options every rank gets unchanged with every example.
+
+    Defaults: every oracle, gates. An empty oracle set is allowed (the
+    benchmark measures the harness alone that way); names are accepted
+    wherever members are, and validated here.
+    """
+
+    oracles: frozenset[Oracle] = field(default_factory=lambda: frozenset(Oracle))
+    hold: Hold = Hold.GATE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "oracles", parse_oracles(self.oracles))
+        object.__setattr__(self, "hold", _hold(self.hold))
+
+    @property
+    def values(self) -> bool:
+        """Whether the driver runs the value oracle."""
+        return Oracle.VALUE in self.oracles
+
+    def runs(self, oracle: Oracle) -> bool:
+        return oracle in self.oracles
+
+    def oracle_names(self) -> list[str]:
+        """Sorted names, for reports, corpus entries and messages."""
+        return sorted(o.value for o in self.oracles)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"oracles": self.oracle_names(), "hold": self.hold.value}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunOptions:
+        """From ``to_dict``'s form, as a corpus entry's ``found_on`` keeps it;
+        an entry without ``oracles`` predates recording them (value only)."""
+        oracles = data.get("oracles")
+        return cls(oracles=_LEGACY_ORACLES if oracles is None else parse_oracles(oracles),
+                   hold=data.get("hold", cls.hold))
+
+
+DEFAULT = RunOptions()
+
+MUTATE = RunOptions(oracles={Oracle.LIFETIME})
+"""``fuzz mutate``'s default: a removed sync is a hazard whether or not a value
+goes wrong, and only the lifetime oracle sees that on CPU."""

@@ -1,0 +1,153 @@
+"""One RunOptions from the command line to every rank: each command sends the
+oracles it was asked for (``all`` is every oracle), and corpus entries record
+them so that a replay judges the same way."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fuzz import cli, corpus
+from fuzz.options import DEFAULT, Hold, OptionsError, Oracle, RunOptions, parse_oracles
+
+ALL = frozenset(o.value for o in Oracle)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_all_is_every_oracle_and_names_are_validated_in_one_place():
+    assert parse_oracles("all") == frozenset(Oracle) == DEFAULT.oracles
+    assert parse_oracles("value,lifetime") == {Oracle.VALUE, Oracle.LIFETIME}
+    assert parse_oracles(["reuse", "value"]) == {Oracle.REUSE, Oracle.VALUE}
+    assert RunOptions(oracles=["lifetime"], hold="spin") == \
+        RunOptions(oracles={Oracle.LIFETIME}, hold=Hold.SPIN)
+    with pytest.raises(OptionsError, match="unknown oracle 'valu': use all, value"):
+        RunOptions(oracles=["valu"])
+    with pytest.raises(OptionsError, match="unknown hold 'wait'"):
+        RunOptions(hold="wait")
+
+
+def test_options_cross_the_process_boundary_and_the_corpus_unchanged():
+    opts = RunOptions(oracles={Oracle.LIFETIME, Oracle.REUSE}, hold=Hold.SPIN)
+    assert pickle.loads(pickle.dumps(opts)) == opts
+    assert RunOptions.from_dict(json.loads(json.dumps(opts.to_dict()))) == opts
+    # An entry written before oracles were recorded was found by the value oracle.
+    assert RunOptions.from_dict({}).oracles == {Oracle.VALUE}
+
+
+def test_a_bad_oracle_on_the_command_line_is_one_line_and_exit_2():
+    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--oracle", "lifetime,nope"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "unknown oracle 'nope'" in out.stderr
+
+
+def _ran(seen, target=None):
+    return {o for t, o in seen if target is None or t == target}
+
+
+def test_run_sends_every_oracle_by_default_and_replay_judges_with_them(rank_oracles,
+                                                                       tmp_path, capsys):
+    report = tmp_path / "r.json"
+    code = cli.main(["run", "--target", "pre-fix", "--device", "cpu", "--max-examples", "200",
+                     "--seed", "0", "--profile", "ci", "--corpus", str(tmp_path / "c"),
+                     "--report", str(report)])
+    assert code == 1
+    assert _ran(rank_oracles) == {ALL}
+    data = json.loads(report.read_text())
+    assert data["oracles"] == sorted(ALL) and data["hold"] == "gate"
+    (failure,) = data["failures"]
+    assert failure["kind"] == "lifetime"
+    entry = corpus.load(failure["corpus_path"])
+    assert set(entry.found_on["oracles"]) == ALL
+
+    rank_oracles.clear()
+    capsys.readouterr()
+    assert cli.main(["replay", "--device", "cpu", failure["corpus_path"]]) == 0
+    assert "still fails (lifetime" in capsys.readouterr().out
+    assert _ran(rank_oracles, "pre-fix") == {ALL}
+
+
+def test_run_and_replay_send_only_the_oracles_asked_for(rank_oracles, tmp_path):
+    assert cli.main(["run", "--target", "main-gather", "--device", "cpu", "--max-examples",
+                     "3", "--seed", "0", "--profile", "ci", "--oracle", "lifetime",
+                     "--corpus", str(tmp_path)]) == 0
+    assert _ran(rank_oracles) == {frozenset({"lifetime"})}
+
+
+def test_replay_of_an_entry_without_recorded_oracles_uses_the_value_oracle(rank_oracles,
+                                                                          tmp_path):
+    (path,) = sorted((ROOT / "corpus" / "pre-fix").glob("lifetime-*.json"))[:1]
+    entry = corpus.load(path)
+    legacy = corpus.Entry(target=entry.target, kind=entry.kind, message=entry.message,
+                          scenario=entry.scenario,
+                          found_on={k: v for k, v in entry.found_on.items() if k != "oracles"})
+    # The value oracle cannot see pre-fix's bug on CPU: the replay disagrees.
+    assert cli.main(["replay", "--device", "cpu", str(corpus.save(tmp_path, legacy))]) == 1
+    assert _ran(rank_oracles) == {frozenset({"value"})}
+
+
+def test_matrix_all_column_sends_every_oracle(rank_oracles, capsys):
+    assert cli.main(["matrix", "--device", "cpu", "--oracle", "all", "--oracle", "value",
+                     "--target", "main-gather", "--max-examples", "3"]) == 0
+    assert _ran(rank_oracles) == {ALL, frozenset({"value"})}
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    assert ["main-gather", "all"] in [r[:2] for r in rows]
+
+
+def _soak_args(out, *more):
+    return ["soak", "--device", "cpu", "--out", str(out), "--corpus", str(out / "corpus"),
+            "--stats-every", "1s", "--recycle-mib", "0", *map(str, more)]
+
+
+def test_soak_sends_every_oracle_and_its_entries_record_them(rank_oracles, tmp_path):
+    out = tmp_path / "soak"
+    code = cli.main(_soak_args(out, "--budget", "6s", "--round", "3s", "--shrink", "3s",
+                               "--targets", "pre-fix"))
+    assert code == 1
+    assert _ran(rank_oracles) == {ALL}
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["config"]["oracles"] == sorted(ALL)
+    assert rep["failures"] and all(f["kind"] == "lifetime" for f in rep["failures"])
+    for f in rep["failures"]:
+        assert set(corpus.load(Path(f["path"])).found_on["oracles"]) == ALL
+
+
+def test_soak_recovery_replays_the_example_in_flight_with_the_runs_oracles(
+        rank_oracles, tmp_path, monkeypatch):
+    """The driver is killed (-9) while its first broadcasting example hangs; the
+    next start replays that example with every oracle, finds pre-fix's lifetime
+    bug in it (the value oracle alone cannot, on CPU) and saves it."""
+    out, marker = tmp_path / "soak", tmp_path / "hung"
+    monkeypatch.setenv("STREAMFUZZ_TEST_HANG_ONCE", str(marker))
+    args = _soak_args(out, "--targets", "tests.targets:hangs_once_then_pre_fix")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "fuzz", *args, "--budget", "10m",
+                             "--timeout", "600"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():  # the example that hangs is now in flight
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(0.5)
+    finally:
+        proc.kill()  # no handler, no cleanup
+        proc.wait()
+    journaled = json.loads((out / "journal.json").read_text())["scenario"]
+
+    state = json.loads((out / "state.json").read_text())
+    monkeypatch.chdir(ROOT)
+    code = cli.main([*args, "--budget", f"{int(state['elapsed_s']) + 4}s", "--round", "2s",
+                     "--shrink", "2s"])
+    assert code == 1
+    assert rank_oracles[0][1] == ALL  # the replay of the example in flight
+    rep = json.loads((out / "report.json").read_text())
+    recovered = [f for f in rep["failures"] if f["recovered"]]
+    assert [f["kind"] for f in recovered] == ["lifetime"], rep["failures"]
+    entry = corpus.load(Path(recovered[0]["path"]))
+    assert entry.scenario.to_dict() == journaled and set(entry.found_on["oracles"]) == ALL
