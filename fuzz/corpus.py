@@ -2,7 +2,8 @@
 
 A file holds the scenario as plain values, so it replays after the strategies
 change or Hypothesis is upgraded. Files are written atomically (temporary file,
-fsync, rename): an interrupted run never leaves half an entry behind.
+fsync, rename): an interrupted run never leaves half an entry behind, and the
+temporary file of a run killed mid-write is swept by the next one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,11 @@ from fuzz.scenario import Scenario, ScenarioError
 from fuzz.verdict import KINDS
 
 SCHEMA = 1
+
+STALE_TEMP_S = 600.0
+"""A temporary file older than this was left by a writer that was killed (a
+write takes milliseconds); younger ones may belong to a live writer on a
+shared corpus."""
 
 
 class CorpusError(ValueError):
@@ -52,12 +59,23 @@ def target_dir(target: str) -> str:
 
 
 def save(corpus: Path, entry: Entry) -> Path:
-    """Write ``entry`` under ``corpus/<target>/``; the name is its content hash."""
+    """Write ``entry`` under ``corpus/<target>/``; the name is its content hash.
+
+    An entry for the same scenario that is already there is kept as it is (a
+    committed regression must not change with the machine that found it again),
+    unless only its ``flaky`` mark differs.
+    """
     data = entry.to_dict()
     digest = hashlib.sha256(json.dumps(data["scenario"], sort_keys=True).encode()).hexdigest()
     directory = Path(corpus) / target_dir(entry.target)
     directory.mkdir(parents=True, exist_ok=True)
+    sweep(directory)
     path = directory / f"{entry.kind}-{digest[:12]}.json"
+    try:
+        if load(path).flaky == entry.flaky:
+            return path
+    except CorpusError:
+        pass  # absent or unusable: write it
     write_json_atomic(path, data)
     return path
 
@@ -67,9 +85,15 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Temporary file, fsync, rename, fsync the directory: all or nothing on disk."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Temporary file, fsync, rename, fsync the directory: all or nothing on disk.
+
+    The file gets the mode of any other new file (umask), not mkstemp's 0600.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
@@ -84,6 +108,29 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def sweep(root: Path, older_than_s: float = STALE_TEMP_S) -> list[Path]:
+    """Remove temporary files that killed writers left under ``root``; returns them.
+
+    Names are ``.<file>.<random>.tmp`` (and ``.<file>.json.<random>`` from
+    earlier versions).
+    """
+    removed: list[Path] = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    cutoff = time.time() - older_than_s
+    for p in root.rglob(".*"):
+        if not (p.name.endswith(".tmp") or ".json." in p.name):
+            continue
+        try:
+            if p.is_file() and p.stat().st_mtime < cutoff:
+                p.unlink()
+                removed.append(p)
+        except OSError:
+            pass  # another sweeper got it, or it is not ours to remove
+    return removed
 
 
 def load(path: Path) -> Entry:
