@@ -1,5 +1,9 @@
 # streamfuzz. Every target bootstraps .venv on first use:
-#  - where a python3 already has torch (a GPU node), the venv reuses it;
+#  - where $(PYTHON) already has torch (a GPU node), the venv sees every package
+#    $(PYTHON) sees, offline, through a .pth file that adds its site directories
+#    (a --system-site-packages venv made from a python3 that is itself a venv
+#    would see only the base interpreter's), and uses its pip; a test tool it
+#    lacks is installed;
 #  - otherwise it installs torch==2.13.0 (the CPU wheel) and the test tools.
 PYTHON ?= python3
 VENV := .venv
@@ -8,24 +12,38 @@ BUDGET ?= 60
 EXAMPLES ?= 300
 SOAK_OUT ?= soak
 TARGETS ?=
+# Modules the runs and tests import, as "module=distribution".
+TOOLS := hypothesis=hypothesis pytest=pytest xdist=pytest-xdist numpy=numpy matplotlib=matplotlib
 
 .PHONY: fuzz soak test replay lint bench matrix clean
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
-		echo "bootstrap: reusing the torch of $(PYTHON)"; \
-		$(PYTHON) -m venv --system-site-packages $(VENV) && \
-		$(PY) -m pip install -q --no-deps --no-build-isolation -e . ; \
+		echo "bootstrap: $(VENV) reuses the torch and packages of $(PYTHON) (no download)"; \
+		$(PYTHON) -m venv --without-pip $(VENV) && \
+		$(PYTHON) -c 'import site; [print("import site; site.addsitedir(%r)" % d) for d in site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]' \
+			> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_streamfuzz_parent.pth" && \
+		{ $(PY) -c 'import pip' 2>/dev/null || { echo "bootstrap: $(PYTHON) has no pip"; exit 1; }; } && \
+		missing=$$(for t in $(TOOLS); do $(PY) -c "import $${t%%=*}" 2>/dev/null || echo $${t#*=}; done) && \
+		if [ -n "$$missing" ]; then \
+			echo "bootstrap: installing what $(PYTHON) lacks:" $$missing; \
+			$(PY) -m pip install -q $$missing || exit 1; \
+		fi && \
+		echo "bootstrap: installing streamfuzz itself (editable, offline)" && \
+		$(PY) -m pip install -q --no-index --no-deps --no-build-isolation -e . ; \
 	else \
-		echo "bootstrap: installing torch==2.13.0 (CPU) and the test tools"; \
+		echo "bootstrap: $(PYTHON) has no torch: installing torch==2.13.0 (CPU wheel) and the"; \
+		echo "bootstrap: test tools into $(VENV); this takes a minute or two, once"; \
 		$(PYTHON) -m venv $(VENV) && \
 		$(PY) -m pip install -q torch==2.13.0 && \
 		$(PY) -m pip install -q -e '.[dev]'; \
 	fi
 	@touch $@
 
-# Every built-in target on --device auto, a bounded time each, then a table.
-# Exit status 1 (failures found and saved) is this command's purpose, not an error.
+# The three versions on --device auto, each until EXAMPLES examples or BUDGET
+# seconds (then shrinking), then a table. Exit status 1 (failures found and
+# saved) is this command's purpose, not an error; anything else (2 bad usage,
+# 70 streamfuzz crashed, 130 interrupted) fails the target.
 fuzz: $(VENV)/.ready
 	@$(PY) -m fuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
 		--report reports/fuzz.json; rc=$$?; test $$rc -le 1

@@ -1,5 +1,24 @@
+"""``python -m fuzz``: the command line, with a crash of the tool itself (even
+one while importing it, such as a missing package) kept apart from findings."""
+
 import sys
+import traceback
 
-from fuzz.cli import main
+EXIT_CRASH = 70
+"""Exit status of a crash of streamfuzz itself (sysexits' EX_SOFTWARE): never 1,
+which means "a failure was found"."""
 
-sys.exit(main())
+
+def main() -> int:
+    try:
+        from fuzz.cli import main as cli_main
+    except Exception:
+        traceback.print_exc()
+        print(f"streamfuzz: crashed while starting (exit {EXIT_CRASH}); nothing was fuzzed",
+              file=sys.stderr)
+        return EXIT_CRASH
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,19 +2,24 @@
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config,
-3 (soak with external ranks) the ranks were lost before the budget was spent.
+3 (soak with external ranks) the ranks were lost before the budget was spent,
+70 streamfuzz itself crashed (a traceback, not a finding), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fuzz import corpus, profiles, targets
+from fuzz.__main__ import EXIT_CRASH
 from fuzz.options import (
     DEFAULT,
     MUTATE,
@@ -25,7 +30,7 @@ from fuzz.options import (
     RunOptions,
     parse_oracles,
 )
-from fuzz.ranks import RankPool, RankStartError, probe_gpus
+from fuzz.ranks import RankPool, RankStartError, cpu_world_limit, probe_gpus
 
 
 class UsageError(Exception):
@@ -113,25 +118,36 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+        q.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
+                       help="where the ranks run; auto: CUDA where a GPU is visible, "
+                            "else the CPU (default auto)")
         q.add_argument("--timeout", type=_seconds, default=60.0,
                        help="seconds one example may take before it is a hang (default 60)")
 
-    r = sub.add_parser("run", help="fuzz targets; shrunk failures go to the corpus")
+    r = sub.add_parser("run", help="fuzz targets; shrunk failures go to the corpus",
+                       epilog="built-in targets: the versions "
+                              f"{', '.join(targets.VERSIONS)}; the mutants "
+                              f"{', '.join(targets.MUTANTS)}")
     r.add_argument("--target", action="append", metavar="T",
                    help="built-in name or package.module:attr; repeatable "
                         "(default: the three versions)")
     common(r)
     r.add_argument("--world-size", type=_positive, default=None,
                    help="ranks (default: 2 on cpu, every GPU on cuda)")
-    r.add_argument("--max-examples", type=_positive, default=200)
-    r.add_argument("--budget", type=_seconds, default=None, help="seconds per target")
+    r.add_argument("--max-examples", type=_positive, default=200,
+                   help="examples per target at most, shrinking not counted (default 200)")
+    r.add_argument("--budget", type=_seconds, default=None,
+                   help="seconds per target at most, shrinking not counted (default: none)")
     r.add_argument("--shrink-budget", type=_seconds, default=120.0,
                    help="seconds of shrinking per failure before the case is saved (default 120)")
-    r.add_argument("--seed", type=int, default=None)
-    r.add_argument("--corpus", type=Path, default=Path("corpus"))
-    r.add_argument("--report", type=Path, default=None)
-    r.add_argument("--profile", choices=profiles.PROFILES, default="default")
+    r.add_argument("--seed", type=int, default=None,
+                   help="Hypothesis seed, for a repeatable run (default: random)")
+    r.add_argument("--corpus", type=Path, default=Path("corpus"),
+                   help="directory the shrunk failures are saved in (default corpus/)")
+    r.add_argument("--report", type=Path, default=None,
+                   help="write a JSON report to this file (default: none)")
+    r.add_argument("--profile", choices=profiles.PROFILES, default="default",
+                   help="Hypothesis settings profile (default: default)")
     _add_run_options(r)
 
     k = sub.add_parser("soak", help="a time-budgeted campaign that survives crashes, hangs "
@@ -266,6 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("streamfuzz: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        traceback.print_exc()
+        print(f"streamfuzz: crashed (exit {EXIT_CRASH}): a bug in streamfuzz or its "
+              "environment, not a finding", file=sys.stderr)
+        return EXIT_CRASH
 
 
 def _device(requested: str) -> tuple[str, int]:
@@ -277,12 +298,42 @@ def _device(requested: str) -> tuple[str, int]:
 
 def _world_size(device: str, gpus: int, requested: int | None) -> int:
     if device == "cpu":
-        return requested or 2
+        size = requested or 2
+        _check_cpu_world(size, f"--world-size {size}")
+        return size
     size = requested or gpus
     if size > gpus:
         raise UsageError(f"--world-size {size} needs {size} GPUs (one per rank; NCCL refuses "
                          f"two ranks on one GPU) but {gpus} visible")
     return size
+
+
+def _check_cpu_world(size: int, what: str) -> None:
+    limit, why = cpu_world_limit()
+    if size > limit:
+        raise UsageError(f"{what}: this machine holds at most {limit} CPU ranks ({why})")
+
+
+def _check_dir(path: Path, flag: str) -> None:
+    """A directory that exists or can be made, and takes a new file; else one
+    line, exit 2. Tried for real (root passes any permission check)."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".streamfuzz-probe.", suffix=".tmp", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: not a writable directory "
+                         f"({exc.strerror or exc})") from None
+
+
+def _check_file(path: Path, flag: str) -> None:
+    """A file that can be written (its folder is made if missing)."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name")
+    _check_dir(path.parent, flag)
 
 
 class _Progress:
@@ -317,8 +368,12 @@ def _run(args: argparse.Namespace) -> int:
     names = args.target or list(targets.VERSIONS)
     for name in names:
         targets.check_importable(name)
+    _check_dir(args.corpus, "--corpus")
+    if args.report:
+        _check_file(args.report, "--report")
     device, gpus = _device(args.device)
     world = _world_size(device, gpus, args.world_size)
+    corpus.sweep(args.corpus)
     settings = profiles.get(args.profile)
     options = _run_options(args)
     results = []
@@ -450,6 +505,10 @@ def _soak(args: argparse.Namespace) -> int:
     names = [n for arg in names for n in arg.split(",") if n]
     for name in names:
         targets.check_importable(name)
+    _check_dir(args.out, "--out")
+    _check_dir(args.corpus, "--corpus")
+    if args.database:
+        _check_dir(args.database, "--database")
     if (args.listen is None) != (args.ranks_external is None):
         raise UsageError("--listen and --ranks-external go together")
     if args.ranks_external:
@@ -499,8 +558,14 @@ def _replay(args: argparse.Namespace) -> int:
     bad = 0
     by_world: dict[tuple[str, int], list[corpus.Entry]] = {}
     for e in entries:
-        targets.check_importable(e.target)
+        try:
+            targets.check_importable(e.target)
+        except targets.TargetError as exc:
+            raise UsageError(f"{e.path}: {exc}") from None
         need = e.device
+        if need != "cuda":
+            _check_cpu_world(e.scenario.world_size,
+                             f"{e.path}: world size {e.scenario.world_size}")
         if need == "cuda" and device != "cuda":
             print(f"{e.path}: skipped (found on cuda; no GPU here)")
             continue

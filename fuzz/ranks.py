@@ -53,6 +53,38 @@ def probe_gpus() -> int:
         return 0
 
 
+CPU_RANK_MIB = 512
+"""Memory a CPU rank is budgeted (one measured 230-300 MiB resident; README)."""
+
+CPU_RANKS_PER_CORE = 4
+"""Gloo ranks per core beyond which a world spends its time waiting for a turn
+on a core and its start runs past any timeout."""
+
+
+def cpu_world_limit() -> tuple[int, str]:
+    """The most CPU ranks this machine can hold, and why that many."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    by_cores = cores * CPU_RANKS_PER_CORE
+    avail = _mem_available_mib()
+    by_mem = int(avail // CPU_RANK_MIB) if avail is not None else by_cores
+    if by_mem < by_cores:
+        return max(1, by_mem), (f"{avail / 1024:.1f} GiB of memory available at "
+                                f"{CPU_RANK_MIB} MiB a rank")
+    return by_cores, f"{cores} core(s) at {CPU_RANKS_PER_CORE} ranks a core"
+
+
+def _mem_available_mib() -> float | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def rss_bytes() -> int:
     """Resident set size of this process (one small /proc read; peak RSS elsewhere)."""
     try:

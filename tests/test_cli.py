@@ -23,6 +23,11 @@ def _cli(*args, cwd=ROOT):
     (["run", "--max-examples", "many"], "is not an integer"),
     (["run", "--device", "tpu"], "invalid choice"),
     (["run", "--device", "cuda", "--target", "pre-fix"], "no CUDA GPU"),
+    (["run", "--device", "cpu", "--world-size", "100000"], "this machine holds at most"),
+    (["run", "--corpus", "pyproject.toml"], "--corpus pyproject.toml: exists and is not a dir"),
+    (["run", "--report", "pyproject.toml/r.json"], "--report pyproject.toml: exists and is not"),
+    (["run", "--report", "tests"], "--report tests: is a directory"),
+    (["soak", "--budget", "1m", "--out", "pyproject.toml"], "--out pyproject.toml: exists and"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(args, message):
     if "cuda" in args:
@@ -80,3 +85,71 @@ def test_matrix_prints_cells_and_fails_on_a_miss():
     miss = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--target",
                 "tests.targets:shifted_rows", "--max-examples", "20", "--seeds", "1")
     assert miss.returncode == 1 and "FAIL: tests.targets:shifted_rows x lifetime" in miss.stdout
+
+
+def test_an_unwritable_report_place_is_refused_before_fuzzing(tmp_path):
+    # /proc takes no new directories, even from root.
+    out = _cli("run", "--device", "cpu", "--report", "/proc/streamfuzz-nowhere/r.json",
+               "--corpus", tmp_path / "corpus")
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    (line,) = out.stderr.strip().splitlines()
+    assert "--report /proc/streamfuzz-nowhere: not a writable directory" in line
+
+
+@pytest.mark.parametrize("source, where, what", [
+    ("x = 1\ndef f(:\n", "broken.py:2", "SyntaxError: invalid syntax"),
+    ("import os\n\nraise ValueError('no config')\n", "broken.py:3", "ValueError: no config"),
+    ("import no_such_dependency_xyz\n", "broken.py:1", "No module named 'no_such_dependency_xyz'"),
+])
+def test_a_target_module_that_fails_to_import_is_one_line_with_file_and_line(
+        tmp_path, source, where, what):
+    (tmp_path / "broken.py").write_text(source)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--device", "cpu", "--target",
+                          "broken:make"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "importing 'broken' failed at " in line and where in line and what in line, line
+    assert str(tmp_path / "broken.py") in line
+
+
+def test_replay_names_the_file_whose_target_is_unknown_or_too_big(tmp_path):
+    src = json.loads(next(ROOT.glob("corpus/pre-fix/*.json")).read_text())
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps(dict(src, target="no-such-target")))
+    out = _cli("replay", unknown, "--device", "cpu")
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"streamfuzz: error: {unknown}: unknown target 'no-such-target'")
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(dict(src, scenario=dict(src["scenario"], world_size=100000))))
+    out = _cli("replay", big, "--device", "cpu")
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert f"{big}: world size 100000: this machine holds at most" in line
+
+
+def test_run_help_documents_every_option_and_names_the_targets():
+    out = _cli("run", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for flag in ("--max-examples", "--seed", "--corpus", "--report", "--profile", "--device",
+                 "--budget", "--world-size", "--timeout", "--hold", "--oracle", "--target",
+                 "--shrink-budget"):
+        described = text.split(flag, 2)[-1].split(" --")[0]
+        assert "default" in described, (flag, described)
+    for name in ("pre-fix", "pr-fix", "main-gather", "missing-wait", "staging-buffer"):
+        assert name in text.split("built-in targets:")[1]
+
+
+def test_a_crash_of_the_tool_is_not_exit_1(tmp_path):
+    """A traceback is exit 70, so it is never mistaken for 'failures found'."""
+    (tmp_path / "hypothesis").mkdir()  # shadows the real package: the driver cannot start
+    (tmp_path / "hypothesis" / "__init__.py").write_text("raise RuntimeError('broken install')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--device", "cpu"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 70, out.stderr
+    assert "RuntimeError: broken install" in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("streamfuzz: crashed")

@@ -16,6 +16,7 @@ Built-in targets are named; a user's target is ``package.module:attr``.
 from __future__ import annotations
 
 import importlib
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,8 +117,12 @@ def load(name: str) -> Factory:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TargetError(f"target {name!r}: cannot import {module_name!r} ({exc})") from None
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise TargetError(f"target {name!r}: cannot import {module_name!r} ({exc})") from None
+        raise TargetError(_import_failure(name, module_name, exc)) from None
+    except Exception as exc:  # the module itself is broken: say where
+        raise TargetError(_import_failure(name, module_name, exc)) from None
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -126,6 +131,25 @@ def load(name: str) -> Factory:
     if not callable(factory):
         raise TargetError(f"target {name!r}: {attr!r} is not callable")
     return factory
+
+
+def _import_failure(name: str, module_name: str, exc: BaseException) -> str:
+    """One line: the module, and the file and line where importing it failed.
+
+    For a syntax error that is the offending line; otherwise the innermost
+    frame of the traceback that is not the import machinery.
+    """
+    where = "?"
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{exc.filename}:{exc.lineno}"
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not f.filename.startswith("<frozen ")]
+        if frames:
+            where = f"{frames[-1].filename}:{frames[-1].lineno}"
+    what = (exc.msg if isinstance(exc, SyntaxError) else str(exc)).splitlines()
+    return (f"target {name!r}: importing {module_name!r} failed at {where}: "
+            f"{type(exc).__name__}: {what[0] if what else ''}")
 
 
 def check_importable(name: str) -> None:
