@@ -15,7 +15,7 @@ TARGETS ?=
 # Modules the runs and tests import, as "module=distribution".
 TOOLS := hypothesis=hypothesis pytest=pytest xdist=pytest-xdist numpy=numpy matplotlib=matplotlib
 
-.PHONY: fuzz soak test replay lint bench matrix clean
+.PHONY: fuzz soak test replay lint bench bench-checked matrix clean
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -74,6 +74,10 @@ lint: $(VENV)/.ready
 BENCH_OUT ?= reports/bench
 bench: $(VENV)/.ready
 	$(PY) -m fuzz bench --device auto --out $(BENCH_OUT)
+
+# What a streamfuzz.checked() block adds to a user's Hypothesis test (bench/README.md).
+bench-checked: $(VENV)/.ready
+	PYTHONPATH=. $(PY) bench/checked_overhead.py --device auto --out $(BENCH_OUT)/checked.json
 
 clean:
 	rm -rf $(VENV) reports soak .hypothesis .pytest_cache

@@ -114,3 +114,127 @@ def test_the_cuda_device_option_without_a_gpu_is_one_usage_error(tmp_path):
     assert res.returncode == 4
     assert "--streamfuzz-device cuda: no CUDA GPU is visible here" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+# -- plain torch.cuda code on simulated streams (no GPU needed) ------------------
+
+_SHRINK = '''
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import streamfuzz
+
+def gather(n):
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    table = torch.arange(4 * 64, device="cuda").view(64, 4)
+    idx_mapping = torch.arange(n).to("cuda", non_blocking=True)
+    if n > 8:  # large batches overlap the gather with main's work
+        with torch.cuda.stream(side):
+            side.wait_stream(main)
+            rows = table[idx_mapping]
+        del idx_mapping
+        main.wait_stream(side)
+    else:
+        rows = table[idx_mapping]
+    return rows
+
+@settings(database=None, deadline=None)
+@given(st.integers(1, 64))
+def test_block(n):
+    with streamfuzz.checked():
+        rows = gather(n)
+    assert rows.shape[0] == n
+
+@pytest.mark.streamfuzz
+@settings(database=None, deadline=None)
+@given(st.integers(1, 64))
+def test_marker(n):
+    assert gather(n).shape[0] == n
+'''
+
+
+def test_hypothesis_shrinks_a_finding_to_the_smallest_failing_example(tmp_path):
+    res = _pytest(tmp_path, _SHRINK, "--streamfuzz-device", "cpu")
+    out = res.stdout
+    assert res.returncode == 1, out + res.stderr
+    assert "2 failed" in out
+    # Both forms (a block in the test, the marker around each example) shrink to n=9.
+    assert out.count("Falsifying example: test_block(\n    n=9,\n)") == 1, out
+    assert out.count("Falsifying example: test_marker(\n    n=9,\n)") == 1, out
+    assert out.count("StreamfuzzError: streamfuzz: 1 finding(s) in a checked block "
+                     "(device cpu)\n") == 2, out
+    # The oracle's own message, with the user's frames and no test runner's.
+    assert "lifetime: a tensor int64[9] made by " in out
+    assert "was freed while stream side" in out
+    assert "used on side1:   test_user.py:16 gather <- test_user.py:26 test_block\n" in out
+    assert "used on side1:   test_user.py:16 gather <- test_user.py:34 test_marker\n" in out
+    assert "hypothesis/" not in out.split("Falsifying example")[1].split("\n\n")[0]
+
+
+def test_the_fixture_checks_the_whole_test_and_collect_keeps_findings(tmp_path):
+    body = _PRE_PR + '''
+import pytest
+import streamfuzz
+
+def test_fixture(stream_checker):
+    assert send(2) == 28
+
+def test_fixture_clean(stream_checker):
+    x = torch.ones(3, device="cuda")
+    assert x.sum().item() == 3
+
+@pytest.mark.streamfuzz(collect=True)
+def test_marker_collects():
+    assert send(1) == 6
+
+def test_collect():
+    with streamfuzz.checked(collect=True) as check:
+        send(3)
+    assert [f.kind for f in check.findings] == ["lifetime"]
+
+def test_oracle_choice():
+    with streamfuzz.checked(oracles=["race"]) as check:
+        send(3)
+    assert check.findings == []
+'''
+    res = _pytest(tmp_path, body, "--streamfuzz-device", "cpu", "-rA")
+    out = res.stdout
+    assert res.returncode == 1, out + res.stderr
+    assert "1 failed, 4 passed" in out, out
+    assert "FAILED test_user.py::test_fixture - streamfuzz.StreamfuzzError" in out
+    assert "freed (seen at):  test_user.py:" in out
+
+
+def test_the_examples_pass_and_xfail_under_xdist():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-n", "2", "--streamfuzz-device", "cpu", "-rxX",
+                          "examples/test_user_code.py"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 passed, 1 xfailed" in res.stdout, res.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_examples_on_real_streams():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--streamfuzz-device", "cuda", "-rxX", "examples/test_user_code.py"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 passed, 1 xfailed" in res.stdout, res.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_hypothesis_shrinks_a_finding_on_real_streams(tmp_path):
+    res = _pytest(tmp_path, _SHRINK, "--streamfuzz-device", "cuda")
+    out = res.stdout
+    assert res.returncode == 1, out + res.stderr
+    assert out.count("Falsifying example: test_block(\n    n=9,\n)") == 1, out
+    assert out.count("Falsifying example: test_marker(\n    n=9,\n)") == 1, out
+    assert "(device cuda)\n    lifetime: a tensor int64[9] made by " in out, out
+    assert "test_user.py:16 gather <- test_user.py:26 test_block\n" in out, out

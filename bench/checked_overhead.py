@@ -1,0 +1,110 @@
+"""What ``streamfuzz.checked()`` costs a user's test: ``make bench-checked``.
+
+Runs the overlap test of ``examples/test_user_code.py`` (its own code and
+strategy) as a Hypothesis test of ``--examples`` derandomized examples, so
+every mode runs the same examples, in interleaved rounds:
+
+* ``plain`` (GPU only): no block, real streams; the baseline on a GPU.
+* ``simulated``: a block with no oracle (``oracles=()``): on CPU, the
+  simulated CUDA streams alone; the baseline without a GPU, where plain
+  torch.cuda code cannot run at all.
+* ``checked``: a block with every oracle, as a test gets by default.
+
+Also the first block of a process (one-rank group, imports), paid once per
+test process (once per pytest-xdist worker).
+
+    PYTHONPATH=. python bench/checked_overhead.py --device auto --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import streamfuzz
+from examples.test_user_code import MainGather, batches, run_steps
+
+
+def _test(mode: str, device: str, examples: int) -> Any:
+    """The example test, as Hypothesis runs it, in one of the modes."""
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(steps=batches)
+    def test(steps: list[list[int]]) -> None:
+        if mode == "plain":
+            run_steps(MainGather(), steps)
+            return
+        with streamfuzz.checked(device=device, oracles=() if mode == "simulated" else None):
+            run_steps(MainGather(), steps)
+
+    return test
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=streamfuzz.DEVICES, default="auto")
+    p.add_argument("--examples", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", type=Path, default=None, help="also write JSON here")
+    a = p.parse_args(argv)
+    if a.examples < 1 or a.rounds < 1:
+        print("checked_overhead: --examples and --rounds must be at least 1", file=sys.stderr)
+        return 2
+    device = a.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("checked_overhead: --device cuda needs a CUDA GPU", file=sys.stderr)
+        return 2
+
+    t0 = time.perf_counter()
+    with streamfuzz.checked(device=device):
+        pass
+    first_block_s = time.perf_counter() - t0
+
+    modes = (["plain"] if device == "cuda" else []) + ["simulated", "checked"]
+    tests = {m: _test(m, device, a.examples) for m in modes}
+    for test in tests.values():  # warm: imports, kernels, Hypothesis's strategy caches
+        test()
+    seconds: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(a.rounds):
+        for m in modes:
+            t0 = time.perf_counter()
+            tests[m]()
+            seconds[m].append(time.perf_counter() - t0)
+
+    base = "plain" if device == "cuda" else "simulated"
+    med = {m: statistics.median(s) for m, s in seconds.items()}
+    rows = [{"mode": m, "test_s": round(med[m], 3),
+             "ms_per_example": round(1000 * med[m] / a.examples, 2),
+             "vs_" + base: round(med[m] / med[base], 2),
+             "all_s": [round(x, 3) for x in seconds[m]]} for m in modes]
+    info = {"device": device, "examples": a.examples, "rounds": a.rounds,
+            "first_block_s": round(first_block_s, 3), "torch": torch.__version__,
+            "hypothesis": hypothesis.__version__, "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "rows": rows}
+    print(f"checked() overhead on {device} ({info['gpu'] or platform.machine()}), "
+          f"{a.examples} examples x {a.rounds} rounds, medians; first block of a process: "
+          f"{first_block_s:.3f} s\n")
+    print(f"| mode | test s | ms/example | x {base} |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['test_s']} | {r['ms_per_example']} | {r['vs_' + base]} |")
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(info, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
