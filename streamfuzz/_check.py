@@ -160,7 +160,8 @@ def _session(device: str, check: bool) -> Iterator[Any]:
         if check:
             checker = CudaLifetimeChecker(streams, group_rank=_group.rank()).attach()
         try:
-            yield checker
+            with streams.session():  # notes the streams the block makes, for names
+                yield checker
         finally:
             if checker is not None:
                 checker.detach()
