@@ -119,40 +119,18 @@ def test_the_cuda_device_option_without_a_gpu_is_one_usage_error(tmp_path):
 
 # -- plain torch.cuda code on simulated streams (no GPU needed) ------------------
 
-_SHRINK = '''
+# The marker form of examples/check_overlap.py: each example is its own block.
+_MARKED = '''
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
-import streamfuzz
-
-def gather(n):
-    main = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    table = torch.arange(4 * 64, device="cuda").view(64, 4)
-    idx_mapping = torch.arange(n).to("cuda", non_blocking=True)
-    if n > 8:  # large batches overlap the gather with main's work
-        with torch.cuda.stream(side):
-            side.wait_stream(main)
-            rows = table[idx_mapping]
-        del idx_mapping
-        main.wait_stream(side)
-    else:
-        rows = table[idx_mapping]
-    return rows
-
-@settings(database=None, deadline=None)
-@given(st.integers(1, 64))
-def test_block(n):
-    with streamfuzz.checked():
-        rows = gather(n)
-    assert rows.shape[0] == n
+from examples.check_overlap import my_engine_step
 
 @pytest.mark.streamfuzz
 @settings(database=None, deadline=None)
 @given(st.integers(1, 64))
 def test_marker(n):
-    assert gather(n).shape[0] == n
+    assert my_engine_step(n).shape[0] == n
 '''
 
 
@@ -162,25 +140,41 @@ def _plain(out: str) -> str:
 
 
 def _shrunk_to(out: str, test: str, example: str) -> bool:
-    # "Falsifying example" before Hypothesis 6.150 or so, "Failing test case" after.
+    # "Falsifying example" in older Hypothesis versions, "Failing test case" in newer ones.
     return re.search(rf"(Falsifying example|Failing test case): {test}\(\n{example},\n\)",
                      out) is not None
 
 
+def _line(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def _shrink_run(tmp_path: Path, device: str) -> tuple[subprocess.CompletedProcess, str, str]:
+    """examples/check_overlap.py and its marker form; the frames a finding must show."""
+    (tmp_path / "test_user.py").write_text(_MARKED)
+    example = ROOT / "examples" / "check_overlap.py"
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--streamfuzz-device", device, str(example), "test_user.py"],
+                         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=600)
+    read = f"examples/check_overlap.py:{_line(example, 'rows = table[idx_mapping]')} my_engine_step"
+    block = f"{read} <- examples/check_overlap.py:{_line(example, 'out = my_engine_step(n)')}"
+    return res, f"{block} test_my_overlap\n", f"{read} <- test_user.py:11 test_marker\n"
+
+
 def test_hypothesis_shrinks_a_finding_to_the_smallest_failing_example(tmp_path):
-    res = _pytest(tmp_path, _SHRINK, "--streamfuzz-device", "cpu")
+    res, block_frames, marker_frames = _shrink_run(tmp_path, "cpu")
     out = _plain(res.stdout)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "2 failed" in out
     # Both forms (a block in the test, the marker around each example) shrink to n=9.
-    assert _shrunk_to(out, "test_block", "n=9") and _shrunk_to(out, "test_marker", "n=9"), out
+    assert _shrunk_to(out, "test_my_overlap", "n=9") and _shrunk_to(out, "test_marker", "n=9")
     assert out.count("streamfuzz.StreamfuzzError: streamfuzz: 1 finding(s) in a checked block "
                      "(device cpu)\nlifetime: a tensor int64[9] made by aten._to_copy was freed "
                      "while stream side1 may still use it") == 2, out
     # The oracle's own message, with the user's frames and no test runner's.
-    assert "used on side1:   test_user.py:16 gather <- test_user.py:27 test_block\n" in out, out
-    assert "used on side1:   test_user.py:16 gather <- test_user.py:34 test_marker\n" in out, out
-    assert "freed (seen at):  test_user.py:18 gather <- test_user.py:27 test_block\n" in out
+    assert f"used on side1:   {block_frames}" in out, out
+    assert f"used on side1:   {marker_frames}" in out, out
 
 
 def test_the_fixture_checks_the_whole_test_and_collect_keeps_findings(tmp_path):
@@ -241,9 +235,9 @@ def test_the_examples_on_real_streams():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_hypothesis_shrinks_a_finding_on_real_streams(tmp_path):
-    res = _pytest(tmp_path, _SHRINK, "--streamfuzz-device", "cuda")
+    res, block_frames, marker_frames = _shrink_run(tmp_path, "cuda")
     out = _plain(res.stdout)
     assert res.returncode == 1, res.stdout + res.stderr
-    assert _shrunk_to(out, "test_block", "n=9") and _shrunk_to(out, "test_marker", "n=9"), out
+    assert _shrunk_to(out, "test_my_overlap", "n=9") and _shrunk_to(out, "test_marker", "n=9")
     assert out.count("(device cuda)\nlifetime: a tensor int64[9] made by ") == 2, out
-    assert "test_user.py:16 gather <- test_user.py:27 test_block\n" in out, out
+    assert block_frames in out and marker_frames in out, out
