@@ -6,7 +6,8 @@
   fixture is the ``streamfuzz.Check``, e.g. to ``name()`` a tensor.
 * ``@pytest.mark.streamfuzz(device=..., oracles=..., collect=...)``: the same
   without the fixture. On a Hypothesis test each example is its own block, so
-  a finding fails that example and Hypothesis shrinks it as usual.
+  a finding fails that example and Hypothesis shrinks it as usual. With
+  ``collect=True`` a test's findings go to its report section ``streamfuzz``.
 
 The block wraps the test's call phase, not its fixtures: a finding fails the
 test itself (and ``xfail`` applies). Nothing here imports torch until a test
@@ -94,9 +95,14 @@ def _wrap_examples(fn: Any, options: dict[str, Any]) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    __tracebackhide__ = True
     options = _options(item)
     fn = getattr(item, "obj", None)
     if options is not None and hasattr(getattr(fn, "hypothesis", None), "inner_test"):
+        if options.get("collect"):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamfuzz(collect=True) "
+                                    f"would drop every example's findings; on a Hypothesis "
+                                    f"test use streamfuzz.checked(collect=True) in the body")
         _wrap_examples(fn, options)
 
 
@@ -116,5 +122,13 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     if code is not None:
         check._end_frames = ((code.co_filename, code.co_firstlineno,
                               f"{code.co_name} (at its end)"),)
-    with check:
-        return (yield)
+    try:
+        with check:
+            return (yield)
+    finally:
+        if check.findings and check.collect:
+            # Collected, not raised: still in the report (shown with -rA, -rP or a failure).
+            import streamfuzz
+
+            text = str(streamfuzz.StreamfuzzError(check.findings, check.device or "?"))
+            item.add_report_section("call", "streamfuzz", text)

@@ -207,13 +207,23 @@ def test_oracle_choice():
     with streamfuzz.checked(oracles=["race"]) as check:
         send(3)
     assert check.findings == []
+
+from hypothesis import given, strategies as st
+
+@pytest.mark.streamfuzz(collect=True)
+@given(st.integers(1, 4))
+def test_collect_on_hypothesis(n):
+    send(n)
 '''
     res = _pytest(tmp_path, body, "--streamfuzz-device", "cpu", "-rA")
     out = res.stdout
     assert res.returncode == 1, out + res.stderr
-    assert "1 failed, 4 passed" in out, out
+    assert "1 failed, 4 passed, 1 error" in out, out
+    assert "(collect=True) would drop every example's findings" in out
     assert "FAILED test_user.py::test_fixture - streamfuzz.StreamfuzzError" in out
     assert "freed (seen at):  test_user.py:" in out
+    collected = out.split("Captured streamfuzz call")[1].split("\n\n")[0]
+    assert "lifetime: a tensor int64[1] made by aten._to_copy was freed" in collected, out
 
 
 def test_the_examples_pass_and_xfail_under_xdist():
