@@ -173,10 +173,14 @@ class _Run:
         while self.parked and (now is None or self.parked[0] + depth <= now):
             i = self.parked.popleft()
             received = self.handler.apply_received(self.table)
+            # A runner reads what it received, on main, then drops it: these
+            # copies are that read, whatever the oracles (without them nothing
+            # would use the received tensors on main, and a missing
+            # record_stream(main) on them could not show). Ordered after the
+            # apply, never after the side stream.
+            copies = tuple(t.clone() for t in received)
             if self.values:
-                # Copies on main: ordered after the apply, never after the side stream.
-                snap = (self.table.clone(),) + tuple(t.clone() for t in received)
-                self.applied.append((i, snap))
+                self.applied.append((i, (self.table.clone(),) + copies))
 
     def _batch(self, i: int, step: Step) -> Batch:
         k = self.sc.num_spec_steps

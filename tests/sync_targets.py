@@ -58,3 +58,31 @@ def two_waits(ctx: TargetContext) -> TwoWaits:
 
 def no_sync(ctx: TargetContext) -> NoSync:
     return NoSync(ctx)
+
+
+class RecordsTokensApart(MainGather):
+    """Receives like ``MainGather`` (written against torch.cuda), recording the
+    sampled tokens on main in a statement of their own: main reads them only
+    where the runner reads what it received."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if not batch.samples:
+            return
+        n, k = batch.num_reqs, self.ctx.num_spec_steps
+        with torch.cuda.stream(self.side):
+            tokens = torch.empty((n, k + 1), dtype=torch.int64, device="cuda")
+            rest = (torch.empty((n,), dtype=torch.int32, device="cuda"),
+                    torch.empty((n,), dtype=torch.int32, device="cuda"),
+                    torch.empty((n, k), dtype=torch.int64, device="cuda"))
+            for t in (tokens, *rest):
+                self._bcast(t)
+            done = torch.cuda.Event()
+            done.record(self.side)
+            tokens.record_stream(self.main)
+            for t in rest:
+                t.record_stream(self.main)
+        self.pending.append((batch.idx_mapping, tokens, *rest, done))
+
+
+def records_tokens_apart(ctx: TargetContext) -> RecordsTokensApart:
+    return RecordsTokensApart(ctx)

@@ -145,3 +145,12 @@ def test_an_unclean_target_stops_before_any_mutant(capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert "pre-fix is not clean" in err and "\n" not in err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_received_tensor_read_only_by_the_runner_still_needs_its_record_stream():
+    # The runner reads what a rank received on main whatever the oracles, so
+    # under the lifetime oracle alone the tokens' record_stream(main) is needed.
+    target = "tests.sync_targets:records_tokens_apart"
+    report = _run(target, _line_of(target, "tokens.record_stream(self.main)"))
+    (row,) = report.rows
+    assert row.verdict == "caught" and row.kind == "lifetime", row
