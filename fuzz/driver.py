@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from fuzz import corpus, oracles
+from fuzz import corpus, oracles, profiles
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario
@@ -204,7 +204,8 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     if seed is not None:
         body = hypothesis.seed(seed)(body)
     try:
-        body()
+        with profiles.seed_only():
+            body()
     except _Found:
         pass
     except _Stopped:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
@@ -28,3 +31,44 @@ def get(name: str, database_dir: Path | None = None) -> settings:
         db = DirectoryBasedExampleDatabase(str(database_dir or Path(".hypothesis") / "streamfuzz"))
         return settings(database=db, **_BASE)
     raise ValueError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+
+
+_LOCK = threading.Lock()
+_ACTIVE = 0
+_REAL_POOL = None
+
+
+@contextmanager
+def seed_only() -> Iterator[None]:
+    """While it is entered, examples depend on the seed and the strategies alone.
+
+    Hypothesis also draws integers from a pool of constants that it reads out
+    of every local module imported so far: ours, a user's target, whatever the
+    command happened to import. The same seed then gave other examples under
+    ``fuzz soak`` than under ``fuzz run``, with one more target listed, from
+    another directory, or after any edit to the project's source. This empties
+    that pool (Hypothesis's own constants stay). Reentrant and thread-safe:
+    ``fuzz mutate`` fuzzes from several threads at once.
+    """
+    global _ACTIVE, _REAL_POOL
+    try:
+        from hypothesis.internal.conjecture import providers
+        pool, empty, cache = (providers._get_local_constants, providers.Constants(),
+                              providers.CONSTANTS_CACHE)
+    except (ImportError, AttributeError):  # a Hypothesis without the pool
+        yield
+        return
+    with _LOCK:
+        if _ACTIVE == 0:
+            _REAL_POOL = pool
+            providers._get_local_constants = lambda: empty
+        _ACTIVE += 1
+    cache.cache.clear()  # per thread: filled from whichever pool was in force
+    try:
+        yield
+    finally:
+        cache.cache.clear()
+        with _LOCK:
+            _ACTIVE -= 1
+            if _ACTIVE == 0:
+                providers._get_local_constants = _REAL_POOL
