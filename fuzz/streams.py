@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from torch.utils._pytree import tree_leaves, tree_map
+
 from fuzz import cuda_on_cpu
 from fuzz.dispatch_mode import DispatchMode
 
@@ -285,6 +287,7 @@ class _SimDispatch(DispatchMode):
 
     CPU tensors have no ``record_stream`` kernel; here it becomes an event for
     the listeners, which is exactly the information a lifetime checker needs.
+    Collectives run on private copies (``_collective``).
     """
 
     def __init__(self, api: SimStreams) -> None:
@@ -296,8 +299,39 @@ class _SimDispatch(DispatchMode):
         if func is torch.ops.aten.record_stream.default:
             self.api.emit("record_stream", args[0], self.api.by_id(args[1].stream_id))
             return None
-        out = func(*args, **kwargs)
+        if func.namespace == "c10d":
+            out = _collective(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
         self.api.memory.classify(args, out)
         if self.api.listeners:
             self.api.emit("op", func, args, kwargs, out, self.api.current_stream())
         return out
+
+
+def _collective(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run a c10d op on copies of its tensors, wait for it, copy the results back.
+
+    gloo keeps its own reference to a collective's tensors for a moment after
+    the call returns; a storage the program drops then would be freed (and
+    judged) at a time that depends on gloo's thread. With copies, the
+    program's storages live exactly as long as the program holds them, so a
+    verdict never depends on when a backend lets go. Waiting here changes no
+    verdict: the listeners model the collective as enqueued, not as done.
+    """
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def own(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            pairs.append((x, x.clone()))
+            return pairs[-1][1]
+        return x
+
+    out = func(*tree_map(own, args), **tree_map(own, kwargs))
+    for leaf in tree_leaves(out):
+        if hasattr(leaf, "wait") and not isinstance(leaf, torch.Tensor):
+            leaf.wait()
+    back = {id(copy): orig for orig, copy in pairs}
+    for orig, copy in pairs:
+        orig.copy_(copy)
+    return tree_map(lambda x: back.get(id(x), x) if isinstance(x, torch.Tensor) else x, out)

@@ -93,3 +93,15 @@ def test_gpu_run_reports_lifetime_and_race_beside_the_value_oracle():
         for name in ("missing-wait", "sampled-before-wait", "staging-buffer"):
             v = driver.evaluate(pool, name, _scn(world=1), both)
             assert not v.ok and v.first.kind in ("lifetime", "race"), (name, v.summary())
+
+
+def test_a_free_right_after_a_gloo_broadcast_is_judged_the_same_every_time(cpu_pool):
+    """gloo holds a broadcast tensor for a moment after the call returns; the
+    receive buffers read on main without record_stream must be found anyway,
+    on every replay of the one-step case, never only when gloo let go in time."""
+    step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
+                num_rejected=(0, 0))
+    scn = Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2, steps=(step,))
+    kinds = [driver.evaluate(cpu_pool, "receiver-no-record", scn, {"oracles": LIFETIME}).first
+             for _ in range(200)]
+    assert sum(f is not None and f.kind == "lifetime" for f in kinds) == 200
