@@ -29,10 +29,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from fuzz.oracles.lifetime import DEVICE as DEVICE_KIND
+from fuzz.oracles.lifetime import PAGEABLE, PINNED
+
 DEVICE = torch.device("cuda", 0)
 """The device a target sees on the simulation (``ctx.device``)."""
 
-DEVICE_KIND, PINNED, PAGEABLE = "device", "pinned", "pageable"
 
 
 class NotSimulated(RuntimeError):
@@ -51,11 +53,13 @@ class Memory:
     nothing here keeps a storage alive. Storages never seen are host memory.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host_read: Any = None) -> None:
         self._kinds: dict[int, tuple[Any, str]] = {}
         self.making: str | None = None
         """The kind of the storages the current call creates, when the call says."""
         self._since_sweep = 0
+        self.host_read = host_read or (lambda t, op: None)
+        """Told when the host reads host memory with no aten op (``tolist``, ``numpy``)."""
 
     def kind(self, t: torch.Tensor) -> str:
         try:
@@ -206,10 +210,15 @@ def _is_pinned(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> bo
 
 
 def _host_read(method: Any) -> Any:
-    """``tolist``/``numpy``: on a device tensor, a blocking copy to the host first."""
+    """``tolist``/``numpy``: on a device tensor, a blocking copy to the host
+    first; on host memory, a read by the host that no aten op reports."""
+    label = f"Tensor.{method.__name__}"
+
     def call(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if memory.is_device(t):
             t = _cpu(memory, t)
+        else:
+            memory.host_read(t, label)
         return method(t, *args, **kwargs)
     return call
 
@@ -343,7 +352,7 @@ def _patched(module: Any, values: dict[str, Any]) -> Iterator[None]:
 @contextlib.contextmanager
 def session(api: Any) -> Iterator[Memory]:
     """torch.cuda and torch.accelerator on ``api``'s simulated streams, for one example."""
-    memory = Memory()
+    memory = Memory(lambda t, op: api.emit("host_read", t, op))
     cuda = _cuda_patches(api)
     cuda.update(_unsimulated(torch.cuda, cuda))
     cuda["_sleep"] = _not_simulated("torch.cuda._sleep")

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-
 from torch.utils._pytree import tree_leaves, tree_map
 
 from fuzz import cuda_on_cpu

@@ -80,3 +80,56 @@ class UsesGraphs(PlainMainGather):
     def __init__(self, ctx) -> None:  # noqa: ANN001
         super().__init__(ctx)
         self.graph = torch.cuda.CUDAGraph()
+
+
+class HostReadSynced(PlainMainGather):
+    """The counts copied into pinned memory on the side stream are read on the
+    host only after the host waited for the copy (event synchronize): clean."""
+
+    def broadcast_drafts(self, draft_table, batch):  # noqa: ANN001, ANN201
+        send = super().broadcast_drafts(draft_table, batch)
+        if send is None:
+            return None
+        with torch.cuda.stream(self.side):
+            counts = torch.empty(len(batch.final), dtype=torch.int32, pin_memory=True)
+            counts.copy_(batch.num_rejected, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        copied.synchronize()
+        self.rejected = sum(counts.tolist())
+        return send
+
+
+class StagingSynced(PlainMainGather):
+    """A persistent pinned header uploaded non-blocking on the side stream; the
+    host waits for the previous upload before rewriting it: clean."""
+
+    def broadcast_drafts(self, draft_table, batch):  # noqa: ANN001, ANN201
+        if not any(batch.final):
+            return None
+        if not hasattr(self, "staging"):
+            self.staging = torch.zeros(2, dtype=torch.int64).pin_memory()
+            self.uploaded = None
+        if self.uploaded is not None:
+            self.uploaded.synchronize()
+        self.staging[0] = batch.step
+        self.staging[1] = len(batch.final)
+        with torch.cuda.stream(self.side):
+            self.header = self.staging.to("cuda", non_blocking=True)
+            self.uploaded = torch.cuda.current_stream().record_event()
+        return super().broadcast_drafts(draft_table, batch)
+
+
+class StagingBlockingCopy(PlainMainGather):
+    """The persistent pinned header uploaded with a blocking copy on the side
+    stream: the host waits for each upload before it rewrites the buffer, clean."""
+
+    def broadcast_drafts(self, draft_table, batch):  # noqa: ANN001, ANN201
+        if not any(batch.final):
+            return None
+        if not hasattr(self, "staging"):
+            self.staging = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+        self.staging[0] = batch.step
+        with torch.cuda.stream(self.side):
+            self.header = self.staging.to("cuda")
+        return super().broadcast_drafts(draft_table, batch)

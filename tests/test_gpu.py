@@ -136,3 +136,31 @@ def test_no_gate_times_out_early(gates):
         early += g.timed_out
         gates.reset()
     assert early == 0, f"{early} of 300 gates reported a timeout within about 1 ms"
+
+
+def _two_steps():
+    step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 1))
+    return Scenario(world_size=1, max_num_reqs=3, num_spec_steps=2, steps=(step, step))
+
+
+@pytest.mark.parametrize(("target", "says"), [
+    ("host-read-unsynced", "the host reads it (Tensor.tolist"),
+    ("host-rewrites-staging", "the host writes it")])
+def test_the_cuda_lifetime_oracle_sees_the_host_as_a_party(gpu_pool, target, says):
+    v = driver.evaluate(gpu_pool, target, _two_steps(), {"oracles": ["lifetime"]})
+    assert not v.ok and v.first.kind == "race" and says in v.first.message, v.summary()
+
+
+@pytest.mark.parametrize("target", ["HostReadSynced", "StagingSynced", "StagingBlockingCopy",
+                                    "PlainMainGather"])
+def test_host_synced_pinned_memory_and_plain_torch_cuda_are_clean_on_cuda(gpu_pool, target):
+    v = driver.evaluate(gpu_pool, f"tests.cuda_handlers:{target}", _two_steps(),
+                        {"oracles": ["value", "lifetime"]})
+    assert v.ok, v.summary()
+
+
+def test_plain_torch_cuda_pre_fix_is_found_on_cuda(gpu_pool):
+    v = driver.evaluate(gpu_pool, "tests.cuda_handlers:PlainPreFix", _two_steps(),
+                        {"oracles": ["lifetime"]})
+    assert not v.ok and v.first.kind == "lifetime" and "idx_mapping" in v.first.message, \
+        v.summary()

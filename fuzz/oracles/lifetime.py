@@ -13,6 +13,15 @@ that synchronization allows. Two rules:
 * ``race``: a read and a write (or two writes) of a live storage from
   different streams must be ordered.
 
+The host is a party of its own, with its own clock: it touches pinned host
+memory directly (device memory only through the streams), and its accesses
+are ordered with the streams' only by host syncs (``Stream/Event.synchronize``,
+``torch.cuda.synchronize``, a blocking copy, ``.item()``, ``.tolist()``);
+``wait_stream`` and events order streams, never the host. Pageable host
+memory is not followed: copies to or from it are synchronous for the host.
+Pinned memory has no free rule: the host allocator keeps a block until the
+streams that used it are done.
+
 Collectives are modelled as NCCL runs them: enqueued on the current stream,
 not blocking the host (gloo blocks the host, which would hide the bug).
 
@@ -62,7 +71,14 @@ _SKIP_FILES = ("contextlib.py", "streams.py", "cuda_on_cpu.py", "_python_dispatc
 _HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::equal",
                             "aten::is_nonzero", "aten::masked_select", "aten::unique_dim",
                             "aten::_unique2"})
+_COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from",
+                       "aten::_copy_from_and_resize"})
 _MAX_FINDINGS = 8
+
+HOST = "host"
+"""The host's key among the parties (streams are keyed by their ids or handles)."""
+DEVICE, PINNED, PAGEABLE = "device", "pinned", "pageable"
+"""What memory a tensor's storage is (see the module docstring)."""
 
 
 def _join(into: Clock, other: Clock) -> None:
@@ -113,9 +129,10 @@ class LifetimeModel:
         self.rank = rank
         self.step: int | None = None
         self.stream_names = stream_names if stream_names is not None else {}
-        self.clocks: dict[Any, Clock] = {}
+        self.stream_names.setdefault(HOST, "the host")
+        self.host: Clock = {HOST: 0}
+        self.clocks: dict[Any, Clock] = {HOST: self.host}
         self.events: dict[Any, Clock] = {}
-        self.host: Clock = {}
         self.storages: dict[int, StorageInfo] = {}
         self.findings: list[dict[str, Any]] = []
         self.dropped = 0
@@ -129,7 +146,8 @@ class LifetimeModel:
         return c
 
     def _enqueue(self, s: Any) -> Clock:
-        """Work enqueued now on ``s`` starts after everything the host has waited for."""
+        """Work enqueued now on ``s`` starts after everything the host has done
+        or waited for (for ``s`` the host itself: the host's next access)."""
         c = self._clock(s)
         _join(c, self.host)
         c[s] = c.get(s, 0) + 1
@@ -155,8 +173,9 @@ class LifetimeModel:
         _join(self.host, self.events.get(event, {}))
 
     def sync_device(self) -> None:
-        for c in self.clocks.values():
-            _join(self.host, c)
+        for s, c in self.clocks.items():
+            if s != HOST:
+                _join(self.host, c)
 
     def _ordered(self, a: Access, point: Clock) -> bool:
         return point.get(a.stream, 0) >= a.time
@@ -164,7 +183,8 @@ class LifetimeModel:
     # -- storages ------------------------------------------------------------
     def allocate(self, key: int, ref: Any, s: Any, shape: tuple[int, ...], dtype: str,
                  op: str, frames: Frames) -> StorageInfo:
-        """A storage first seen on ``s``: its block belongs to ``s``; filling it is a write."""
+        """A storage first seen on ``s``: its block belongs to ``s`` (pinned
+        memory: to the host); filling it is a write."""
         info = StorageInfo(key=key, ref=ref, stream=s, shape=shape, dtype=dtype,
                            alloc_op=op, alloc_frames=frames)
         self.storages[key] = info
@@ -200,7 +220,7 @@ class LifetimeModel:
     def free(self, key: int, frames: Frames) -> None:
         """The rule fires here: a freed block is what the next allocation gets."""
         info = self.storages.pop(key, None)
-        if info is None:
+        if info is None or info.stream == HOST:
             return
         point = dict(self._clock(info.stream))
         _join(point, self.host)
@@ -304,7 +324,8 @@ def _fmt(frames: Frames) -> str:
 class TensorTracker:
     """Turns ops on tensors into model accesses; shared by the CPU and CUDA adapters.
 
-    ``device_type`` limits it to the tensors of the simulated or real device.
+    It follows device memory and pinned host memory (``kind``). An op that
+    touches device memory runs on stream ``s``; any other op runs on the host.
     """
 
     def __init__(self, model: LifetimeModel, device_type: str, my_group_rank: int = 0) -> None:
@@ -321,18 +342,33 @@ class TensorTracker:
     def step(self, value: int | None) -> None:
         self.model.step = value
 
-    def _key(self, t: Any) -> int | None:
-        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
-            return None
-        try:
-            return t.untyped_storage()._cdata
-        except (RuntimeError, NotImplementedError):
-            return None
+    def kind(self, t: torch.Tensor) -> str:
+        """``DEVICE``, ``PINNED`` or ``PAGEABLE``: what memory ``t`` lives in."""
+        if t.device.type == self.device_type:
+            return DEVICE
+        return PINNED if t.device.type == "cpu" and t.is_pinned() else PAGEABLE
 
-    def _ensure(self, t: torch.Tensor, key: int, s: Any, op: str, frames: Frames) -> None:
+    def _classify(self, t: Any) -> tuple[int | None, str | None]:
+        """(storage key or None where not followed, memory kind or None for a non-tensor)."""
+        if not isinstance(t, torch.Tensor):
+            return None, None
+        kind = self.kind(t)
+        if kind == PAGEABLE:
+            return None, kind
+        try:
+            return t.untyped_storage()._cdata, kind
+        except (RuntimeError, NotImplementedError):
+            return None, kind
+
+    def _key(self, t: Any) -> int | None:
+        return self._classify(t)[0]
+
+    def _ensure(self, t: torch.Tensor, key: int, s: Any, op: str, frames: Frames,
+                kind: str = DEVICE) -> None:
         if key not in self.model.storages:
             ref = StorageWeakRef(t.untyped_storage())
-            info = self.model.allocate(key, ref, s, tuple(t.shape), str(t.dtype).replace(
+            owner = HOST if kind == PINNED else s
+            info = self.model.allocate(key, ref, owner, tuple(t.shape), str(t.dtype).replace(
                 "torch.", ""), op, frames)
             info.name = self.names.pop(key, None)
 
@@ -346,11 +382,11 @@ class TensorTracker:
 
     def name(self, t: torch.Tensor, name: str, s: Any) -> None:
         """Give ``t``'s storage a name for reports (registers it on ``s`` if new)."""
-        key = self._key(t)
+        key, kind = self._classify(t)
         if key is None:
             return
         self.poll()
-        self._ensure(t, key, s, "a host copy", frames_here())
+        self._ensure(t, key, s, "a host copy", frames_here(), kind)
         self.model.storages[key].name = name
 
     def record_stream(self, t: torch.Tensor, s: Any) -> None:
@@ -359,17 +395,32 @@ class TensorTracker:
         if key is not None:
             self.model.record_stream(key, s)
 
+    def host_read(self, t: torch.Tensor, op: str) -> None:
+        """The host reads ``t``'s data directly (``tolist``, ``numpy``): no aten op says so."""
+        frames = frames_here()
+        self.poll(frames)
+        key, kind = self._classify(t)
+        if key is None:
+            return
+        if kind == DEVICE:
+            return  # a blocking copy first, which the op that makes it reports
+        self._ensure(t, key, HOST, op, frames, kind)
+        self.model.access(key, HOST, False, op, frames)
+
     def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any) -> None:
-        """One aten or c10d op that ran on stream ``s``."""
+        """One aten or c10d op issued while ``s`` was the current stream."""
         frames = frames_here()
         self.poll(frames)
         schema = func._schema
         name = schema.name
-        reads: list[tuple[torch.Tensor, int]] = []
-        writes: list[tuple[torch.Tensor, int]] = []
+        reads: list[tuple[torch.Tensor, int, str]] = []
+        writes: list[tuple[torch.Tensor, int, str]] = []
+        kinds: set[str] = set()
+        host_writes: set[str] = set()
         in_keys: set[int] = set()
-        if schema.name.startswith("c10d::"):
-            self._collective(func, args, kwargs, reads, writes)
+        view = False
+        if name.startswith("c10d::"):
+            self._collective(func, args, kwargs, reads, writes, kinds)
         else:
             positional = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
             for i, arg in enumerate(positional):
@@ -378,37 +429,64 @@ class TensorTracker:
                     alias = schema.arguments[i].alias_info
                     write = alias is not None and alias.is_write
                 for leaf in tree_leaves(arg):
-                    key = self._key(leaf)
+                    key, kind = self._classify(leaf)
+                    if kind is None:
+                        continue
+                    kinds.add(kind)
+                    if write and kind != DEVICE:
+                        host_writes.add(kind)
                     if key is not None:
                         in_keys.add(key)
-                        (writes if write else reads).append((leaf, key))
+                        (writes if write else reads).append((leaf, key, kind))
             views = [r.alias_info is not None and not r.alias_info.is_write
                      for r in schema.returns]
-            if views and all(views):
-                # A view: metadata only, no data touched.
-                for leaf, key in reads + writes:
-                    self._ensure(leaf, key, s, str(func).replace(".default", ""), frames)
-                return
-        fresh: list[tuple[torch.Tensor, int]] = []
-        for leaf in tree_leaves(out):
-            key = self._key(leaf)
-            if key is not None and key not in in_keys and key not in self.model.storages:
-                fresh.append((leaf, key))
+            view = bool(views) and all(views)
+        fresh: list[tuple[torch.Tensor, int, str]] = []
+        if not view:
+            for leaf in tree_leaves(out):
+                key, kind = self._classify(leaf)
+                if kind is None:
+                    continue
+                if key is None or (key not in in_keys and key not in self.model.storages):
+                    kinds.add(kind)
+                    if kind != DEVICE:
+                        host_writes.add(kind)
+                    if key is not None:
+                        fresh.append((leaf, key, kind))
+        # Device memory is only ever touched by a stream; everything else is the host's.
+        party = s if DEVICE in kinds else HOST
         label = str(func).replace(".default", "")
-        for leaf, key in reads + writes:
-            self._ensure(leaf, key, s, label, frames)
-        for key in dict.fromkeys(k for _, k in reads):
-            self.model.access(key, s, False, label, frames)
-        for key in dict.fromkeys(k for _, k in writes):
-            self.model.access(key, s, True, label, frames)
-        for leaf, key in fresh:
+        for leaf, key, kind in reads + writes:
+            self._ensure(leaf, key, party, label, frames, kind)
+        if view:
+            return  # metadata only, no data touched
+        for key in dict.fromkeys(k for _, k, _ in reads):
+            self.model.access(key, party, False, label, frames)
+        for key in dict.fromkeys(k for _, k, _ in writes):
+            self.model.access(key, party, True, label, frames)
+        for leaf, key, kind in fresh:
             if key not in self.model.storages:
-                self._ensure(leaf, key, s, label, frames)
-        if name in _HOST_SYNC_OPS:
+                self._ensure(leaf, key, party, label, frames, kind)
+                if kind == PINNED and party != HOST:
+                    self.model.access(key, party, True, label, frames)  # a copy into it
+        if party != HOST and (name in _HOST_SYNC_OPS
+                              or self._blocking_copy(name, args, kwargs, kinds, host_writes)):
             self.model.sync_stream(s)
 
+    @staticmethod
+    def _blocking_copy(name: str, args: tuple, kwargs: dict, kinds: set[str],
+                       host_writes: set[str]) -> bool:
+        """A copy between device and host memory that the host waits for: every
+        blocking one, and a non-blocking one into pageable memory (CUDA copies
+        it synchronously)."""
+        if name not in _COPY_OPS or kinds <= {DEVICE}:
+            return False
+        non_blocking = kwargs.get("non_blocking") or (name == "aten::copy_" and len(args) > 2
+                                                      and bool(args[2]))
+        return not non_blocking or PAGEABLE in host_writes
+
     def _collective(self, func: Any, args: tuple, kwargs: dict,
-                    reads: list, writes: list) -> None:
+                    reads: list, writes: list, kinds: set[str]) -> None:
         """c10d ops as NCCL runs them: async on the current stream."""
         schema = func._schema
         bound = dict(zip([a.name for a in schema.arguments], args))
@@ -417,19 +495,23 @@ class TensorTracker:
             root = bound.get("root_rank", 0)
             target = reads if root == self.group_rank else writes
             for leaf in tree_leaves(bound.get("tensors")):
-                key = self._key(leaf)
+                key, kind = self._classify(leaf)
+                if kind is not None:
+                    kinds.add(kind)
                 if key is not None:
-                    target.append((leaf, key))
+                    target.append((leaf, key, kind))
             return
         for a in schema.arguments:
             write = a.alias_info is not None and a.alias_info.is_write
             for leaf in tree_leaves(bound.get(a.name)):
-                key = self._key(leaf)
+                key, kind = self._classify(leaf)
+                if kind is not None:
+                    kinds.add(kind)
                 if key is not None:
                     # Reduction buffers are read and written.
-                    reads.append((leaf, key))
+                    reads.append((leaf, key, kind))
                     if write or "output" in a.name or schema.name.startswith("c10d::allreduce"):
-                        writes.append((leaf, key))
+                        writes.append((leaf, key, kind))
 
     def finish(self) -> list[dict[str, Any]]:
         self.poll()
@@ -459,6 +541,10 @@ class LifetimeChecker(TensorTracker):
             self.model.stream_names[sid] = self.streams.name_of(s)
         return sid
 
+    def kind(self, t: torch.Tensor) -> str:
+        """CPU tensors stand for every kind of memory: the simulation says which."""
+        return self.streams.memory.kind(t)
+
     def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
         super().name(t, name, self._sid(s or self.streams.current_stream()))
 
@@ -466,6 +552,9 @@ class LifetimeChecker(TensorTracker):
         if what == "op":
             func, a, kw, out, s = args
             self.op(func, a, kw, out, self._sid(s))
+            return
+        if what == "host_read":
+            self.host_read(*args)
             return
         self.poll()
         m = self.model

@@ -5,8 +5,10 @@ verdicts. Ops come from a TorchDispatchMode on CUDA tensors (the stream is
 ``torch.cuda.current_stream()`` when the op is launched); ``record_stream`` is
 seen there and then executed; event record/wait (``wait_stream`` is one of
 each) and host synchronization come from ``torch.cuda._gpu_trace`` callbacks;
-frees from polling weak references, as on CPU. Imported only when the lifetime
-oracle runs on CUDA, so a mistake here cannot break CPU runs.
+frees from polling weak references, as on CPU. Pinned host memory is followed
+too, with the host as its own party (see ``fuzz.oracles.lifetime``). Imported
+only when the lifetime oracle runs on CUDA, so a mistake here cannot break CPU
+runs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import traceback
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from fuzz.dispatch_mode import DispatchMode
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
@@ -62,6 +65,23 @@ class _CudaDispatch(DispatchMode):
         return out
 
 
+class _HostReads(TorchFunctionMode):
+    """``tolist``/``numpy`` of pinned memory: the host reads it, and no aten op says so."""
+
+    def __init__(self, checker: CudaLifetimeChecker) -> None:
+        super().__init__()
+        self.checker = checker
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        label = _HOST_READS.get(func)
+        if label is not None and args and args[0].device.type == "cpu":
+            self.checker._guarded(self.checker.host_read, args[0], label)
+        return func(*args, **(kwargs or {}))
+
+
+_HOST_READS = {torch.Tensor.tolist: "Tensor.tolist", torch.Tensor.numpy: "Tensor.numpy"}
+
+
 class CudaLifetimeChecker(TensorTracker):
     """The lifetime oracle on real CUDA streams (see the module docstring)."""
 
@@ -73,6 +93,7 @@ class CudaLifetimeChecker(TensorTracker):
         self.model.stream_names[self.main] = "main"
         self.model.new_stream(self.main)
         self._mode = _CudaDispatch(self)
+        self._reads = _HostReads(self)
         self._error: str | None = None
 
     def attach(self) -> CudaLifetimeChecker:
@@ -80,12 +101,14 @@ class CudaLifetimeChecker(TensorTracker):
         _install()
         _active = self
         self._mode.__enter__()
+        self._reads.__enter__()
         return self
 
     def detach(self) -> None:
         global _active
         if _active is self:
             _active = None
+            self._reads.__exit__(None, None, None)
             self._mode.__exit__(None, None, None)
 
     def _guarded(self, fn: Any, *args: Any) -> None:
@@ -125,23 +148,8 @@ class CudaLifetimeChecker(TensorTracker):
         self.record_stream(t, self._sid(s.cuda_stream))
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        s = self._current()
-        self.op(func, args, kwargs, out, s)
-        if self._blocking_copy_to_host(func, args, kwargs, out):
-            self.model.sync_stream(s)
-
-    @staticmethod
-    def _blocking_copy_to_host(func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
-        if kwargs.get("non_blocking"):
-            return False
-        if func is torch.ops.aten._to_copy.default:
-            return (isinstance(out, torch.Tensor) and out.device.type == "cpu"
-                    and args[0].device.type == "cuda")
-        if func is torch.ops.aten.copy_.default:
-            non_blocking = len(args) > 2 and bool(args[2])
-            return (not non_blocking and args[0].device.type == "cpu"
-                    and args[1].device.type == "cuda")
-        return False
+        # Blocking copies and .item() make the host wait: TensorTracker.op says so.
+        self.op(func, args, kwargs, out, self._current())
 
     # -- trace callbacks --------------------------------------------------------
     def _on_event_record(self, event: int, stream: int) -> None:

@@ -34,7 +34,8 @@ MUTANTS: dict[str, str] = {
     name: f"fuzz.targets.mutants:{name.replace('-', '_')}"
     for name in ("missing-wait", "wrong-record-stream", "receiver-no-wait",
                  "receiver-no-record", "receiver-drops-idx", "sampled-before-wait",
-                 "early-event", "staging-buffer")
+                 "early-event", "staging-buffer", "host-read-unsynced",
+                 "host-rewrites-staging")
 }
 """Planted bugs (see ``fuzz.targets.mutants``): each must be found on CPU."""
 

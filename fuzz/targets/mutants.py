@@ -141,6 +141,49 @@ class StagingBuffer(MainGather):
         return send.clone()
 
 
+class HostReadUnsynced(MainGather):
+    """The last rank copies each step's rejected counts into pinned host memory
+    on the broadcast stream (non-blocking), makes main wait for that stream,
+    and reads the counts on the host without a host sync: ``wait_stream``
+    orders streams, never the host, so the host may read before the copy lands
+    (read-after-write race between the broadcast stream and the host)."""
+
+    rejected = 0
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = super()._send(draft_table, batch)
+        with torch.cuda.stream(self.side):
+            counts = torch.empty(batch.num_reqs, dtype=torch.int32, pin_memory=True)
+            counts.copy_(batch.num_rejected, non_blocking=True)
+        self.main.wait_stream(self.side)
+        self.rejected += sum(counts.tolist())
+        return send
+
+
+class HostRewritesStaging(MainGather):
+    """The last rank stages each step's header (step, request count) in one
+    persistent pinned buffer and uploads it non-blocking on the broadcast
+    stream, as a runner building step metadata on the host does; the next step
+    rewrites the buffer on the host while the previous upload may still be
+    pending (write-after-read race between the host and the broadcast stream)."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if not hasattr(self, "_staging"):
+            self._staging = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+            self.requests_sent = torch.zeros(1, dtype=torch.int64, device="cuda")
+        self._staging[0] = batch.step
+        self._staging[1] = batch.num_reqs
+        send = draft_table[batch.idx_mapping]
+        with torch.cuda.stream(self.side):
+            self.side.wait_stream(self.main)
+            header = self._staging.to("cuda", non_blocking=True)
+            self.requests_sent += header[1]
+            self._send_sampled(batch)
+            self._bcast(send)
+            send.record_stream(self.side)
+        return send
+
+
 def missing_wait(ctx: TargetContext) -> MissingWait:
     return MissingWait(ctx)
 
@@ -171,3 +214,11 @@ def early_event(ctx: TargetContext) -> EarlyEvent:
 
 def staging_buffer(ctx: TargetContext) -> StagingBuffer:
     return StagingBuffer(ctx)
+
+
+def host_read_unsynced(ctx: TargetContext) -> HostReadUnsynced:
+    return HostReadUnsynced(ctx)
+
+
+def host_rewrites_staging(ctx: TargetContext) -> HostRewritesStaging:
+    return HostRewritesStaging(ctx)
