@@ -147,7 +147,7 @@ def _two_steps():
     ("host-read-unsynced", "the host reads it (Tensor.tolist"),
     ("host-rewrites-staging", "the host writes it")])
 def test_the_cuda_lifetime_oracle_sees_the_host_as_a_party(gpu_pool, target, says):
-    v = driver.evaluate(gpu_pool, target, _two_steps(), {"oracles": ["lifetime"]})
+    v = driver.evaluate(gpu_pool, target, _two_steps(), RunOptions(oracles={Oracle.LIFETIME}))
     assert not v.ok and v.first.kind == "race" and says in v.first.message, v.summary()
 
 
@@ -155,12 +155,12 @@ def test_the_cuda_lifetime_oracle_sees_the_host_as_a_party(gpu_pool, target, say
                                     "PlainMainGather"])
 def test_host_synced_pinned_memory_and_plain_torch_cuda_are_clean_on_cuda(gpu_pool, target):
     v = driver.evaluate(gpu_pool, f"tests.cuda_handlers:{target}", _two_steps(),
-                        {"oracles": ["value", "lifetime"]})
+                        RunOptions(oracles={Oracle.VALUE, Oracle.LIFETIME}))
     assert v.ok, v.summary()
 
 
 def test_plain_torch_cuda_pre_fix_is_found_on_cuda(gpu_pool):
     v = driver.evaluate(gpu_pool, "tests.cuda_handlers:PlainPreFix", _two_steps(),
-                        {"oracles": ["lifetime"]})
+                        RunOptions(oracles={Oracle.LIFETIME}))
     assert not v.ok and v.first.kind == "lifetime" and "idx_mapping" in v.first.message, \
         v.summary()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fuzz import driver
+from fuzz.options import Oracle, RunOptions
 from fuzz.oracles.lifetime import LifetimeChecker
 from fuzz.streams import SimStreams
 
@@ -125,7 +126,7 @@ def test_a_pinned_buffer_freed_with_an_upload_pending_is_not_a_lifetime_failure(
 @pytest.mark.parametrize("name", ["HostReadSynced", "StagingSynced", "StagingBlockingCopy"])
 def test_the_host_party_correct_variants_stay_clean(cpu_pool, ci_settings, name):
     res = driver.fuzz(cpu_pool, f"tests.cuda_handlers:{name}", ci_settings, max_examples=60,
-                      seed=0, oracles=["lifetime", "value"])
+                      seed=0, options=RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE}))
     assert res.failure is None, res.failure
 
 
@@ -134,6 +135,6 @@ def test_the_host_party_correct_variants_stay_clean(cpu_pool, ci_settings, name)
     ("host-rewrites-staging", "the host writes it")])
 def test_the_host_party_mutants_are_found_and_name_the_host(cpu_pool, ci_settings, name, says):
     res = driver.fuzz(cpu_pool, name, ci_settings, max_examples=200, seed=0,
-                      oracles=["lifetime"])
+                      options=RunOptions(oracles={Oracle.LIFETIME}))
     assert res.failure is not None and res.failure.kind == "race", name
     assert says in res.failure.message

@@ -102,6 +102,6 @@ def test_a_free_right_after_a_gloo_broadcast_is_judged_the_same_every_time(cpu_p
     step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
                 num_rejected=(0, 0))
     scn = Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2, steps=(step,))
-    kinds = [driver.evaluate(cpu_pool, "receiver-no-record", scn, {"oracles": LIFETIME}).first
+    kinds = [driver.evaluate(cpu_pool, "receiver-no-record", scn, LIFETIME).first
              for _ in range(200)]
     assert sum(f is not None and f.kind == "lifetime" for f in kinds) == 200
