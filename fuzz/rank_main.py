@@ -181,7 +181,8 @@ def _context(device: torch.device, group: Any, scenario: Scenario) -> TargetCont
     world = dist.get_world_size()
     return TargetContext(rank=dist.get_rank(), world_size=world, last_rank=world - 1,
                          device=device, group=group, max_num_reqs=scenario.max_num_reqs,
-                         num_spec_steps=scenario.num_spec_steps, streams=streams)
+                         num_spec_steps=scenario.num_spec_steps, streams=streams,
+                         pipeline_depth=scenario.pipeline_depth)
 
 
 _DRIVER_GONE = 4

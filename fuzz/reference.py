@@ -49,16 +49,21 @@ def expected_sent(scenario: Scenario) -> dict[int, list[list[int]]]:
     return {i: draft_rows(i, st, k) for i, st in enumerate(scenario.steps) if st.broadcasts}
 
 
-def expected_applied(scenario: Scenario) -> list[Applied]:
-    """Receiving ranks: their draft table after each apply, in apply order."""
+def expected_applied(scenario: Scenario, non_final: bool = True) -> list[Applied]:
+    """Receiving ranks: their draft table after each apply, in apply order.
+
+    With ``non_final`` False the rows of non-final prefill chunks are left as
+    they were, as vLLM's handler does (those requests sample nothing).
+    """
     k = scenario.num_spec_steps
     table = [[0] * k for _ in range(scenario.max_num_reqs)]
     out = []
     for i, st in enumerate(scenario.steps):
         if not st.broadcasts:
             continue
-        for slot, row in zip(st.idx_mapping, draft_rows(i, st, k)):
-            table[slot] = row
+        for slot, row, final in zip(st.idx_mapping, draft_rows(i, st, k), st.final):
+            if final or non_final:
+                table[slot] = row
         out.append(Applied(i, [r[:] for r in table], token_rows(i, st, k),
                            list(st.num_sampled), list(st.num_rejected)))
     return out

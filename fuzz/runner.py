@@ -126,6 +126,7 @@ class _Run:
                 "held": sorted(self.held),
                 "oracles": self.options.oracle_names(),
                 "findings": findings,
+                "applies_non_final": getattr(self.handler, "applies_non_final", True),
             }
         finally:
             # Nothing is ever left held: on an error, open every gate from the host.
@@ -185,7 +186,8 @@ class _Run:
     def _batch(self, i: int, step: Step) -> Batch:
         k = self.sc.num_spec_steps
         idx = self._to_device(list(step.idx_mapping), _DTYPES[step.idx_dtype])
-        batch = Batch(step=i, idx_mapping=idx, final=list(step.final))
+        batch = Batch(step=i, idx_mapping=idx, final=list(step.final),
+                      host_idx_mapping=tuple(step.idx_mapping))
         if self.ctx.is_last_rank:
             rows = token_rows(i, step, k) if step.num_reqs else []
             batch.sampled_tokens = self._to_device(rows, torch.int64, shape=(step.num_reqs, k + 1))

@@ -39,7 +39,7 @@ def _check_sender(scenario: Scenario, obs: dict[str, Any], rank: int) -> list[Fa
 
 
 def _check_receiver(scenario: Scenario, obs: dict[str, Any], rank: int) -> list[Failure]:
-    want = expected_applied(scenario)
+    want = expected_applied(scenario, obs.get("applies_non_final", True))
     got = obs["applied"]
     steps_got = [a[0] for a in got]
     steps_want = [a.step for a in want]

@@ -11,6 +11,9 @@ every rank at the start of every example (a fresh runner), then per step:
   ``(sampled_tokens, num_sampled, num_rejected)``.
 
 Built-in targets are named; a user's target is ``package.module:attr``.
+vLLM's own handler is the family ``vllm-pp`` (and ``vllm-pp-pre-pr``, the
+derived pre-PR code), named with the upstream version: ``vllm-pp@0.32.0``
+(``fuzz.upstream`` finds that version; ``fuzz.targets.vllm_pp`` drives it).
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ BUILTIN: dict[str, str] = {**VERSIONS, **MUTANTS}
 
 CORRECT: frozenset[str] = frozenset({"main-gather"})
 
+UPSTREAM: dict[str, bool] = {"vllm-pp": False, "vllm-pp-pre-pr": True}
+"""vLLM's ``PPHandler`` as shipped, and with the AST edit that gives the pre-PR code."""
+
 
 class TargetError(ValueError):
     """A target spec that does not name a loadable factory."""
@@ -61,6 +67,8 @@ class TargetContext:
     max_num_reqs: int
     num_spec_steps: int
     streams: Any
+    pipeline_depth: int = 1
+    """Steps between a broadcast and its apply on the other ranks (vLLM's ring depth)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -83,6 +91,9 @@ class Batch:
     sampled_tokens: torch.Tensor | None = None
     num_sampled: torch.Tensor | None = None
     num_rejected: torch.Tensor | None = None
+    host_idx_mapping: tuple[int, ...] = ()
+    """``idx_mapping`` as the host built it (vLLM's ``idx_mapping_np``): reading
+    the device tensor back would synchronize the host."""
 
     @property
     def num_reqs(self) -> int:
@@ -97,23 +108,54 @@ class Batch:
 Factory = Callable[[TargetContext], Any]
 
 
+def upstream_family(name: str) -> tuple[str, str | None] | None:
+    """``vllm-pp@0.32.0`` -> (``vllm-pp``, ``0.32.0``); None outside the family."""
+    family, _, version = name.partition("@")
+    return (family, version or None) if family in UPSTREAM else None
+
+
+def upstream_of(name: str) -> Any:
+    """The ``fuzz.upstream.Upstream`` a family name runs (None for other targets)."""
+    fam = upstream_family(name)
+    if fam is None:
+        return None
+    from fuzz import upstream
+
+    try:
+        up = upstream.find(fam[1]) if fam[1] else upstream.resolve(None)
+        return upstream.pre_pr(up) if UPSTREAM[fam[0]] else up
+    except upstream.UpstreamError as exc:
+        raise TargetError(f"target {name!r}: {exc}") from None
+
+
+def provenance(name: str) -> dict[str, Any] | None:
+    """What reports and corpus entries say about the upstream code a target runs."""
+    up = upstream_of(name)
+    return up.provenance() if up is not None else None
+
+
 def resolve(name: str) -> str:
     """Built-in name or ``module:attr`` -> import spec; raises TargetError."""
     if name in BUILTIN:
         return BUILTIN[name]
     if ":" not in name:
-        known = ", ".join(sorted(BUILTIN))
+        known = ", ".join(sorted(BUILTIN) + [f"{f}@VERSION" for f in UPSTREAM])
         raise TargetError(f"unknown target {name!r}: use one of {known} or package.module:attr")
     return name
 
 
 def load(name: str) -> Factory:
-    """Import a target factory by built-in name, ``module:attr`` or mutant name
-    (``target#line:col``, see ``fuzz.targets.mutated``)."""
+    """Import a target factory by built-in name, ``vllm-pp@VERSION``, ``module:attr``
+    or mutant name (``target#line:col``, see ``fuzz.targets.mutated``)."""
     from fuzz.targets import mutated
 
     if mutated.split(name) is not None:
         return mutated.load(name)
+    up = upstream_of(name)
+    if up is not None:
+        from fuzz.targets import vllm_pp
+
+        return vllm_pp.factory(up)
     spec = resolve(name)
     module_name, _, attr = spec.partition(":")
     try:
