@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fuzz import corpus, profiles, targets
+from fuzz import corpus, profiles, targets, upstream
 from fuzz.__main__ import EXIT_CRASH
 from fuzz.options import (
     DEFAULT,
@@ -149,6 +149,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--profile", choices=profiles.PROFILES, default="default",
                    help="Hypothesis settings profile (default: default)")
     _add_run_options(r)
+    r.add_argument("--upstream", metavar="PATH|VERSION", default=None,
+                   help="the vLLM whose own PPHandler the vllm-pp targets run: a wheel, sdist "
+                        "or source tree, or a version in the cache (default: an installed "
+                        "vllm); alone, it fuzzes vllm-pp and, for 0.30-0.32, vllm-pp-pre-pr")
 
     k = sub.add_parser("soak", help="a time-budgeted campaign that survives crashes, hangs "
                        "and kills, resumes, and ends with a report and a plot")
@@ -276,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
         return 2
-    except (targets.TargetError, corpus.CorpusError, RankStartError) as exc:
+    except (targets.TargetError, corpus.CorpusError, RankStartError,
+            upstream.UpstreamError) as exc:
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -365,7 +370,7 @@ class _Progress:
 def _run(args: argparse.Namespace) -> int:
     from fuzz import driver
 
-    names = args.target or list(targets.VERSIONS)
+    names = _with_upstream(args.target, args.upstream)
     for name in names:
         targets.check_importable(name)
     _check_dir(args.corpus, "--corpus")
@@ -376,6 +381,10 @@ def _run(args: argparse.Namespace) -> int:
     corpus.sweep(args.corpus)
     settings = profiles.get(args.profile)
     options = _run_options(args)
+    for name in names:
+        up = targets.upstream_of(name)
+        if up is not None:
+            print(f"{name}: {up.describe()}")
     results = []
     with RankPool(world, device, timeout=args.timeout) as pool:
         for name in names:
@@ -392,6 +401,28 @@ def _run(args: argparse.Namespace) -> int:
     if args.report:
         _write_report(args.report, results, device, world, restarts, options)
     return 1 if any(r.failure for r in results) else 0
+
+
+def _with_upstream(names: list[str] | None, source: str | None) -> list[str]:
+    """Target names with the vLLM family pinned to a version (``vllm-pp@0.32.0``).
+
+    ``--upstream`` names the vLLM; the ranks find it again through
+    ``STREAMFUZZ_UPSTREAM``. Without it the family runs an installed vllm.
+    """
+    bare = [n for n in names or () if (targets.upstream_family(n) or ("", "v"))[1] is None]
+    if source is None and not bare:
+        return list(names or targets.VERSIONS)
+    up = upstream.resolve(source)
+    if up.kind != "installed":
+        rest = os.environ.get(upstream.ENV_PATHS)
+        os.environ[upstream.ENV_PATHS] = os.pathsep.join(filter(None, [up.path, rest]))
+    if not names:
+        names = ["vllm-pp"] + (["vllm-pp-pre-pr"] if up.api == "table" else [])
+    out = []
+    for name in names:
+        fam = targets.upstream_family(name)
+        out.append(f"{fam[0]}@{up.version}" if fam and fam[1] is None else name)
+    return out
 
 
 def _print_result(res: Any) -> None:
@@ -437,7 +468,8 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
                      "elapsed_s": round(r.elapsed_s, 3),
                      "examples_per_s": round(r.examples_per_s, 3),
                      "first_failure_examples": r.first_failure_examples,
-                     "first_failure_s": r.first_failure_s, "held_by": r.held}
+                     "first_failure_s": r.first_failure_s, "held_by": r.held,
+                     "upstream": targets.provenance(r.target)}
                     for r in results],
     }
     path.parent.mkdir(parents=True, exist_ok=True)

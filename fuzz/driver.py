@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from fuzz import corpus, oracles, profiles
+from fuzz import corpus, oracles, profiles, targets
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario
@@ -127,14 +127,19 @@ class CampaignResult:
         return self.examples / self.elapsed_s if self.elapsed_s else 0.0
 
 
-def found_on(pool: RankPool, options: RunOptions) -> dict[str, Any]:
+def found_on(pool: RankPool, options: RunOptions, target: str | None = None) -> dict[str, Any]:
     """Where a failure was found, and by which oracles (those that ran), for
-    the corpus entry: ``fuzz replay`` judges it with the same ones."""
+    the corpus entry: ``fuzz replay`` judges it with the same ones. For
+    upstream code, which release too (version, sha256 of the file, AST edit)."""
     info = pool.info[0] if pool.info else {}
-    return {"torch": info.get("torch"), "device": pool.device,
-            "device_name": info.get("device_name"), "backend": info.get("backend"),
-            "world_size": pool.world_size, "hypothesis": hypothesis.__version__,
-            "oracles": options.oracle_names()}
+    found = {"torch": info.get("torch"), "device": pool.device,
+             "device_name": info.get("device_name"), "backend": info.get("backend"),
+             "world_size": pool.world_size, "hypothesis": hypothesis.__version__,
+             "oracles": options.oracle_names()}
+    upstream = targets.provenance(target) if target else None
+    if upstream:
+        found["upstream"] = upstream
+    return found
 
 
 def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_examples: int,
@@ -218,7 +223,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     if result.failure is not None and corpus_dir is not None:
         entry = corpus.Entry(target=target, kind=result.failure.kind,
                              message=result.failure.message, scenario=result.scenario,
-                             found_on=found_on(pool, options), flaky=result.flaky)
+                             found_on=found_on(pool, options, target), flaky=result.flaky)
         result.corpus_path = corpus.save(corpus_dir, entry)
     return result
 

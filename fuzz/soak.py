@@ -311,7 +311,7 @@ class Soak:
     def _save(self, target: str, failure: Failure, scenario: Scenario, *, shrunk: bool) -> Path:
         entry = corpus.Entry(target=target, kind=failure.kind, message=failure.message,
                              scenario=scenario,
-                             found_on=driver.found_on(self.pool, self.cfg.options))
+                             found_on=driver.found_on(self.pool, self.cfg.options, target))
         path = corpus.save(self.cfg.corpus, entry)
         self._record(target, failure, path, shrunk=shrunk, flaky=False, pending=True)
         return path
