@@ -67,6 +67,8 @@ _SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().par
 _RUNNER_DIRS = _package_dirs("hypothesis", "_pytest", "pytest", "pluggy", "xdist", "execnet")
 _SKIP_FILES = ("contextlib.py", "streams.py", "cuda_on_cpu.py", "_python_dispatch.py",
                "lifetime_cuda.py", "distributed_c10d.py", "c10d_logger.py", "_gpu_trace.py")
+# A mode's hook is the harness watching an op, never the code that issued it.
+_MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})
 # Ops that make the host wait for the current stream (a blocking copy to the host).
 _HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::equal",
                             "aten::is_nonzero", "aten::masked_select", "aten::unique_dim",
@@ -299,7 +301,8 @@ def frames_here(limit: int = 4) -> Frames:
         path = f.f_code.co_filename
         if path.startswith(_RUNNER_DIRS):
             break
-        if not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES):
+        if (not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES)
+                and f.f_code.co_name not in _MODE_HOOKS):
             out.append((path, f.f_lineno, f.f_code.co_name))
         f = f.f_back
     return tuple(out)
