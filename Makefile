@@ -15,7 +15,7 @@ TARGETS ?=
 # Modules the runs and tests import, as "module=distribution".
 TOOLS := hypothesis=hypothesis pytest=pytest xdist=pytest-xdist numpy=numpy matplotlib=matplotlib
 
-.PHONY: fuzz soak test replay lint bench bench-checked matrix clean
+.PHONY: fuzz soak test replay lint bench bench-checked matrix clean vllm vllm-fetch
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -47,6 +47,18 @@ $(VENV)/.ready: pyproject.toml
 fuzz: $(VENV)/.ready
 	@$(PY) -m fuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
 		--report reports/fuzz.json; rc=$$?; test $$rc -le 1
+
+# vLLM's own PPHandler (README, "vLLM's own code"): VLLM's wheel is fetched
+# without dependencies into the cache if absent, then vllm-pp (and, for
+# 0.30-0.32, the derived vllm-pp-pre-pr) is fuzzed on DEVICE: cpu, cuda or auto.
+VLLM ?= 0.34.0
+DEVICE ?= auto
+vllm: vllm-fetch
+	@$(PY) -m fuzz run --upstream $(VLLM) --device $(DEVICE) --budget $(BUDGET) \
+		--max-examples $(EXAMPLES) --report reports/vllm-$(VLLM).json; rc=$$?; test $$rc -le 1
+
+vllm-fetch: $(VENV)/.ready
+	@$(PY) -m fuzz.upstream fetch $(VLLM)
 
 # A time-budgeted campaign (docs/soak.md): BUDGET is 30s, 10m, 8h...; the same
 # SOAK_OUT resumes it. Report, plot and log land in SOAK_OUT, failures in corpus/.

@@ -592,6 +592,7 @@ def _replay(args: argparse.Namespace) -> int:
     for e in entries:
         try:
             targets.check_importable(e.target)
+            targets.check_upstream(e.target, e.found_on.get("upstream"))
         except targets.TargetError as exc:
             raise UsageError(f"{e.path}: {exc}") from None
         need = e.device

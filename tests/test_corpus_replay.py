@@ -1,7 +1,9 @@
 """Every committed corpus entry is a regression test.
 
 An entry found on a built-in buggy target must still fail there and pass on
-``main-gather``; an entry found on a user target must still fail there. An
+``main-gather``; an entry found on vLLM's own code must still fail there (it
+is skipped where that vLLM is not cached) and pass on vLLM 0.34.0's; an entry
+found on a user target must still fail there. An
 entry replays with the oracles that found it; on CPU, replaying it twice gives
 the same verdict. An entry found on a GPU replays only where a GPU is.
 """
@@ -16,6 +18,8 @@ from fuzz.ranks import RankPool, probe_gpus
 ROOT = Path(__file__).resolve().parent.parent
 ENTRIES = corpus.discover([ROOT / "corpus"]) if (ROOT / "corpus").is_dir() else []
 _pools: dict = {}
+FIXED_VLLM = "vllm-pp@0.34.0"
+"""vLLM's handler after the fix: every vLLM entry must pass on it, where it is cached."""
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +39,12 @@ def _pool(pools, device, world):
 @pytest.mark.parametrize("path", ENTRIES, ids=[str(p.relative_to(ROOT)) for p in ENTRIES])
 def test_corpus_entry_still_behaves_as_recorded(path, pools):
     entry = corpus.load(path)
+    if targets.upstream_family(entry.target):
+        try:
+            targets.check_importable(entry.target)
+        except targets.TargetError as exc:
+            pytest.skip(f"upstream code not here: {exc}")
+        targets.check_upstream(entry.target, entry.found_on.get("upstream"))
     world = entry.scenario.world_size
     attempts = 1
     if entry.device == "cuda":
@@ -51,3 +61,10 @@ def test_corpus_entry_still_behaves_as_recorded(path, pools):
     if entry.target in targets.BUILTIN and entry.target not in targets.CORRECT:
         fixed = driver.replay(pool, entry, target="main-gather")
         assert fixed.ok, f"main-gather fails {path}: {fixed.summary()}"
+    if targets.upstream_family(entry.target):
+        try:
+            targets.check_importable(FIXED_VLLM)
+        except targets.TargetError:
+            return
+        fixed = driver.replay(pool, entry, target=FIXED_VLLM)
+        assert fixed.ok, f"{FIXED_VLLM} fails {path}: {fixed.summary()}"

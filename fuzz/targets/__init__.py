@@ -134,6 +134,20 @@ def provenance(name: str) -> dict[str, Any] | None:
     return up.provenance() if up is not None else None
 
 
+def check_upstream(name: str, recorded: dict[str, Any] | None) -> None:
+    """A corpus entry replays on the same upstream code it was found on, or not at all."""
+    up = upstream_of(name)
+    if up is None or not recorded:
+        return
+    if (recorded.get("sha256"), recorded.get("edit")) != (up.sha256, up.edit):
+        from fuzz import upstream
+
+        raise TargetError(
+            f"target {name!r} was found on {upstream.FILE} sha256 {recorded.get('sha256')} "
+            f"but vLLM {up.version} here ({up.kind}) has {up.sha256}: "
+            f"{upstream.fetch_hint(up.version)}")
+
+
 def resolve(name: str) -> str:
     """Built-in name or ``module:attr`` -> import spec; raises TargetError."""
     if name in BUILTIN:
