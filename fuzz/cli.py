@@ -614,6 +614,14 @@ def _replay(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _available(name: str) -> bool:
+    try:
+        targets.check_importable(name)
+    except targets.TargetError:
+        return False
+    return True
+
+
 def _replay_one(driver: Any, pool: RankPool, e: corpus.Entry, attempts: int) -> int:
     v = driver.replay(pool, e, attempts=attempts)
     status = f"still fails ({v.first.kind}: {v.first.message})" if not v.ok else "PASSES"
@@ -622,6 +630,11 @@ def _replay_one(driver: Any, pool: RankPool, e: corpus.Entry, attempts: int) -> 
     if e.target in targets.BUILTIN and e.target not in targets.CORRECT:
         fixed = driver.replay(pool, e, target="main-gather")
         line += "; main-gather " + ("passes" if fixed.ok else f"FAILS ({fixed.first.message})")
+        wrong = wrong or not fixed.ok
+    elif targets.upstream_family(e.target) and _available(targets.UPSTREAM_FIXED):
+        fixed = driver.replay(pool, e, target=targets.UPSTREAM_FIXED)
+        line += f"; {targets.UPSTREAM_FIXED} " + ("passes" if fixed.ok else
+                                                  f"FAILS ({fixed.first.message})")
         wrong = wrong or not fixed.ok
     print(line)
     return int(wrong)

@@ -18,8 +18,6 @@ from fuzz.ranks import RankPool, probe_gpus
 ROOT = Path(__file__).resolve().parent.parent
 ENTRIES = corpus.discover([ROOT / "corpus"]) if (ROOT / "corpus").is_dir() else []
 _pools: dict = {}
-FIXED_VLLM = "vllm-pp@0.34.0"
-"""vLLM's handler after the fix: every vLLM entry must pass on it, where it is cached."""
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +61,8 @@ def test_corpus_entry_still_behaves_as_recorded(path, pools):
         assert fixed.ok, f"main-gather fails {path}: {fixed.summary()}"
     if targets.upstream_family(entry.target):
         try:
-            targets.check_importable(FIXED_VLLM)
+            targets.check_importable(targets.UPSTREAM_FIXED)
         except targets.TargetError:
             return
-        fixed = driver.replay(pool, entry, target=FIXED_VLLM)
-        assert fixed.ok, f"{FIXED_VLLM} fails {path}: {fixed.summary()}"
+        fixed = driver.replay(pool, entry, target=targets.UPSTREAM_FIXED)
+        assert fixed.ok, f"{targets.UPSTREAM_FIXED} fails {path}: {fixed.summary()}"

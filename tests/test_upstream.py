@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from fuzz import corpus, driver, targets, upstream
+from fuzz.options import RunOptions
 from fuzz.reference import expected_applied
 from fuzz.scenario import Scenario, Step
 from fuzz.targets import vllm_standins
@@ -167,9 +168,9 @@ def test_real_vllm_on_cpu_race_lifetime_and_clean(cpu_pool, ci_settings, tmp_pat
     idx_mapping under the side stream's read, 0.34.0's is clean."""
     for name in ("vllm-pp@0.32.0", "vllm-pp-pre-pr@0.32.0", "vllm-pp@0.34.0"):
         _real(name)
-    opts = ["lifetime"]
+    opts = RunOptions(oracles=["lifetime"])
     res = driver.fuzz(cpu_pool, "vllm-pp@0.32.0", ci_settings, max_examples=200, seed=0,
-                      corpus_dir=tmp_path, oracles=opts)
+                      corpus_dir=tmp_path, options=opts)
     assert res.failure is not None and res.failure.kind == "race", res.failure
     assert "on draft_table" in res.failure.message
     assert "vllm-0.32.0/vllm/v1/worker/gpu/pp_utils.py" in res.failure.message
@@ -181,11 +182,11 @@ def test_real_vllm_on_cpu_race_lifetime_and_clean(cpu_pool, ci_settings, tmp_pat
     assert fixed.ok, fixed.summary()
 
     res = driver.fuzz(cpu_pool, "vllm-pp-pre-pr@0.32.0", ci_settings, max_examples=200, seed=0,
-                      corpus_dir=tmp_path, oracles=opts)
+                      corpus_dir=tmp_path, options=opts)
     assert res.failure is not None and res.failure.kind == "lifetime", res.failure
     assert res.failure.message.startswith("idx_mapping ")
     assert corpus.load(res.corpus_path).found_on["upstream"]["edit"].startswith("removed")
 
     res = driver.fuzz(cpu_pool, "vllm-pp@0.34.0", ci_settings, max_examples=60, seed=0,
-                      oracles=["value", "lifetime"])
+                      options=RunOptions(oracles=["value", "lifetime"]))
     assert res.failure is None and res.examples == 60

@@ -50,6 +50,10 @@ CORRECT: frozenset[str] = frozenset({"main-gather"})
 UPSTREAM: dict[str, bool] = {"vllm-pp": False, "vllm-pp-pre-pr": True}
 """vLLM's ``PPHandler`` as shipped, and with the AST edit that gives the pre-PR code."""
 
+UPSTREAM_FIXED = "vllm-pp@0.34.0"
+"""vLLM's handler after the fix (gather on the main stream): where it is cached,
+every entry found on vLLM's code must pass on it."""
+
 
 class TargetError(ValueError):
     """A target spec that does not name a loadable factory."""
