@@ -386,20 +386,35 @@ def _run(args: argparse.Namespace) -> int:
         if up is not None:
             print(f"{name}: {up.describe()}")
     results = []
+    interrupted = False
     with RankPool(world, device, timeout=args.timeout) as pool:
         for name in names:
             progress = _Progress(name)
-            res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
-                              seed=args.seed, budget_s=args.budget,
-                              shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                              progress=progress, options=options)
-            progress.done()
+            try:
+                res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
+                                  seed=args.seed, budget_s=args.budget,
+                                  shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
+                                  progress=progress, options=options)
+            except KeyboardInterrupt:  # before anything was found in this target
+                interrupted = True
+                break
+            finally:
+                progress.done()
             results.append(res)
             _print_result(res)
+            if res.interrupted:
+                interrupted = True
+                break
         restarts = pool.restarts
-    _print_table(results, device, world)
+    if results:
+        _print_table(results, device, world)
     if args.report:
-        _write_report(args.report, results, device, world, restarts, options)
+        _write_report(args.report, results, device, world, restarts, options, interrupted)
+    if interrupted:
+        saved = [str(r.corpus_path) for r in results if r.corpus_path]
+        print("streamfuzz: interrupted" + (f"; saved {', '.join(saved)}" if saved else "")
+              + (f"; report in {args.report}" if args.report else ""), file=sys.stderr)
+        return 130
     return 1 if any(r.failure for r in results) else 0
 
 
@@ -432,9 +447,12 @@ def _print_result(res: Any) -> None:
     flaky = " [flaky: the shrunk case did not fail again]" if res.flaky else ""
     if res.shrink_truncated:
         flaky += " [shrinking stopped at --shrink-budget]"
+    if res.interrupted:
+        flaky += " [interrupted while shrinking: saved as shrunk so far]"
     print(f"{res.target}: FOUND {res.failure.kind} after {res.first_failure_examples} examples "
           f"({res.first_failure_s:.1f}s){flaky}\n  {res.failure.message}\n"
-          f"  shrunk: {res.scenario.describe()}\n  saved: {res.corpus_path}")
+          f"  {'as found' if res.interrupted else 'shrunk'}: {res.scenario.describe()}\n"
+          f"  saved: {res.corpus_path}")
 
 
 def _print_table(results: list, device: str, world: int) -> None:
@@ -452,7 +470,7 @@ def _print_table(results: list, device: str, world: int) -> None:
 
 
 def _write_report(path: Path, results: list, device: str, world: int, restarts: int,
-                  options: RunOptions) -> None:
+                  options: RunOptions, interrupted: bool = False) -> None:
     examples = sum(r.examples for r in results)
     elapsed = sum(r.elapsed_s for r in results)
     report = {
@@ -460,10 +478,11 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
         "device": device, "world_size": world, "examples": examples,
         "elapsed_s": round(elapsed, 3),
         "examples_per_s": round(examples / elapsed, 3) if elapsed else 0.0,
-        "rank_restarts": restarts, **options.to_dict(),
+        "rank_restarts": restarts, **options.to_dict(), "interrupted": interrupted,
         "failures": [{"target": r.target, "kind": r.failure.kind,
                       "corpus_path": str(r.corpus_path), "message": r.failure.message,
-                      "flaky": r.flaky} for r in results if r.failure],
+                      "flaky": r.flaky, "shrinking_interrupted": r.interrupted}
+                     for r in results if r.failure],
         "targets": [{"target": r.target, "examples": r.examples,
                      "elapsed_s": round(r.elapsed_s, 3),
                      "examples_per_s": round(r.examples_per_s, 3),

@@ -121,6 +121,8 @@ class CampaignResult:
     shrink_truncated: bool = False
     held: list[str] = field(default_factory=list)
     stopped: bool = False
+    interrupted: bool = False
+    """Ctrl-C came after a failure was found: it is saved as shrunk so far."""
 
     @property
     def examples_per_s(self) -> float:
@@ -215,6 +217,12 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
         pass
     except _Stopped:
         result.stopped = True
+    except KeyboardInterrupt:
+        # Ctrl-C: nothing found is nothing lost; a failure found is saved below
+        # as far as it was shrunk, before the interrupt goes on.
+        if result.failure is None:
+            raise
+        result.interrupted = True
     except Flaky:
         # The last failure seen is the smallest that ever failed; keep it.
         result.flaky = not result.shrink_truncated

@@ -9,6 +9,7 @@ examples; a CUDA error makes it exit, because its context is then unusable.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import select
 import signal
@@ -143,6 +144,41 @@ def memory(device: torch.device) -> dict[str, int]:
     return mem
 
 
+# Frames that are never the user's: the harness (fuzz/*.py, not fuzz/targets/),
+# torch and the standard library.
+_HARNESS_DIRS = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+_NOT_USER = (os.path.dirname(torch.__file__) + os.sep,
+             os.path.dirname(os.__file__) + os.sep)
+
+
+def _user_frames(exc: BaseException, limit: int = 8) -> str:
+    """Where a target raised, in the user's code only, innermost first:
+    ``path:line function: source`` lines (paths shortened to the working
+    directory). Empty when no frame is the user's."""
+    lines = []
+    for f in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.abspath(f.filename)
+        if (os.path.dirname(path) + os.sep in _HARNESS_DIRS or path.startswith(_NOT_USER)
+                or f.filename.startswith("<")):
+            continue
+        short = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+        lines.append(f"{short}:{f.lineno} {f.name}: {(f.line or '').strip()}")
+    return "\n".join(lines[:limit])
+
+
+def _dump_stacks_on_signal() -> None:
+    """SIGUSR1 writes every thread's Python stack to STREAMFUZZ_STACKS, from the
+    signal handler itself: a rank stuck in a C call or a sleep still answers,
+    so the driver can say where a hung rank is."""
+    path = os.environ.get("STREAMFUZZ_STACKS")
+    global _STACKS
+    _STACKS = open(path, "w") if path else sys.stderr  # open as long as the rank lives
+    faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
+
+
+_STACKS: Any = None
+
+
 def _die_with_driver() -> None:
     """A rank the driver spawned must not outlive it (a driver killed with -9
     would otherwise leave a spare world waiting forever)."""
@@ -253,7 +289,7 @@ def serve(device_kind: str, address: str, authkey: bytes) -> int:
         except Exception as exc:  # the target's failure is the finding
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             fatal = device.type == "cuda"
-            conn.send(("error", eid, info["rank"], text, traceback.format_exc(), fatal))
+            conn.send(("error", eid, info["rank"], text, _user_frames(exc), fatal))
             if fatal:
                 conn.close()
                 os._exit(3)
@@ -269,6 +305,7 @@ def main() -> int:
               "`python -m fuzz run` or pass it to torchrun's environment", file=sys.stderr)
         return 2
     _die_with_driver()
+    _dump_stacks_on_signal()
     authkey = bytes.fromhex(os.environ.get("STREAMFUZZ_AUTHKEY", "")) or b"streamfuzz"
     return serve(os.environ.get("STREAMFUZZ_DEVICE", "cpu"), address, authkey)
 

@@ -12,6 +12,7 @@ import os
 import pickle
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -131,6 +132,26 @@ def _cause(text: str, limit: int = 600) -> str:
     return " | ".join(picked)[:limit] or "(no output)"
 
 
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
+
+
+def _main_stack(dump: str, limit: int = 8) -> str:
+    """From a faulthandler dump of every thread, the thread serving examples
+    (the one in ``rank_main``), innermost first, as ``path:line fn <- ...``."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
+    frames = [[m.groupdict() for m in map(_FRAME.match, b.splitlines()) if m] for b in blocks]
+    serving = [f for f in frames if any(x["path"].endswith("rank_main.py") for x in f)]
+    pick = serving[0] if serving else (frames[0] if frames else [])
+    return " <- ".join(f"{_short(x['path'])}:{x['line']} {x['fn']}" for x in pick[:limit])
+
+
+def _short(path: str) -> str:
+    for root in (str(Path.cwd()), str(_REPO)):
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, root)
+    return path
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,6 +184,7 @@ class _World:
         self.conns: list[Connection] = []
         self.info: list[dict[str, Any]] = []
         self.logs: list[Path] = []
+        self.stacks: list[Path] = []
         if pool.listen is not None:
             # Ranks started by someone else (torchrun): listen where they were told.
             self.authkey = pool.authkey
@@ -184,10 +206,14 @@ class _World:
         base["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), base.get("PYTHONPATH")) if p)
         if pool.device == "cpu":
             base.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        pool.logdir.mkdir(parents=True, exist_ok=True)  # a closed pool started again
         for rank in range(pool.world_size):
-            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
             log = pool.logdir / f"rank{rank}.{generation}.log"
+            stacks = log.with_suffix(".stacks")
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank),
+                       STREAMFUZZ_STACKS=str(stacks))
             self.logs.append(log)
+            self.stacks.append(stacks)
             with open(log, "wb") as fh:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "fuzz.rank_main"], env=env, stdout=fh,
@@ -246,6 +272,30 @@ class _World:
         for c in self.conns:
             c.close()
         self.listener.close()
+
+    def where_stuck(self, rank: int, wait_s: float = 5.0) -> str:
+        """Where a rank that gave no answer is: its main thread's Python stack,
+        dumped by faulthandler on SIGUSR1 (``""`` for a rank we cannot signal)."""
+        if rank >= len(self.stacks) or self.procs[rank].poll() is not None:
+            return ""
+        path = self.stacks[rank]
+        before = path.stat().st_size if path.exists() else 0
+        try:
+            os.kill(self.procs[rank].pid, signal.SIGUSR1)
+        except OSError:
+            return ""
+        # The dump is written from the signal handler: wait for it to appear
+        # and stop growing (bounded, in case the process cannot run at all).
+        deadline, size = time.monotonic() + wait_s, -1
+        while time.monotonic() < deadline:
+            now = path.stat().st_size if path.exists() else 0
+            if now > before and now == size:
+                break
+            size = now
+            time.sleep(0.05)
+        with open(path, errors="replace") as fh:
+            fh.seek(before)
+            return _main_stack(fh.read())
 
     def tail(self, rank: int, limit: int = 600) -> str:
         try:
@@ -343,10 +393,12 @@ class RankPool:
         return self._world.generation if self._world else 0
 
     def close(self) -> None:
+        """Stop the ranks and remove their logs (a finding quotes what it needs)."""
         for w in (self._world, self._spare):
             if w is not None:
                 w.stop() if w.conns else w.kill()
         self._world = self._spare = None
+        shutil.rmtree(self.logdir, ignore_errors=True)
 
     @property
     def info(self) -> list[dict[str, Any]]:
@@ -420,8 +472,11 @@ class RankPool:
             ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 ranks = sorted(waiting.values())
+                where = [(r, self._world.where_stuck(r)) for r in ranks] if self._world else []
                 failure = failure or Failure(
-                    "hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s", ranks[0])
+                    "hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s"
+                    + "".join(f"\n    rank {r} is stuck at: {w}" for r, w in where if w),
+                    ranks[0])
                 broken = True
                 break
             for c in ready:
@@ -449,8 +504,9 @@ class RankPool:
                     waiting[c] = rank  # a late answer to an earlier question
                     continue
                 if reply[0] == "error":
-                    _, _, r, text, _tb, fatal = reply
-                    failure = failure or Failure("crash", f"rank {r} raised {text}", r)
+                    _, _, r, text, frames, fatal = reply
+                    at = "".join(f"\n    {line}" for line in frames.splitlines())
+                    failure = failure or Failure("crash", f"rank {r} raised {text}{at}", r)
                     broken = broken or fatal
                     # Peers are likely blocked in a collective: give them a moment only.
                     deadline = min(deadline, time.monotonic() + 2.0)

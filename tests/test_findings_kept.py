@@ -1,0 +1,116 @@
+"""Findings are never lost and always say where: Ctrl-C while shrinking, a
+crash in a user's handler, a hung rank. Real ranks, real gloo; every decision
+is made on events (an interrupt after the first failure, a rank that never
+answers), never on speed."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+from fuzz import cli, corpus, driver, profiles
+from fuzz.ranks import RankPool
+from fuzz.scenario import Scenario, Step
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_ctrl_c_while_shrinking_saves_the_failure_and_writes_the_report(
+        tmp_path, monkeypatch, capsys):
+    real = cli._Progress.__call__
+
+    def progress(self, examples, elapsed, failed):
+        real(self, examples, elapsed, failed)
+        if self.failures and not failed or self.failures > 1:
+            raise KeyboardInterrupt  # the first example after the failure: shrinking
+
+    monkeypatch.setattr(cli._Progress, "__call__", progress)
+    report = tmp_path / "r.json"
+    rc = cli.main(["run", "--device", "cpu", "--target", "pre-fix", "--target", "pr-fix",
+                   "--oracle", "lifetime", "--seed", "1", "--profile", "ci",
+                   "--corpus", str(tmp_path / "corpus"), "--report", str(report)])
+    out, err = capsys.readouterr()
+    assert rc == 130
+    assert "interrupted while shrinking: saved as shrunk so far" in out
+    (saved,) = (tmp_path / "corpus").rglob("*.json")
+    assert corpus.load(saved).kind == "lifetime" and f"saved {saved}" in err
+    data = json.loads(report.read_text())
+    assert data["interrupted"] and data["target"] == "pre-fix"  # pr-fix never started
+    (failure,) = data["failures"]
+    assert failure["shrinking_interrupted"] and failure["corpus_path"] == str(saved)
+
+
+_USER_TARGET = textwrap.dedent('''
+    from fuzz.targets.pp_draft import main_gather
+
+
+    def _check(batch):
+        if batch.num_reqs >= 2:
+            raise ValueError(f"cannot handle {batch.num_reqs} requests")
+
+
+    class Handler:
+        def __init__(self, ctx):
+            self.inner = main_gather(ctx)
+
+        def broadcast_drafts(self, draft_table, batch):
+            _check(batch)
+            return self.inner.broadcast_drafts(draft_table, batch)
+
+        def receive_drafts(self, batch):
+            _check(batch)
+            return self.inner.receive_drafts(batch)
+
+        def apply_received(self, draft_table):
+            return self.inner.apply_received(draft_table)
+
+
+    def make(ctx):
+        return Handler(ctx)
+''')
+
+
+def test_a_crash_in_a_users_handler_shows_the_users_frames(tmp_path):
+    (tmp_path / "user_handler.py").write_text(_USER_TARGET)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--device", "cpu",
+                          "--target", "user_handler:make", "--seed", "0", "--profile", "ci",
+                          "--corpus", "corpus"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "raised ValueError: cannot handle 2 requests" in out.stdout
+    frames = [ln.strip() for ln in out.stdout.splitlines() if "user_handler.py:" in ln]
+    assert frames[0].startswith("user_handler.py:7 _check: raise ValueError(")
+    assert frames[1].startswith("user_handler.py:15 broadcast_drafts: _check(batch)") \
+        or frames[1].startswith("user_handler.py:19 receive_drafts: _check(batch)")
+    # Trimmed to the user's code: no harness, torch or standard library frames.
+    crash = out.stdout.split("FOUND crash", 1)[1].split("shrunk:", 1)[0]
+    assert "fuzz/runner.py" not in crash and "rank_main" not in crash and "torch/" not in crash
+    (saved,) = (tmp_path / "corpus").rglob("*.json")
+    assert "user_handler.py:7 _check" in corpus.load(saved).message
+
+
+def _four_requests() -> Scenario:
+    step = Step(idx_mapping=(0, 1, 2, 3), final=(True,) * 4, num_sampled=(1,) * 4,
+                num_rejected=(0,) * 4)
+    return Scenario(world_size=2, max_num_reqs=4, steps=(step,))
+
+
+def test_a_hang_says_where_the_stuck_rank_is_and_rank_logs_are_removed(tmp_path):
+    with RankPool(2, "cpu", timeout=10.0) as pool:
+        logdir = pool.logdir
+        res = driver.fuzz(pool, "tests.targets:hangs", profiles.get("ci"), max_examples=5,
+                          corpus_dir=tmp_path, strategy=st.just(_four_requests()))
+        assert any(logdir.iterdir())
+    assert res.failure is not None and res.failure.kind == "hang"
+    msg = res.failure.message
+    # The hanging rank (the last one, sending) and where: time.sleep in Hangs._send.
+    line = next(ln for ln in msg.splitlines() if "rank 1 is stuck at:" in ln)
+    assert line.split("stuck at: ")[1].startswith("tests/targets.py:"), line
+    assert " _send <- " in line and "broadcast_drafts" in line
+    assert corpus.load(res.corpus_path).message == msg
+    assert not logdir.exists()
