@@ -205,8 +205,11 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
             result.failure, result.scenario = verdict.first, scenario
             raise _Found(verdict.summary())
 
-    # A distinct test identity per target keeps database entries apart.
+    # A distinct test identity per target keeps database entries apart. Hypothesis
+    # keys its database by the test's source, the same for every target here, plus
+    # this digest (what Hypothesis's stateful tests set for the same reason).
     body.__qualname__ = f"streamfuzz[{target}]"
+    body._hypothesis_internal_add_digest = target.encode()  # type: ignore[attr-defined]
     body = hypothesis.settings(settings, max_examples=max_examples)(given(strategy)(body))
     if seed is not None:
         body = hypothesis.seed(seed)(body)

@@ -1,7 +1,7 @@
 """Soak campaigns: fuzz for a time budget, survive anything, lose nothing.
 
 A campaign rotates over its targets in rounds; each round is one
-``driver.fuzz`` call with a fresh seed and a short budget, so one target's
+``driver.fuzz`` call with a short budget, so one target's
 shrinking or one crashed world never starves the others. Everything that must
 outlive the driver is written to the campaign directory before it matters:
 
@@ -76,6 +76,11 @@ class SoakConfig:
     hang costs a full timeout per attempt, and must not starve the other targets.
     A failure cut short is saved as shrunk so far, and replayed."""
     stats_every_s: float = 10.0
+    stats_every_examples: int | None = None
+    """Also sample every this many examples, so that what a short campaign
+    decides from its samples (recycling) does not depend on its speed."""
+    max_rounds: int | None = None
+    """Stop after this many rounds in all (default: only the budget stops)."""
     recycle_mib: float = 32.0
     """Replace healthy ranks once one of them has grown this much since its world
     warmed up (0: never). torch 2.11's NCCL broadcast keeps about 1 KB a call, so
@@ -99,6 +104,8 @@ class Soak:
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        for d in (self.out, Path(cfg.corpus)):  # what a killed run left half-written
+            corpus.sweep(d)
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty()
         self.stop_reason: str | None = None
@@ -113,6 +120,7 @@ class Soak:
         self._world_base: tuple[int, list[int] | None] = (-1, None)
         self._t0 = time.monotonic()
         self._last_sample = -1e9
+        self._last_sample_examples = 0
         self._last_draw = 0.0
         self._prev = (self._base_elapsed, int(self.state["examples"]))
         self._pending: Path | None = None
@@ -136,6 +144,9 @@ class Soak:
             self.stop_reason = "ranks lost"
         if self.stop_reason is None and self._remaining() <= 0:
             self.stop_reason = "budget spent"
+        if (self.stop_reason is None and self.cfg.max_rounds is not None
+                and self.state["rounds"] >= self.cfg.max_rounds):
+            self.stop_reason = "rounds done"
         return self.stop_reason is not None
 
     # -- the campaign ----------------------------------------------------------
@@ -153,12 +164,15 @@ class Soak:
             settings = profiles.get(self.cfg.profile, self.cfg.database)
             seed = self.cfg.seed
             # A resumed campaign with a fixed seed must not repeat its earlier rounds.
+            # Without one, rounds are not seeded at all: Hypothesis turns the example
+            # database off for a seeded run, and the database is what replays a
+            # failure found in an earlier round first.
             rng = random.Random(hash((seed, self.state["starts"]))) if seed is not None \
-                else random.SystemRandom()
+                else None
             while not self._should_stop():
                 n = int(self.state["rounds"])
                 target = self.cfg.targets[n % len(self.cfg.targets)]
-                self._round(target, settings, rng.getrandbits(32))
+                self._round(target, settings, rng.getrandbits(32) if rng else None)
                 self.state["rounds"] = n + 1
                 self._save_state()
                 _release_heap()
@@ -176,7 +190,7 @@ class Soak:
             self._log.close()
         return report
 
-    def _round(self, target: str, settings: Any, seed: int) -> None:
+    def _round(self, target: str, settings: Any, seed: int | None) -> None:
         self._target = target
         self._pending = None
         before = self.state["examples"]
@@ -243,7 +257,8 @@ class Soak:
             entry = corpus.Entry(target=entry.target, kind=entry.kind, message=entry.message,
                                  scenario=entry.scenario, found_on=entry.found_on, flaky=True)
             corpus.save(self.cfg.corpus, entry)
-        self._record(res.target, res.failure, path, shrunk=not res.stopped, flaky=flaky)
+        self._record(res.target, res.failure, path, shrunk=not res.stopped, flaky=flaky,
+                     examples_to_find=res.first_failure_examples)
         how = "FLAKY (passed on replay)" if flaky else "reproduces"
         self._clear_line()
         self._say(f"soak: {res.target}: {res.failure.kind} saved to {path}, {how}: "
@@ -317,11 +332,13 @@ class Soak:
         return path
 
     def _record(self, target: str, failure: Failure, path: Path, *, shrunk: bool, flaky: bool,
-                recovered: bool = False, pending: bool = False) -> None:
+                recovered: bool = False, pending: bool = False,
+                examples_to_find: int | None = None) -> None:
         fails = self.state["failures"]
         rec = {"t": round(self.elapsed(), 3), "target": target, "kind": failure.kind,
                "message": failure.message, "path": str(path), "shrunk": shrunk,
-               "flaky": flaky, "recovered": recovered, "pending": pending}
+               "flaky": flaky, "recovered": recovered, "pending": pending,
+               "examples_to_find": examples_to_find}
         # One record per saved file and round: the pending copy is replaced in place.
         if fails and fails[-1]["path"] == str(path) and fails[-1]["pending"]:
             fails[-1] = rec
@@ -362,9 +379,14 @@ class Soak:
     def _sample(self, force: bool = False) -> list[dict[str, Any] | None] | None:
         """Sample memory and throughput when due; the ranks' stats, or None."""
         now = time.monotonic()
-        if not force and now - self._last_sample < self.cfg.stats_every_s:
+        every_n = self.cfg.stats_every_examples
+        due = (now - self._last_sample >= self.cfg.stats_every_s
+               or (every_n is not None
+                   and self.state["examples"] - self._last_sample_examples >= every_n))
+        if not force and not due:
             return None
         self._last_sample = now
+        self._last_sample_examples = int(self.state["examples"])
         t, ex = self.elapsed(), int(self.state["examples"])
         dt = t - self._prev[0]
         rate = (ex - self._prev[1]) / dt if dt > 0 else 0.0

@@ -15,6 +15,7 @@ import os
 import re
 import statistics
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,11 @@ memory is reported as growing."""
 PROJECTION_H = 8.0
 """A steady slope is projected this far: growth that would pass GROWTH_LIMIT
 within a night is reported as growing, even when a short run shows little
-(an H200 rank grew 3.2% in 10 minutes, steadily: 30% in 8 hours)."""
+(docs/soak.md has the CUDA rank that made this necessary)."""
+
+PROJECTION_MIN_S = 300.0
+"""A slope fitted over less campaign time than this is not projected: a short
+run's slope is its warm-up, and eight hours of it is noise, not a finding."""
 
 
 def _quarters(values: list[float]) -> tuple[float | None, float | None]:
@@ -71,6 +76,8 @@ def _trend(values: list[float | None], ts: list[float], worlds: list[Any],
     capped = rise is not None and cap is not None and rise > cap
     if capped:
         rise = cap
+    elif len(ts) < 2 or ts[-1] - ts[0] < PROJECTION_MIN_S:
+        rise = None  # too short to project
     projected = rise / start if rise is not None and start else None
     return {"start": start, "end": end, "max": max(vals) if vals else None,
             "growth": round(growth, 4) if growth is not None else None,
@@ -147,6 +154,7 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
                        "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
         "targets": state.get("targets", {}),
         "memory": memory, "memory_growing": growing,
+        "projected": bool(samples) and samples[-1]["t"] - samples[0]["t"] >= PROJECTION_MIN_S,
         "samples": len(samples),
     }
 
@@ -182,7 +190,10 @@ def _markdown(rep: dict[str, Any]) -> str:
         f"({', '.join(f'{k} {v}' for k, v in rep['failures_by_kind'].items()) or 'none'}), "
         f"{len(rep['distinct_failures'])} distinct, {rep['flaky']} flaky",
         "- memory: " + ("GROWING: " + ", ".join(rep["memory_growing"])
-                        if rep["memory_growing"] else "flat") + _bounded(rep),
+                        if rep["memory_growing"] else "flat") + _bounded(rep)
+        + ("" if rep.get("projected", True) else
+           f" (too short to project to {PROJECTION_H:.0f} h: under "
+           f"{PROJECTION_MIN_S / 60:.0f} min of samples; judged on first vs last quarter)"),
         "", "## Failures", "",
     ]
     if rep["distinct_failures"]:
@@ -229,6 +240,23 @@ def plot(path: Path, samples: list[dict[str, Any]], title: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    fig = figure(samples, title)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return True
+
+
+def figure(samples: list[dict[str, Any]], title: str) -> Any:
+    """The plot's matplotlib figure (the caller closes it)."""
+    import matplotlib.pyplot as plt
+
     series = _series(samples)
     hours = max(series["t"], default=0) > 3 * 3600
     scale, unit = (3600.0, "h") if hours else (60.0, "min")
@@ -237,7 +265,15 @@ def plot(path: Path, samples: list[dict[str, Any]], title: str) -> bool:
     ax1.plot(t, series["rate"], lw=1)
     ax1.set_ylabel("examples/s")
     ax1.set_ylim(bottom=0)
-    ax1.set_title(title)
+    ax1.set_title(textwrap.fill(title, 90), fontsize=10)
+    # Where a resumed campaign started again (its samples' world ids say which start).
+    starts = [str(s.get("world") or "1.0").split(".")[0] for s in samples]
+    for i in range(1, len(samples)):
+        if starts[i] != starts[i - 1]:
+            for ax in (ax1, ax2, ax3):
+                ax.axvline(t[i], color="tab:red", ls="--", lw=0.8,
+                           label="resumed" if ax is ax2 and "resumed" not in
+                           ax2.get_legend_handles_labels()[1] else None)
     kinds = sorted({k for s in samples for k in (s.get("failures") or {})})
     for k in kinds:
         ax2.step(t, [(s.get("failures") or {}).get(k, 0) for s in samples], where="post", label=k)
@@ -257,16 +293,7 @@ def plot(path: Path, samples: list[dict[str, Any]], title: str) -> bool:
     ax3.set_xlabel(f"campaign time ({unit})")
     ax3.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return True
+    return fig
 
 
 def write(out: Path, state: dict[str, Any], samples: list[dict[str, Any]], *,

@@ -53,13 +53,13 @@ class FailsOnce(MainGather):
 
 
 class Leaks(MainGather):
-    """Keeps 64 KiB of host memory per example for as long as its process lives,
+    """Keeps 128 KiB of host memory per example for as long as its process lives,
     like a library that leaks a little per call."""
 
     kept: list[bytearray] = []
 
     def _rows(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        Leaks.kept.append(bytearray(b"\x01") * (64 * 1024))  # written, so resident
+        Leaks.kept.append(bytearray(b"\x01") * (128 * 1024))  # written, so resident
         return super()._rows(draft_table, batch)
 
 
