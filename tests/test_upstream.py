@@ -190,3 +190,19 @@ def test_real_vllm_on_cpu_race_lifetime_and_clean(cpu_pool, ci_settings, tmp_pat
     res = driver.fuzz(cpu_pool, "vllm-pp@0.34.0", ci_settings, max_examples=60, seed=0,
                       options=RunOptions(oracles=["value", "lifetime"]))
     assert res.failure is None and res.examples == 60
+
+
+def test_an_installed_vllm_is_found_without_importing_it(tmp_path):
+    site = tmp_path / "site"
+    (site / Path(upstream.FILE).parent).mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("raise ImportError('vllm must not be imported')\n")
+    (site / upstream.FILE).write_text(_GATHERED_API)
+    (site / "vllm-9.5.0.dist-info").mkdir()
+    (site / "vllm-9.5.0.dist-info" / "METADATA").write_text("Name: vllm\nVersion: 9.5.0\n")
+    code = ("from fuzz import targets; up = targets.upstream_of('vllm-pp@9.5.0'); "
+            "print(up.kind, up.version, up.api)")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{site}:{ROOT}"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["installed", "9.5.0", "gathered"]
