@@ -96,7 +96,7 @@ class Check:
             raise RuntimeError("streamfuzz.checked() blocks do not nest")
         self.device = _resolve(self.requested or _default_device)
         self.findings = []
-        _group.ensure(self.device)
+        _group.ensure()
         stack = contextlib.ExitStack()
         try:
             self._checker = stack.enter_context(_session(self.device, bool(self.oracles)))

@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import atexit
 
+import torch
 import torch.distributed as dist
 
 _started = False
 
 
-def ensure(device: str) -> None:
-    """Start the default group (rank 0 of 1) unless one already exists."""
+def ensure() -> None:
+    """Start the default group (rank 0 of 1) unless one already exists.
+
+    Called before a block starts, so ``torch.cuda`` is still the real one: with
+    a GPU the group takes CUDA tensors too (NCCL), whatever the block's device.
+    """
     global _started
     if not dist.is_available() or dist.is_initialized():
         return
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-    backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+    gpu = torch.cuda.is_available() and dist.is_nccl_available()
+    backend = "cpu:gloo,cuda:nccl" if gpu else "gloo"
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
     if not _started:
         atexit.register(close)
