@@ -23,7 +23,8 @@ DEVICES = ("cpu", "cuda", "auto")
 
 ORACLES = ("lifetime", "race")
 """What a block can report: a storage freed while another stream may still use
-it (``lifetime``), unordered accesses from two streams (``race``)."""
+it (``lifetime``), unordered accesses from two streams or a stream and the host
+(``race``); both are the lifetime oracle's findings."""
 
 _default_device = "auto"  # the one default; the pytest plugin sets it from --streamfuzz-device
 _active: Check | None = None
