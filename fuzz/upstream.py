@@ -331,6 +331,16 @@ def _records_idx_mapping(stmt: ast.stmt) -> bool:
 
 # -- running it ------------------------------------------------------------------
 
+def filename(up: Upstream) -> str:
+    """The file name frames of ``up``'s code show: ``vllm-<version>/vllm/v1/...``."""
+    return f"vllm-{up.version}" + ("+pre-pr" if up.edit else "") + f"/{FILE}"
+
+
+def tree(up: Upstream) -> ast.Module:
+    """The code ``module(up)`` runs, as an AST (with the pre-PR edit, if any)."""
+    return _pre_pr_tree(up)[0] if up.edit else ast.parse(up.text)
+
+
 @functools.lru_cache(maxsize=8)
 def module(up: Upstream) -> types.ModuleType:
     """The file executed as a module whose vLLM imports are the stand-ins.
@@ -338,20 +348,27 @@ def module(up: Upstream) -> types.ModuleType:
     Frames of the code show as ``vllm-<version>/vllm/v1/...`` in reports, with the
     file's own line numbers (the AST edit keeps them).
     """
+    return edited_module(up, tree(up) if up.edit else None)
+
+
+def edited_module(up: Upstream, edited: ast.Module | None, suffix: str = "",
+                  extra: dict[str, Any] | None = None) -> types.ModuleType:
+    """``up``'s code, or the ``edited`` tree of it (same lines, same file name: a
+    ``mutate`` mutant), executed with ``extra`` names in its namespace."""
     from fuzz.targets import vllm_standins
 
-    tag = f"vllm-{up.version}" + ("+pre-pr" if up.edit else "")
-    filename = f"{tag}/{FILE}"
-    if up.edit:
-        code = compile(_pre_pr_tree(up)[0], filename, "exec", dont_inherit=True)
+    name_of_file = filename(up)
+    if edited is not None:
+        code = compile(edited, name_of_file, "exec", dont_inherit=True)
     else:
-        code = compile(up.text, filename, "exec", dont_inherit=True)
+        code = compile(up.text, name_of_file, "exec", dont_inherit=True)
     lines = up.text.splitlines(keepends=True)
-    linecache.cache[filename] = (len(up.text), None, lines, filename)
-    name = "_streamfuzz_upstream." + re.sub(r"\W", "_", tag)
+    linecache.cache[name_of_file] = (len(up.text), None, lines, name_of_file)
+    name = "_streamfuzz_upstream." + re.sub(r"\W", "_", name_of_file.split("/")[0] + suffix)
     mod = types.ModuleType(name)
-    mod.__file__ = filename
+    mod.__file__ = name_of_file
     mod.__dict__["__builtins__"] = vllm_standins.builtins()
+    mod.__dict__.update(extra or {})
     sys.modules[name] = mod  # dataclasses look their module up while the class is made
     exec(code, mod.__dict__)
     return mod

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import json
 
+import pytest
+
 from fuzz import cli, mutate, sync_sites
 from fuzz.options import MUTATE
 from fuzz.targets import mutated
@@ -152,5 +154,35 @@ def test_a_received_tensor_read_only_by_the_runner_still_needs_its_record_stream
     # under the lifetime oracle alone the tokens' record_stream(main) is needed.
     target = "tests.sync_targets:records_tokens_apart"
     report = _run(target, _line_of(target, "tokens.record_stream(self.main)"))
+    (row,) = report.rows
+    assert row.verdict == "caught" and row.kind == "lifetime", row
+
+
+def _vllm(name: str) -> None:
+    from fuzz import targets
+
+    try:
+        targets.upstream_of(name)
+    except targets.TargetError as exc:
+        pytest.skip(f"vLLM's wheel is not cached ({exc})")
+
+
+def test_an_upstream_target_is_mutated_in_the_file_the_loader_reads():
+    _vllm("vllm-pp@0.34.0")
+    sites = mutated.sites("vllm-pp@0.34.0")
+    assert {s.path for s in sites} == {"vllm-0.34.0/vllm/v1/worker/gpu/pp_utils.py"}
+    assert "self.main_stream.synchronize()" in [s.call for s in sites]  # XPU branch
+    # The pre-PR code is mutated as the loader edits it: its removed call is no site.
+    pre = [s.call for s in mutated.sites("vllm-pp-pre-pr@0.32.0")]
+    full = [s.call for s in mutated.sites("vllm-pp@0.32.0")]
+    assert set(full) - set(pre) == {"input_batch.idx_mapping.record_stream(self.broadcast_stream)"}
+    factory = mutated.load(mutated.name("vllm-pp@0.34.0", sites[0]))
+    assert factory.upstream.version == "0.34.0"
+
+
+def test_vllm_sampled_tokens_record_stream_is_caught():
+    _vllm("vllm-pp@0.34.0")
+    target = "vllm-pp@0.34.0"
+    report = _run(target, _line_of(target, "sampled_tokens.record_stream(self.main_stream)"))
     (row,) = report.rows
     assert row.verdict == "caught" and row.kind == "lifetime", row

@@ -6,9 +6,10 @@ on it replays the same way. The base target's module file is parsed, the site
 is removed (``fuzz.sync_sites.remove``), and the edited tree is compiled under
 the original file name: findings cite the original lines.
 
-A target whose source is not its factory's module (an upstream file loaded
-by an adapter) provides ``mutable_source(attr) -> Source`` in the factory's
-module; the default reads the module file of the factory.
+An upstream target (``vllm-pp@VERSION``) is mutated in the file the upstream
+loader reads (``fuzz.upstream``), through that loader. Another target whose
+source is not its factory's module provides ``mutable_source(attr) -> Source``
+in the factory's module; the default reads the module file of the factory.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from fuzz import sync_sites
 from fuzz.sync_sites import Site
-from fuzz.targets import Factory, TargetError, resolve
+from fuzz.targets import Factory, TargetError, resolve, upstream_of
 
 SEP = "#"
 HITS_ENV = "STREAMFUZZ_MUTANT_HITS"
@@ -68,6 +69,9 @@ def hit_file(mutant: str) -> str:
 
 def source_of(target: str) -> Source:
     """The source ``mutate`` edits for ``target``; raises TargetError."""
+    up = upstream_of(target)
+    if up is not None:
+        return _upstream_source(up)
     spec = resolve(target)
     module_name, _, attr = spec.partition(":")
     try:
@@ -101,6 +105,19 @@ def module_source(module: types.ModuleType, attr: str) -> Source:
         return _attr(mod, attr)
 
     return Source(path=shown, tree=tree, root=attr.split(".")[0], build=build)
+
+
+def _upstream_source(up: Any) -> Source:
+    """vLLM's file as the upstream loader runs it (pre-PR edit included): the
+    mutant is that code with one more AST edit, driven by the same runner model."""
+    from fuzz import upstream
+    from fuzz.targets import vllm_pp
+
+    def build(edited: ast.Module, extra: dict[str, Any], suffix: str) -> Factory:
+        return vllm_pp.factory(up, upstream.edited_module(up, edited, suffix, extra))
+
+    return Source(path=upstream.filename(up), tree=upstream.tree(up), root="PPHandler",
+                  build=build)
 
 
 def _attr(mod: types.ModuleType, attr: str) -> Factory:

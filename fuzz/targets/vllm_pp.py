@@ -30,6 +30,7 @@ chunks on the other ranks (``applies_non_final = False`` tells the reference).
 
 from __future__ import annotations
 
+import types
 from collections import deque
 from typing import Any
 
@@ -64,11 +65,12 @@ class VllmRunner:
 
     applies_non_final = False
 
-    def __init__(self, ctx: TargetContext, up: upstream.Upstream) -> None:
+    def __init__(self, ctx: TargetContext, up: upstream.Upstream,
+                 code: types.ModuleType | None = None) -> None:
         self.ctx = ctx
         self.gathered = up.api == "gathered"
         with vllm_standins.pp_group(ctx):
-            self.handler = upstream.module(up).PPHandler(
+            self.handler = (code or upstream.module(up)).PPHandler(
                 max_num_reqs=ctx.max_num_reqs, num_speculative_steps=ctx.num_spec_steps,
                 device=ctx.device)
         self.polled = 0  # steps whose get_prev_sampled_outputs has run
@@ -158,11 +160,12 @@ def _scatter_kept(table: torch.Tensor, idx: torch.Tensor, drafts: torch.Tensor) 
     table.copy_(scratch[:-1])
 
 
-def factory(up: upstream.Upstream) -> Any:
-    """The target factory for ``up`` (``fuzz.targets.load`` calls this)."""
+def factory(up: upstream.Upstream, code: types.ModuleType | None = None) -> Any:
+    """The target factory for ``up`` (``fuzz.targets.load`` calls this); ``code``
+    is an edited copy of ``up``'s module to drive instead (a ``mutate`` mutant)."""
 
     def make(ctx: TargetContext) -> VllmRunner:
-        return VllmRunner(ctx, up)
+        return VllmRunner(ctx, up, code)
 
     make.upstream = up  # type: ignore[attr-defined]
     return make
