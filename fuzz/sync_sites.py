@@ -16,6 +16,7 @@ tell a survivor that never ran from one that ran and was not missed.
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -172,8 +173,6 @@ class _Remove(ast.NodeTransformer):
 
 def remove(tree: ast.Module, site: Site) -> ast.Module:
     """A copy of ``tree`` with ``site``'s call removed (see the module docstring)."""
-    import copy
-
     new = copy.deepcopy(tree)
     remover = _Remove(site.line, site.col)
     new = remover.visit(new)

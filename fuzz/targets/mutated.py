@@ -7,9 +7,8 @@ is removed (``fuzz.sync_sites.remove``), and the edited tree is compiled under
 the original file name: findings cite the original lines.
 
 An upstream target (``vllm-pp@VERSION``) is mutated in the file the upstream
-loader reads (``fuzz.upstream``), through that loader. Another target whose
-source is not its factory's module provides ``mutable_source(attr) -> Source``
-in the factory's module; the default reads the module file of the factory.
+loader reads (``fuzz.upstream``), through that loader; any other target in
+the module file of its factory.
 """
 
 from __future__ import annotations
@@ -78,9 +77,6 @@ def source_of(target: str) -> Source:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise TargetError(f"target {target!r}: cannot import {module_name!r} ({exc})") from None
-    custom = getattr(module, "mutable_source", None)
-    if callable(custom):
-        return custom(attr)
     return module_source(module, attr)
 
 
