@@ -80,12 +80,12 @@ def test_a_repeated_call_is_a_twin():
     assert sync_sites.twin(other.body, waits[0]) is None
 
 
-def _run(target: str, lines: set[int], jobs: int = 1) -> mutate.Report:
+def _run(target: str, lines: set[int], jobs: int = 1, corpus=None) -> mutate.Report:
     sites = [s for s in mutated.sites(target) if s.line in lines]
     assert {s.line for s in sites} == lines
     return mutate.run(target, sites, device="cpu", world_size=2, jobs=jobs, max_examples=30,
                       seed=0, options=MUTATE, timeout=30.0, shrink_budget_s=5.0,
-                      corpus_dir=None, log=lambda _: None)
+                      corpus_dir=corpus, log=lambda _: None)
 
 
 def _line_of(target: str, text: str) -> set[int]:
@@ -180,9 +180,14 @@ def test_an_upstream_target_is_mutated_in_the_file_the_loader_reads():
     assert factory.upstream.version == "0.34.0"
 
 
-def test_vllm_sampled_tokens_record_stream_is_caught():
+def test_vllm_sampled_tokens_record_stream_is_caught_and_kept_with_its_provenance(tmp_path):
     _vllm("vllm-pp@0.34.0")
     target = "vllm-pp@0.34.0"
-    report = _run(target, _line_of(target, "sampled_tokens.record_stream(self.main_stream)"))
+    report = _run(target, _line_of(target, "sampled_tokens.record_stream(self.main_stream)"),
+                  corpus=tmp_path)
     (row,) = report.rows
     assert row.verdict == "caught" and row.kind == "lifetime", row
+    entry = json.loads(open(row.corpus_path).read())
+    up = entry["found_on"]["upstream"]
+    assert up["version"] == "0.34.0" and up["edit"] is None
+    assert up["mutant"].startswith(f"the sync call at line {row.site.line},")

@@ -119,8 +119,12 @@ def upstream_family(name: str) -> tuple[str, str | None] | None:
 
 
 def upstream_of(name: str) -> Any:
-    """The ``fuzz.upstream.Upstream`` a family name runs (None for other targets)."""
-    fam = upstream_family(name)
+    """The ``fuzz.upstream.Upstream`` a family name runs (None for other targets);
+    for a mutant of one (``fuzz.targets.mutated``), the file it edits."""
+    from fuzz.targets import mutated
+
+    parts = mutated.split(name)
+    fam = upstream_family(parts[0] if parts else name)
     if fam is None:
         return None
     from fuzz import upstream
@@ -135,7 +139,15 @@ def upstream_of(name: str) -> Any:
 def provenance(name: str) -> dict[str, Any] | None:
     """What reports and corpus entries say about the upstream code a target runs."""
     up = upstream_of(name)
-    return up.provenance() if up is not None else None
+    if up is None:
+        return None
+    info = up.provenance()
+    from fuzz.targets import mutated
+
+    parts = mutated.split(name)
+    if parts:
+        info["mutant"] = f"the sync call at line {parts[1]}, col {parts[2]} removed"
+    return info
 
 
 def check_upstream(name: str, recorded: dict[str, Any] | None) -> None:
