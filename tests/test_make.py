@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 _SKIP = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".hypothesis", ".pytest_cache",
-                               ".ruff_cache", "reports", "soak", "*.egg-info", "build")
+                               ".ruff_cache", "reports", "soak", "*.egg-info", "build",
+                               "wheels")
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
