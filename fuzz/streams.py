@@ -78,7 +78,10 @@ class CudaStreams:
         class _Noted(real):  # type: ignore[valid-type, misc]
             def __new__(cls, *args: Any, **kwargs: Any) -> Any:
                 s = real.__new__(cls, *args, **kwargs)
-                created.append(s)
+                # torch.cuda.current_stream() wraps an existing stream through this
+                # class too (stream_id=...): only a new stream is the target's.
+                if "stream_id" not in kwargs:
+                    created.append(s)
                 return s
 
         torch.cuda.Stream = _Noted
