@@ -10,9 +10,9 @@ import torch.distributed as dist
 
 import fuzz.runner as runner_module
 from fuzz import oracles, targets
+from fuzz.draft_protocol import run_on_rank
 from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.rank_main import _context
-from fuzz.runner import run_scenario
+from fuzz.rank_main import _env
 from fuzz.scenario import Churn, Delay, Scenario, Step
 
 _OPTIONS = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.SPIN)
@@ -69,7 +69,7 @@ for target in sys.argv[1:] or ["pre-fix", "pr-fix", "main-gather"]:
             bad = 0
             for _trial in range(40):
                 scn = steps(4, cycles, 1, dt)
-                obs = run_scenario(scn, f, _context(dev, group, scn), _OPTIONS)
+                obs = run_on_rank(scn, f, _env(dev, group), _OPTIONS)
                 fails = oracles.check_values(scn, [obs])
                 bad += bool(fails)
 

@@ -68,7 +68,7 @@ def main() -> None:
 
     import torch
 
-    from fuzz import rank_main, runner, targets
+    from fuzz import draft_protocol, rank_main, targets
     from fuzz.bench import random_scenario
     from fuzz.options import RunOptions
 
@@ -92,7 +92,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for i, scn in enumerate(batch, 1):
         try:
-            runner.run_scenario(scn, factory, rank_main._context(device, group, scn), options)
+            draft_protocol.run_on_rank(scn, factory, rank_main._env(device, group), options)
         except Exception:  # a finding is not what this measures; count it
             errors += 1
         done = i - args.warmup

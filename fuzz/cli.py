@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fuzz import corpus, profiles, targets, upstream
+from fuzz import corpus, profiles, protocols, targets, upstream
 from fuzz.__main__ import EXIT_CRASH
 from fuzz.options import (
     DEFAULT,
@@ -646,9 +646,10 @@ def _replay_one(driver: Any, pool: RankPool, e: corpus.Entry, attempts: int) -> 
     status = f"still fails ({v.first.kind}: {v.first.message})" if not v.ok else "PASSES"
     wrong = v.ok
     line = f"{e.path}: {e.target} {status}"
-    if e.target in targets.BUILTIN and e.target not in targets.CORRECT:
-        fixed = driver.replay(pool, e, target="main-gather")
-        line += "; main-gather " + ("passes" if fixed.ok else f"FAILS ({fixed.first.message})")
+    fix = protocols.get(e.protocol).correct
+    if targets.is_builtin(e.target) and e.target not in targets.CORRECT:
+        fixed = driver.replay(pool, e, target=fix)
+        line += f"; {fix} " + ("passes" if fixed.ok else f"FAILS ({fixed.first.message})")
         wrong = wrong or not fixed.ok
     elif targets.upstream_family(e.target) and _available(targets.UPSTREAM_FIXED):
         fixed = driver.replay(pool, e, target=targets.UPSTREAM_FIXED)

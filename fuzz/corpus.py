@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz.scenario import Scenario, ScenarioError
+from fuzz import protocols
+from fuzz.scenario import ScenarioError
 from fuzz.verdict import KINDS
 
 SCHEMA = 1
@@ -38,17 +39,20 @@ class Entry:
     target: str
     kind: str
     message: str
-    scenario: Scenario
+    scenario: Any
+    """The scenario of ``protocol`` (``fuzz.protocols``)."""
     found_on: dict[str, Any] = field(default_factory=dict)
     flaky: bool = False
     path: Path | None = None
+    protocol: str = protocols.DEFAULT
 
     @property
     def device(self) -> str:
         return str(self.found_on.get("device", "cpu"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "target": self.target, "kind": self.kind,
+        return {"schema": SCHEMA, "protocol": self.protocol, "target": self.target,
+                "kind": self.kind,
                 "message": self.message, "flaky": self.flaky, "found_on": self.found_on,
                 "scenario": self.scenario.to_dict()}
 
@@ -154,11 +158,20 @@ def load(path: Path) -> Entry:
             raise CorpusError(f"{path}: field {key!r} is missing or not a {typ.__name__}")
     if data["kind"] not in KINDS:
         raise CorpusError(f"{path}: unknown failure kind {data['kind']!r}")
+    # Entries from before there were several protocols name none: the draft broadcast.
+    name = data.get("protocol", protocols.DEFAULT)
     try:
-        scenario = Scenario.from_dict(data["scenario"])
+        protocol = protocols.get(name) if isinstance(name, str) else None
+    except protocols.ProtocolError as exc:
+        raise CorpusError(f"{path}: {exc}") from None
+    if protocol is None:
+        raise CorpusError(f"{path}: field 'protocol' is not a str")
+    try:
+        scenario = protocol.part("scenario").from_dict(data["scenario"])
     except (ScenarioError, TypeError) as exc:
         raise CorpusError(f"{path}: bad scenario: {exc}") from None
-    return Entry(target=data["target"], kind=data["kind"], message=data["message"],
+    return Entry(target=data["target"], protocol=protocol.name, kind=data["kind"],
+                 message=data["message"],
                  scenario=scenario, found_on=dict(data.get("found_on") or {}),
                  flaky=bool(data.get("flaky", False)), path=path)
 

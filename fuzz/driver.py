@@ -19,12 +19,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from fuzz import corpus, oracles, profiles, targets
+from fuzz import corpus, profiles, protocols, targets
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import RankPool
-from fuzz.scenario import Scenario
 from fuzz.verdict import Failure, Verdict
-from strategies import scenarios
+
+Scenario = Any
+"""Any protocol's scenario type (``fuzz.protocols``)."""
 
 Progress = Callable[[int, float, int], None]
 OnExample = Callable[[Scenario], None]
@@ -65,7 +66,7 @@ def _judge(outcome: Any, scenario: Scenario, values: bool) -> Verdict:
     found = [Failure(**f) for o in obs for f in o.get("findings", [])]
     # Earliest step first; within a step, lower rank first.
     found.sort(key=lambda f: (f.step if f.step is not None else -1, f.rank or 0))
-    wrong = oracles.check_values(scenario, obs) if values else []
+    wrong = protocols.of_scenario(scenario).part("values")(scenario, obs) if values else []
     return Verdict(found + wrong, held=held)
 
 
@@ -78,32 +79,15 @@ class _Stopped(KeyboardInterrupt):
     saving the example to its database or replaying it, unlike other exceptions."""
 
 
-def _bucket(n: int) -> str:
-    return "0" if n == 0 else "1" if n == 1 else "2-3" if n < 4 else "4-7" if n < 8 else "8+"
-
-
 def behaviours(scenario: Scenario, verdict: Verdict) -> list[str]:
     """Coarse labels of what an example exercised, reported through ``event()``.
 
     They are cheap to compute and bounded in number, so counting distinct ones
-    over a long run tells whether the strategies keep reaching new ground.
+    over a long run tells whether the strategies keep reaching new ground. The
+    protocol labels its scenario; the verdict's label is common to all.
     """
-    steps = scenario.steps
-    labels = [f"steps {_bucket(len(steps))}",
-              f"max batch {_bucket(max((s.num_reqs for s in steps), default=0))}",
-              f"pipeline depth {scenario.pipeline_depth}",
-              "verdict " + ("ok" if verdict.ok else verdict.first.kind)]
-    if any(not s.broadcasts for s in steps):
-        labels.append("a step broadcast nothing")
-    if any(s.delays for s in steps):
-        labels.append("delays on " + "+".join(sorted({d.stream for s in steps
-                                                       for d in s.delays})))
-    if any(s.churn for s in steps):
-        labels.append("churn on " + "+".join(sorted({c.stream for s in steps
-                                                      for c in s.churn})))
-    if len({s.idx_dtype for s in steps if s.num_reqs}) > 1:
-        labels.append("idx dtypes mixed")
-    return labels
+    labels = protocols.of_scenario(scenario).part("behaviours")(scenario)
+    return labels + ["verdict " + ("ok" if verdict.ok else verdict.first.kind)]
 
 
 @dataclass
@@ -169,7 +153,9 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     the smallest failure so far is still saved.
     """
     result = CampaignResult(target=target)
-    strategy = strategy if strategy is not None else scenarios(world_size=pool.world_size)
+    protocol = protocols.of_target(target, _factory_or_none(target))
+    if strategy is None:
+        strategy = protocol.part("strategy")(world_size=pool.world_size)
     start = time.monotonic()
     held: set[str] = set()
 
@@ -232,11 +218,19 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     result.elapsed_s = time.monotonic() - start
     result.held = sorted(held)
     if result.failure is not None and corpus_dir is not None:
-        entry = corpus.Entry(target=target, kind=result.failure.kind,
+        entry = corpus.Entry(target=target, protocol=protocol.name, kind=result.failure.kind,
                              message=result.failure.message, scenario=result.scenario,
                              found_on=found_on(pool, options, target), flaky=result.flaky)
         result.corpus_path = corpus.save(corpus_dir, entry)
     return result
+
+
+def _factory_or_none(target: str) -> Any:
+    """A user's factory, for the protocol it declares; built-ins need no import."""
+    try:
+        return targets.load(target) if ":" in target else None
+    except targets.TargetError:
+        return None
 
 
 def replay(pool: RankPool, entry: corpus.Entry, target: str | None = None,

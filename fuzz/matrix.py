@@ -73,6 +73,9 @@ class Cell:
 
 
 def _size(s: Scenario) -> str:
+    short = getattr(s, "short", None)  # a protocol's own one-line size
+    if short is not None:
+        return short()
     return f"{len(s.steps)} steps/{sum(st.num_reqs for st in s.steps)} reqs"
 
 

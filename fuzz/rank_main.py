@@ -24,9 +24,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fuzz import dispatch_mode, targets
+from fuzz import dispatch_mode, protocols, targets
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.options import Hold, Oracle, RunOptions
+from fuzz.protocols import RankEnv
 from fuzz.ranks import rss_bytes
 from fuzz.runner import run_scenario
 from fuzz.scenario import Scenario
@@ -212,13 +213,10 @@ def _connect(address: str, authkey: bytes) -> Connection:
             time.sleep(1.0)
 
 
-def _context(device: torch.device, group: Any, scenario: Scenario) -> TargetContext:
+def _env(device: torch.device, group: Any) -> RankEnv:
     streams = CudaStreams(device, _GATES) if device.type == "cuda" else SimStreams()
-    world = dist.get_world_size()
-    return TargetContext(rank=dist.get_rank(), world_size=world, last_rank=world - 1,
-                         device=device, group=group, max_num_reqs=scenario.max_num_reqs,
-                         num_spec_steps=scenario.num_spec_steps, streams=streams,
-                         pipeline_depth=scenario.pipeline_depth)
+    return RankEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device,
+                   group=group, streams=streams)
 
 
 _DRIVER_GONE = 4
@@ -277,14 +275,14 @@ def serve(device_kind: str, address: str, authkey: bytes) -> int:
             continue
         _, eid, target, scenario, options = msg
         try:
-            if not isinstance(scenario, Scenario):  # plain values from another client
-                scenario = Scenario.from_dict(scenario)
-            if not isinstance(options, RunOptions):
-                options = RunOptions.from_dict(options)
             if target not in factories:
                 factories[target] = targets.load(target)
-            ctx = _context(device, group, scenario)
-            obs = run_scenario(scenario, factories[target], ctx, options)
+            protocol = protocols.of_target(target, factories[target])
+            if isinstance(scenario, dict):  # plain values from another client
+                scenario = protocol.part("scenario").from_dict(scenario)
+            if not isinstance(options, RunOptions):
+                options = RunOptions.from_dict(options)
+            obs = protocol.part("run")(scenario, factories[target], _env(device, group), options)
             conn.send(("ok", eid, info["rank"], obs))
         except Exception as exc:  # the target's failure is the finding
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -36,12 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz import corpus, driver, profiles
+from fuzz import corpus, driver, profiles, protocols
 from fuzz.corpus import write_json_atomic
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import RankPool, rss_bytes
-from fuzz.scenario import Scenario, ScenarioError
+from fuzz.scenario import ScenarioError
 from fuzz.verdict import Failure, Verdict
+
+Scenario = Any
+"""Any protocol's scenario type (``fuzz.protocols``)."""
 
 STATE_SCHEMA = 1
 _MIB = 2**20
@@ -254,7 +257,8 @@ class Soak:
                 and self.stop_reason is None:  # not when the campaign itself is ending
             flaky = driver.replay(self.pool, entry).ok
         if flaky and not entry.flaky:
-            entry = corpus.Entry(target=entry.target, kind=entry.kind, message=entry.message,
+            entry = corpus.Entry(target=entry.target, protocol=entry.protocol, kind=entry.kind,
+                                 message=entry.message,
                                  scenario=entry.scenario, found_on=entry.found_on, flaky=True)
             corpus.save(self.cfg.corpus, entry)
         self._record(res.target, res.failure, path, shrunk=not res.stopped, flaky=flaky,
@@ -294,8 +298,8 @@ class Soak:
         """Replay the example a killed driver left in the journal."""
         try:
             data = json.loads(self.journal.read_text())
-            scenario = Scenario.from_dict(data["scenario"])
             target = str(data["target"])
+            scenario = protocols.of_target(target).part("scenario").from_dict(data["scenario"])
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError, ScenarioError) as exc:
@@ -324,8 +328,8 @@ class Soak:
 
     # -- failures --------------------------------------------------------------
     def _save(self, target: str, failure: Failure, scenario: Scenario, *, shrunk: bool) -> Path:
-        entry = corpus.Entry(target=target, kind=failure.kind, message=failure.message,
-                             scenario=scenario,
+        entry = corpus.Entry(target=target, protocol=protocols.of_scenario(scenario).name,
+                             kind=failure.kind, message=failure.message, scenario=scenario,
                              found_on=driver.found_on(self.pool, self.cfg.options, target))
         path = corpus.save(self.cfg.corpus, entry)
         self._record(target, failure, path, shrunk=shrunk, flaky=False, pending=True)

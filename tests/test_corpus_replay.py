@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import corpus, driver, targets
+from fuzz import corpus, driver, protocols, targets
 from fuzz.ranks import RankPool, probe_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,9 +56,10 @@ def test_corpus_entry_still_behaves_as_recorded(path, pools):
         assert verdict.first.kind == entry.kind, verdict.summary()
         again = driver.replay(pool, entry)
         assert again.failures == verdict.failures, f"{path}: replays disagree"
-    if entry.target in targets.BUILTIN and entry.target not in targets.CORRECT:
-        fixed = driver.replay(pool, entry, target="main-gather")
-        assert fixed.ok, f"main-gather fails {path}: {fixed.summary()}"
+    if targets.is_builtin(entry.target) and entry.target not in targets.CORRECT:
+        fix = protocols.get(entry.protocol).correct
+        fixed = driver.replay(pool, entry, target=fix)
+        assert fixed.ok, f"{fix} fails {path}: {fixed.summary()}"
     if targets.upstream_family(entry.target):
         try:
             targets.check_importable(targets.UPSTREAM_FIXED)

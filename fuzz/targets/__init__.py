@@ -26,26 +26,26 @@ from typing import Any
 
 import torch
 
-VERSIONS: dict[str, str] = {
-    "pre-fix": "fuzz.targets.pp_draft:pre_fix",
-    "pr-fix": "fuzz.targets.pp_draft:pr_fix",
-    "main-gather": "fuzz.targets.pp_draft:main_gather",
-}
-"""The three versions of the handler: what ``run`` fuzzes by default."""
+from fuzz import protocols
+from fuzz.draft_protocol import PROTOCOL as DRAFT_BROADCAST
 
-MUTANTS: dict[str, str] = {
-    name: f"fuzz.targets.mutants:{name.replace('-', '_')}"
-    for name in ("missing-wait", "wrong-record-stream", "receiver-no-wait",
-                 "receiver-no-record", "receiver-drops-idx", "sampled-before-wait",
-                 "early-event", "staging-buffer", "host-read-unsynced",
-                 "host-rewrites-staging")
-}
+VERSIONS: dict[str, str] = DRAFT_BROADCAST.versions
+"""The three versions of the draft-broadcast handler: what ``run`` fuzzes by default."""
+
+MUTANTS: dict[str, str] = DRAFT_BROADCAST.mutants
 """Planted bugs (see ``fuzz.targets.mutants``): each must be found on CPU."""
 
 BUILTIN: dict[str, str] = {**VERSIONS, **MUTANTS}
-"""Built-in targets: name -> import spec. Correct ones are listed in CORRECT."""
+"""The draft broadcast's built-in targets (the default of matrix, bench and soak).
+Every protocol's built-ins: ``fuzz.protocols.builtin_targets()``."""
 
-CORRECT: frozenset[str] = frozenset({"main-gather"})
+CORRECT: frozenset[str] = frozenset(p.correct for p in protocols.all_protocols().values())
+"""The built-in targets that must be clean, one per protocol."""
+
+
+def is_builtin(name: str) -> bool:
+    return name in protocols.builtin_targets()
+
 
 UPSTREAM: dict[str, bool] = {"vllm-pp": False, "vllm-pp-pre-pr": True}
 """vLLM's ``PPHandler`` as shipped, and with the AST edit that gives the pre-PR code."""
@@ -166,10 +166,11 @@ def check_upstream(name: str, recorded: dict[str, Any] | None) -> None:
 
 def resolve(name: str) -> str:
     """Built-in name or ``module:attr`` -> import spec; raises TargetError."""
-    if name in BUILTIN:
-        return BUILTIN[name]
+    builtin = protocols.builtin_targets()
+    if name in builtin:
+        return builtin[name]
     if ":" not in name:
-        known = ", ".join(sorted(BUILTIN) + [f"{f}@VERSION" for f in UPSTREAM])
+        known = ", ".join(sorted(builtin) + [f"{f}@VERSION" for f in UPSTREAM])
         raise TargetError(f"unknown target {name!r}: use one of {known} or package.module:attr")
     return name
 

@@ -1,0 +1,67 @@
+"""The draft broadcast as a protocol: the first one the engine fuzzed.
+
+The pipeline-parallel draft broadcast of a speculative-decoding model runner
+(``fuzz.scenario``, ``strategies``, ``fuzz.runner``, ``fuzz.reference``,
+``fuzz.targets.pp_draft``). This module is what the registry reads; it
+imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fuzz.protocols import Protocol, RankEnv
+
+PROTOCOL = Protocol(
+    name="draft-broadcast",
+    scenario="fuzz.scenario:Scenario",
+    strategy="strategies.scenarios:scenarios",
+    run="fuzz.draft_protocol:run_on_rank",
+    values="fuzz.oracles.value:check",
+    behaviours="fuzz.draft_protocol:behaviours",
+    versions={"pre-fix": "fuzz.targets.pp_draft:pre_fix",
+              "pr-fix": "fuzz.targets.pp_draft:pr_fix",
+              "main-gather": "fuzz.targets.pp_draft:main_gather"},
+    mutants={name: f"fuzz.targets.mutants:{name.replace('-', '_')}"
+             for name in ("missing-wait", "wrong-record-stream", "receiver-no-wait",
+                          "receiver-no-record", "receiver-drops-idx", "sampled-before-wait",
+                          "early-event", "staging-buffer", "host-read-unsynced",
+                          "host-rewrites-staging")},
+    correct="main-gather",
+    families=("vllm-pp", "vllm-pp-pre-pr"),
+)
+
+
+def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> dict[str, Any]:
+    """The runner of ``fuzz.runner`` with the draft broadcast's target context."""
+    from fuzz.runner import run_scenario
+    from fuzz.targets import TargetContext
+
+    ctx = TargetContext(rank=env.rank, world_size=env.world_size, last_rank=env.world_size - 1,
+                        device=env.device, group=env.group, max_num_reqs=scenario.max_num_reqs,
+                        num_spec_steps=scenario.num_spec_steps, streams=env.streams,
+                        pipeline_depth=scenario.pipeline_depth)
+    return run_scenario(scenario, factory, ctx, options)
+
+
+def _bucket(n: int) -> str:
+    return "0" if n == 0 else "1" if n == 1 else "2-3" if n < 4 else "4-7" if n < 8 else "8+"
+
+
+def behaviours(scenario: Any) -> list[str]:
+    """Coarse labels of what an example exercised (steps, batch, depth, holds, churn)."""
+    steps = scenario.steps
+    labels = [f"steps {_bucket(len(steps))}",
+              f"max batch {_bucket(max((s.num_reqs for s in steps), default=0))}",
+              f"pipeline depth {scenario.pipeline_depth}"]
+    if any(not s.broadcasts for s in steps):
+        labels.append("a step broadcast nothing")
+    if any(s.delays for s in steps):
+        labels.append("delays on " + "+".join(sorted({d.stream for s in steps
+                                                       for d in s.delays})))
+    if any(s.churn for s in steps):
+        labels.append("churn on " + "+".join(sorted({c.stream for s in steps
+                                                      for c in s.churn})))
+    if len({s.idx_dtype for s in steps if s.num_reqs}) > 1:
+        labels.append("idx dtypes mixed")
+    return labels

@@ -1,0 +1,131 @@
+"""The protocols the engine fuzzes, and which protocol a target or scenario speaks.
+
+A protocol bundles what is particular to one kind of cross-stream code: its
+scenario type and strategies, its runner (the caller's side of the target:
+what happens before, between and after the target's calls), its value oracle
+(a CPU reference), its built-in targets and the correct one among them. The
+driver, ranks, lifetime and reuse oracles, corpus, replay, matrix, soak and
+mutate know only this interface. Parts are named by import spec and loaded on
+first use, so this module stays light enough for the target registry to read.
+
+Adding a protocol: its own modules, one ``Protocol`` value, one line in
+``_DECLARED``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT = "draft-broadcast"
+"""The protocol of a corpus entry that names none (entries from before there
+were several) and of a user's target that declares none."""
+
+
+class ProtocolError(ValueError):
+    """A protocol name or a scenario of no known protocol."""
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """What a rank offers every protocol's runner for one example."""
+
+    rank: int
+    world_size: int
+    device: Any
+    group: Any
+    streams: Any
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One protocol; every field but ``name`` and the target tables is an import spec.
+
+    * ``scenario``: the scenario type (``from_dict``, ``to_dict``, ``describe``,
+      ``world_size``);
+    * ``strategy``: ``f(world_size=...) -> SearchStrategy`` of scenarios;
+    * ``run``: ``f(scenario, factory, RankEnv, RunOptions) -> observations``
+      (a dict with ``rank``, ``held``, ``oracles``, ``findings`` and the
+      protocol's own outputs), on the rank;
+    * ``values``: ``f(scenario, observations) -> list[Failure]``, in the driver;
+    * ``behaviours``: ``f(scenario) -> list[str]``, coarse labels of what an
+      example exercised.
+    """
+
+    name: str
+    scenario: str
+    strategy: str
+    run: str
+    values: str
+    behaviours: str
+    versions: dict[str, str]
+    """The versions ``fuzz run`` fuzzes when no target is named: name -> import spec."""
+    mutants: dict[str, str] = field(default_factory=dict)
+    correct: str = ""
+    """The built-in version that must be clean; replay checks fixes against it."""
+    families: tuple[str, ...] = ()
+    """Upstream target families (``family@VERSION``) this protocol drives."""
+
+    @property
+    def targets(self) -> dict[str, str]:
+        return {**self.versions, **self.mutants}
+
+    def part(self, which: str) -> Any:
+        return _load(getattr(self, which))
+
+
+def _load(spec: str) -> Any:
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+_DECLARED: tuple[str, ...] = (
+    "fuzz.draft_protocol:PROTOCOL",
+)
+
+
+@functools.cache
+def all_protocols() -> dict[str, Protocol]:
+    out: dict[str, Protocol] = {}
+    for spec in _DECLARED:
+        p = _load(spec)
+        out[p.name] = p
+    return out
+
+
+def get(name: str) -> Protocol:
+    try:
+        return all_protocols()[name]
+    except KeyError:
+        known = ", ".join(sorted(all_protocols()))
+        raise ProtocolError(f"unknown protocol {name!r}: use one of {known}") from None
+
+
+def builtin_targets() -> dict[str, str]:
+    """Every protocol's built-in targets: name -> import spec."""
+    out: dict[str, str] = {}
+    for p in all_protocols().values():
+        out.update(p.targets)
+    return out
+
+
+def of_target(name: str, factory: Callable[..., Any] | None = None) -> Protocol:
+    """The protocol a target speaks: a built-in's own, an upstream family's,
+    a mutant's base target's, else the factory's ``protocol`` attribute."""
+    base = name.split("#", 1)[0]
+    family = base.partition("@")[0]
+    for p in all_protocols().values():
+        if base in p.targets or family in p.families:
+            return p
+    declared = getattr(factory, "protocol", None) if factory is not None else None
+    return get(declared) if isinstance(declared, str) else get(DEFAULT)
+
+
+def of_scenario(scenario: Any) -> Protocol:
+    for p in all_protocols().values():
+        if isinstance(scenario, p.part("scenario")):
+            return p
+    raise ProtocolError(f"{type(scenario).__name__} is the scenario of no known protocol")
