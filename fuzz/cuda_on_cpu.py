@@ -5,8 +5,9 @@ written against ``torch.cuda``: it makes streams and events, allocates with
 ``device="cuda"``, pins host buffers and copies with ``non_blocking=True``.
 For the duration of one example (``session``), inside the rank process only:
 
-* ``torch.cuda``'s and ``torch.accelerator``'s stream, event and device calls
-  are swapped for the simulated ones (``fuzz.streams``), and restored after;
+* ``torch.cuda``'s and ``torch.accelerator``'s stream, event and device calls,
+  and ``torch.Event``, are swapped for the simulated ones (``fuzz.streams``),
+  and restored after;
 * a torch-function mode rewrites every ``cuda`` device to ``cpu`` before torch
   parses the arguments (so nothing initialises CUDA), turns ``pin_memory``
   into a plain host copy, and keeps ``.cuda()``/``.to("cuda")`` copies;
@@ -308,6 +309,14 @@ def _accelerator_patches(api: Any) -> dict[str, Any]:
     }
 
 
+def _torch_event(device: Any = None, **kwargs: Any) -> Any:
+    """``torch.Event(device, ...)``: the device-generic event, as a simulated one."""
+    from fuzz.streams import SimEvent
+
+    _check_index(device)
+    return SimEvent(**kwargs)
+
+
 _KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
                    "cast", "lru_cache", "classproperty", "NewType", "Any", "Callable",
                    "Optional"})
@@ -362,5 +371,6 @@ def session(api: Any) -> Iterator[Memory]:
         stack.enter_context(_patched(torch.cuda, cuda))
         stack.enter_context(_patched(torch.accelerator, accel))
         stack.enter_context(_patched(torch.cuda.graphs, _cuda_graphs()))
+        stack.enter_context(_patched(torch, {"Event": _torch_event}))
         stack.enter_context(_DeviceMode(memory))
         yield memory

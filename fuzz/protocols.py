@@ -84,6 +84,7 @@ def _load(spec: str) -> Any:
 
 _DECLARED: tuple[str, ...] = (
     "fuzz.draft_protocol:PROTOCOL",
+    "fuzz.weight_sync:PROTOCOL",
 )
 
 

@@ -1,0 +1,34 @@
+"""The ``weight-sync`` protocol: a trainer broadcasts packed parameters to workers.
+
+The trainer-to-inference weight sync of RL post-training: group rank 0 (the
+trainer) writes its parameters on its current stream (the optimizer step),
+then packs them into byte buffers on side streams and broadcasts them; every
+other rank (an inference worker) receives the buffers and unpacks them into
+its own parameters through a post-unpack callback. Modelled on vLLM's packed
+NCCL weight transfer (``packed_nccl_broadcast_producer`` / ``_consumer``).
+
+Parts: ``scenario`` (what one example is), ``runner`` (the caller's side on a
+rank), ``reference`` (the values every rank must end with), the strategies in
+``strategies/weight_sync.py`` and the built-in targets in
+``fuzz/targets/weight_sync.py``.
+"""
+
+from __future__ import annotations
+
+from fuzz.protocols import Protocol
+
+PROTOCOL = Protocol(
+    name="weight-sync",
+    scenario="fuzz.weight_sync.scenario:WeightSyncScenario",
+    strategy="strategies.weight_sync:weight_sync_scenarios",
+    run="fuzz.weight_sync.runner:run_on_rank",
+    values="fuzz.weight_sync.reference:check",
+    behaviours="fuzz.weight_sync.scenario:behaviours",
+    versions={"weight-sync-unordered": "fuzz.targets.weight_sync:unordered",
+              "weight-sync-ordered": "fuzz.targets.weight_sync:ordered"},
+    mutants={name: f"fuzz.targets.weight_sync:{name.removeprefix('weight-sync-').replace('-', '_')}"
+             for name in ("weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
+                          "weight-sync-consumer-load-on-caller")},
+    correct="weight-sync-ordered",
+    families=("vllm-weights",),
+)
