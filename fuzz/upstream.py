@@ -177,6 +177,29 @@ def resolve(source: str | None) -> Upstream:
     return read(source)
 
 
+def read_file(up: Upstream, file: str) -> str:
+    """Another file of the vLLM source ``up`` was read from, unchanged (another
+    protocol's code: ``vllm/distributed/weight_transfer/packed_tensor.py``)."""
+    path = Path(up.path)
+    text: str | None = None
+    if up.kind == "wheel":
+        with zipfile.ZipFile(path) as zf:
+            if file in zf.namelist():
+                text = zf.read(file).decode()
+    elif up.kind == "sdist":
+        with tarfile.open(path) as tf:
+            member = next((m for m in tf.getmembers()
+                           if m.isfile() and m.name.split("/", 1)[-1] == file), None)
+            if member is not None:
+                text = tf.extractfile(member).read().decode()
+    else:
+        found = next((c for c in (path / file, path.parent / file) if c.is_file()), None)
+        text = found.read_text() if found is not None else None
+    if text is None:
+        raise UpstreamError(f"{up.path}: vLLM {up.version} has no {file}")
+    return text
+
+
 def _looks_like_version(text: str) -> bool:
     return re.fullmatch(r"\d+(\.\d+)+([.+-]?[A-Za-z0-9.+-]*)?", text) is not None
 

@@ -106,3 +106,24 @@ def test_ordered_version_is_clean(cpu_pool, ci_settings):
                       options=RunOptions())
     assert res.failure is None, res.failure
     assert res.examples == 150
+
+
+def _cached(version: str) -> bool:
+    from fuzz import targets
+
+    try:
+        targets.check_importable(f"vllm-weights@{version}")
+    except targets.TargetError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _cached("0.34.0"), reason="vLLM 0.34.0 is not cached or installed")
+def test_vllm_producer_reads_the_parameters_unordered(cpu_pool, ci_settings):
+    """vLLM 0.34's own packed_tensor.py, unchanged: torch.cat on a buffer stream
+    reads the optimizer's write on the caller's stream with no ordering."""
+    res = driver.fuzz(cpu_pool, "vllm-weights@0.34.0", ci_settings, max_examples=100, seed=0,
+                      options=LIFETIME)
+    assert res.failure is not None and res.failure.kind == "race", res.failure
+    assert "read-after-write race on p0" in res.failure.message
+    assert "packed_tensor.py" in res.failure.message and "aten.cat" in res.failure.message

@@ -50,6 +50,9 @@ def is_builtin(name: str) -> bool:
 UPSTREAM: dict[str, bool] = {"vllm-pp": False, "vllm-pp-pre-pr": True}
 """vLLM's ``PPHandler`` as shipped, and with the AST edit that gives the pre-PR code."""
 
+WEIGHTS_FAMILY = "vllm-weights"
+"""vLLM's packed NCCL weight broadcast (``fuzz.targets.vllm_weights``), a weight-sync target."""
+
 UPSTREAM_FIXED = "vllm-pp@0.34.0"
 """vLLM's handler after the fix (gather on the main stream): where it is cached,
 every entry found on vLLM's code must pass on it."""
@@ -136,8 +139,23 @@ def upstream_of(name: str) -> Any:
         raise TargetError(f"target {name!r}: {exc}") from None
 
 
+def _weights_version(name: str) -> tuple[str | None] | None:
+    """``vllm-weights@0.34.0`` -> (``0.34.0``,): vLLM's packed weight broadcast."""
+    family, _, version = name.partition("@")
+    return (version or None,) if family == WEIGHTS_FAMILY else None
+
+
 def provenance(name: str) -> dict[str, Any] | None:
     """What reports and corpus entries say about the upstream code a target runs."""
+    weights = _weights_version(name)
+    if weights is not None:
+        from fuzz import upstream
+        from fuzz.targets import vllm_weights
+
+        try:
+            return vllm_weights.provenance(weights[0])
+        except upstream.UpstreamError as exc:
+            raise TargetError(f"target {name!r}: {exc}") from None
     up = upstream_of(name)
     if up is None:
         return None
@@ -170,7 +188,8 @@ def resolve(name: str) -> str:
     if name in builtin:
         return builtin[name]
     if ":" not in name:
-        known = ", ".join(sorted(builtin) + [f"{f}@VERSION" for f in UPSTREAM])
+        known = ", ".join(sorted(builtin) + [f"{f}@VERSION"
+                                             for f in (*UPSTREAM, WEIGHTS_FAMILY)])
         raise TargetError(f"unknown target {name!r}: use one of {known} or package.module:attr")
     return name
 
@@ -182,6 +201,15 @@ def load(name: str) -> Factory:
 
     if mutated.split(name) is not None:
         return mutated.load(name)
+    weights = _weights_version(name)
+    if weights is not None:
+        from fuzz import upstream
+        from fuzz.targets import vllm_weights
+
+        try:
+            return vllm_weights.factory(weights[0])
+        except upstream.UpstreamError as exc:
+            raise TargetError(f"target {name!r}: {exc}") from None
     up = upstream_of(name)
     if up is not None:
         from fuzz.targets import vllm_pp
