@@ -142,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds of shrinking per failure before the case is saved (default 120)")
     r.add_argument("--seed", type=int, default=None,
                    help="Hypothesis seed, for a repeatable run (default: random)")
+    r.add_argument("--weight-scale", type=_positive, default=1,
+                   help="weight-sync targets: multiply every parameter's first dimension "
+                        "(GPU soaks; default 1: a few KiB an example)")
     r.add_argument("--corpus", type=Path, default=Path("corpus"),
                    help="directory the shrunk failures are saved in (default corpus/)")
     r.add_argument("--report", type=Path, default=None,
@@ -394,7 +397,8 @@ def _run(args: argparse.Namespace) -> int:
                 res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                                   seed=args.seed, budget_s=args.budget,
                                   shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                                  progress=progress, options=options)
+                                  progress=progress, options=options,
+                                  strategy=_strategy(name, world, args.weight_scale))
             except KeyboardInterrupt:  # before anything was found in this target
                 interrupted = True
                 break
@@ -438,6 +442,15 @@ def _with_upstream(names: list[str] | None, source: str | None) -> list[str]:
         fam = targets.upstream_family(name)
         out.append(f"{fam[0]}@{up.version}" if fam and fam[1] is None else name)
     return out
+
+
+def _strategy(name: str, world: int, scale: int) -> Any:
+    """The weight-sync strategy at ``scale``; None (the protocol's default) otherwise."""
+    if scale == 1 or protocols.of_target(name).name != "weight-sync":
+        return None
+    from strategies.weight_sync import weight_sync_scenarios
+
+    return weight_sync_scenarios(world_size=world, scale=scale)
 
 
 def _print_result(res: Any) -> None:
