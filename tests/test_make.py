@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -44,8 +43,10 @@ def bootstrapped(tmp_path_factory):
     site = subprocess.run([parent / "bin" / "python", "-c",
                            "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    # The parent "has" what this environment has (plain path: no editable finders).
-    Path(site, "node_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # The parent "has" what this interpreter sees (wherever that comes from, a
+    # GPU node's own venv included), but not this checkout of the project.
+    seen = [p for p in sys.path if p and Path(p).is_dir() and Path(p).resolve() != ROOT]
+    Path(site, "node_packages.pth").write_text("\n".join(seen) + "\n")
     repo = base / "repo"
     shutil.copytree(ROOT, repo, ignore=_SKIP)
     out = _make(repo, ".venv/.ready", f"PYTHON={parent / 'bin' / 'python3'}")
@@ -71,7 +72,7 @@ def test_make_fuzz_passes_on_findings_and_fails_on_a_crash(bootstrapped):
     before = {p: (p.read_bytes(), p.stat().st_mode) for p in (repo / "corpus").rglob("*.json")}
     ok = _make(repo, "fuzz", "BUDGET=20", "EXAMPLES=40")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "streamfuzz on cpu, world size 2:" in ok.stdout
+    assert "streamfuzz on " in ok.stdout  # cpu here, cuda on a GPU node
     # Committed entries found again are left as they are: content and mode.
     assert {p: (p.read_bytes(), p.stat().st_mode) for p in before} == before
     # The same command when streamfuzz cannot start (a broken package install).
