@@ -8,6 +8,9 @@ For each device and built-in target it measures, on one warm rank pool:
   and judgement of one example, ``driver.run_and_judge``) without Hypothesis
   or the driver's campaign loop: the ratio fuzzer/loop is their overhead alone;
 * the cost of each oracle: the loop again with oracles switched off one by one;
+* for the built-in versions, what writing them as plain torch.cuda costs
+  against their ``ctx.streams`` form (``fuzz.targets.pp_draft_streams``): the
+  two forms alternate on the same scenarios, round by round;
 * on fresh pools (a cold start: processes, process group, gate compile, with
   an empty Triton cache), the examples and seconds to the first failure and
   the time spent shrinking it, median over seeds;
@@ -164,7 +167,9 @@ def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
                           replace(options, oracles=oracle_set))
             ms = 1000 * r.elapsed_s / max(1, r.examples)
             per_oracle[name] = min(ms, per_oracle.get(name, ms))
+    form = api_forms(pool, target, drawn[:oracle_examples * 2], options)
     return {
+        "api_forms": form,
         "examples": fz.examples, "fuzzer_ex_s": fz.examples_per_s,
         "loop_ex_s": loop.examples_per_s,
         "ratio": fz.examples_per_s / loop.examples_per_s if loop.examples_per_s else 0.0,
@@ -177,6 +182,32 @@ def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
                            "reuse": per_oracle["value+reuse"] - per_oracle["value"],
                            "lifetime": per_oracle["all"] - per_oracle["value+reuse"]},
     }
+
+
+STREAMS_FORM = {name: f"fuzz.targets.pp_draft_streams:{name.replace('-', '_')}"
+                for name in targets.VERSIONS}
+"""Each built-in version's ``ctx.streams`` form, for ``api_forms``."""
+
+
+def api_forms(pool: RankPool, target: str, batch: Sequence[Scenario], options: RunOptions,
+              rounds: int = 5) -> dict[str, Any] | None:
+    """Plain torch.cuda against the ``ctx.streams`` form of the same version, on
+    the same scenarios; the two alternate, and each round gives one ratio
+    (median reported), so a busy host slows both sides of a ratio alike.
+    None for a target that has no ``ctx.streams`` form."""
+    streams_form = STREAMS_FORM.get(target)
+    if streams_form is None or not batch:
+        return None
+    ratios, plain, streams = [], [], []
+    for _ in range(rounds):
+        a = hand_loop(pool, target, batch, options).examples_per_s
+        b = hand_loop(pool, streams_form, batch, options).examples_per_s
+        plain.append(a)
+        streams.append(b)
+        ratios.append(a / b if b else 0.0)
+    return {"examples": len(batch), "rounds": rounds, "plain_ex_s": statistics.median(plain),
+            "streams_ex_s": statistics.median(streams), "ratio": statistics.median(ratios),
+            "ratios": ratios}
 
 
 def first_failure(device: str, world: int, target: str, seed: int, max_examples: int,
@@ -309,6 +340,15 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _api_cell(tp: dict[str, Any] | None) -> str:
+    """``ratio (plain / streams)``: the median ratio of the rounds, and each side's median."""
+    form = tp.get("api_forms") if tp else None
+    if not form:
+        return "-"
+    return (f"{form['ratio']:.2f} ({form['plain_ex_s']:.1f} / "
+            f"{form['streams_ex_s']:.1f})")
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The tables the README quotes (stages not run yet show as '-')."""
     lines = []
@@ -318,8 +358,8 @@ def markdown(report: dict[str, Any]) -> str:
                   "| target | fuzzer ex/s | loop ex/s | fuzzer/loop | held by | value oracle "
                   "ms/ex | reuse oracle ms/ex | lifetime oracle ms/ex | found (seeds) | "
                   "examples to 1st failure | s to 1st failure (cold) | of which start s | "
-                  "shrink s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "shrink s | torch.cuda / ctx.streams ex/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for t in r["targets"]:
             tp, ff = t.get("throughput"), t.get("first_failure") or {}
             cost = tp["oracle_cost_ms"] if tp else {}
@@ -334,7 +374,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(ff.get('median_examples'), 0)} | {_fmt(ff.get('median_cold_s'), 2)} | "
                 f"{_fmt(ff.get('median_start_s'), 2)} | "
                 f"{'>' if ff.get('shrink_truncated') else ''}"
-                f"{_fmt(ff.get('median_shrink_s'), 2)} |")
+                f"{_fmt(ff.get('median_shrink_s'), 2)} | {_api_cell(tp)} |")
         if r["device"] == "cpu":
             lines += ["", "Detection with gates and spins: not on CPU, whose streams are "
                       "simulated (a race never shows in the values there; the lifetime "
@@ -354,6 +394,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     lines.append(f"Medians over seeds (shrink: first seed only, '>' when its bound cut it "
                  f"short); oracle costs over the first examples of the throughput run; "
+                 f"torch.cuda / ctx.streams: the built-in version against its ctx.streams "
+                 f"form on the same scenarios, median of alternating rounds; "
                  f"host {report['machine']['host']}, Hypothesis {report['hypothesis']}.")
     return "\n".join(lines) + "\n"
 

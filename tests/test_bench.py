@@ -16,7 +16,8 @@ from fuzz.targets import TargetContext
 
 COLUMNS = ["target", "fuzzer ex/s", "loop ex/s", "fuzzer/loop", "held by", "value oracle ms/ex",
            "reuse oracle ms/ex", "lifetime oracle ms/ex", "found (seeds)",
-           "examples to 1st failure", "s to 1st failure (cold)", "of which start s", "shrink s"]
+           "examples to 1st failure", "s to 1st failure (cold)", "of which start s", "shrink s",
+           "torch.cuda / ctx.streams ex/s"]
 
 
 def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path, rank_oracles):
@@ -38,6 +39,10 @@ def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path, rank_orac
     assert tp["examples"] == 4 and tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
     assert tp["oracles"] == sorted(every)
     assert set(tp["oracle_cost_ms"]) == {"value", "reuse", "lifetime"}
+    forms = tp["api_forms"]  # pre-fix against its ctx.streams form, same scenarios
+    assert forms["examples"] == 4 and len(forms["ratios"]) == forms["rounds"] == 5
+    assert forms["plain_ex_s"] > 0 and forms["streams_ex_s"] > 0
+    assert any(t == bench.STREAMS_FORM["pre-fix"] for t, _ in rank_oracles)
     assert "detection" not in row  # gates and spins mean nothing on simulated streams
     assert len(row["first_failure"]["seeds"]) == 1
     header = next(ln for ln in md_path.read_text().splitlines() if ln.startswith("| target |"))
