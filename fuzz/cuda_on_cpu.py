@@ -322,9 +322,11 @@ _KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initia
                    "Optional"})
 
 
-def _unsimulated(module: Any, simulated: dict[str, Any]) -> dict[str, Any]:
+@functools.cache
+def _unsimulated(module: Any, simulated: frozenset[str]) -> dict[str, Any]:
     """Every other public function or class of ``module`` (not exceptions, not
-    the legacy tensor types): calling it raises ``NotSimulated``."""
+    the legacy tensor types): calling it raises ``NotSimulated``. Made once:
+    a session only swaps them in."""
     out = {}
     for name, value in vars(module).items():
         if name.startswith("_") or name in simulated or name in _KEEP:
@@ -363,10 +365,10 @@ def session(api: Any) -> Iterator[Memory]:
     """torch.cuda and torch.accelerator on ``api``'s simulated streams, for one example."""
     memory = Memory(lambda t, op: api.emit("host_read", t, op))
     cuda = _cuda_patches(api)
-    cuda.update(_unsimulated(torch.cuda, cuda))
+    cuda.update(_unsimulated(torch.cuda, frozenset(cuda)))
     cuda["_sleep"] = _not_simulated("torch.cuda._sleep")
     accel = _accelerator_patches(api)
-    accel.update(_unsimulated(torch.accelerator, accel))
+    accel.update(_unsimulated(torch.accelerator, frozenset(accel)))
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(torch.cuda, cuda))
         stack.enter_context(_patched(torch.accelerator, accel))

@@ -1,11 +1,12 @@
-"""The stream API a target sees as ``ctx.streams``.
+"""The streams of a run: real CUDA streams, or simulated ones on CPU.
 
-Targets are written once against ``Stream()``, ``stream(s)``,
+A target uses them through plain torch.cuda (on CPU, ``fuzz.cuda_on_cpu``
+puts torch.cuda on the simulated streams for the length of an example) or,
+as older targets do, through ``ctx.streams``: ``Stream()``, ``stream(s)``,
 ``current_stream()``, ``Event()`` and ``synchronize()`` with torch.cuda's
-meaning. On GPUs these are the real CUDA objects; on CPU they are simulated
-streams that run every op at once, in program order, and report each stream
-operation to listeners (the lifetime oracle is one) so that races can be
-reasoned about without a GPU.
+meaning. Simulated streams run every op at once, in program order, and report
+each stream operation to listeners (the lifetime oracle is one) so that races
+can be reasoned about without a GPU.
 """
 
 from __future__ import annotations

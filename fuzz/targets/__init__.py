@@ -64,7 +64,12 @@ class TargetError(ValueError):
 
 @dataclass
 class TargetContext:
-    """What one rank's handler is built from."""
+    """What one rank's handler is built from.
+
+    ``device`` is the rank's CUDA device (``cuda:0`` on the CPU simulation).
+    ``streams`` is the run's stream API with torch.cuda's meaning; plain
+    torch.cuda does the same, so a target needs it only if it prefers it.
+    """
 
     rank: int
     world_size: int
