@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
 
 from fuzz.oracles.lifetime import DEVICE as DEVICE_KIND
 from fuzz.oracles.lifetime import PAGEABLE, PINNED
@@ -63,14 +62,18 @@ class Memory:
         """Told when the host reads host memory with no aten op (``tolist``, ``numpy``)."""
 
     def kind(self, t: torch.Tensor) -> str:
+        return self.key_kind(t)[1]
+
+    def key_kind(self, t: torch.Tensor) -> tuple[int | None, str]:
+        """The storage's key (None where it has none) and what it stands for."""
         try:
             key = t.untyped_storage()._cdata
         except (RuntimeError, NotImplementedError):
-            return PAGEABLE
+            return None, PAGEABLE
         entry = self._kinds.get(key)
         if entry is None or entry[0].expired():
-            return PAGEABLE
-        return entry[1]
+            return key, PAGEABLE
+        return key, entry[1]
 
     def is_device(self, t: Any) -> bool:
         return isinstance(t, torch.Tensor) and self.kind(t) == DEVICE_KIND
@@ -90,14 +93,23 @@ class Memory:
     def classify(self, args: Any, out: Any) -> None:
         """Mark the storages an op made: the kind its call asked for, else
         device memory when any input is, else pageable host memory."""
-        fresh = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and not self.known(t)]
+        fresh = [t for t in _tensors(out) if not self.known(t)]
         if not fresh:
             return
         kind = self.making
         if kind is None:
-            kind = DEVICE_KIND if any(self.is_device(t) for t in tree_leaves(args)) else PAGEABLE
+            kind = DEVICE_KIND if any(self.is_device(t) for t in _tensors(args)) else PAGEABLE
         for t in fresh:
             self.mark(t, kind)
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors in ``x``, in lists and tuples too (what aten ops take and give)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
 
 
 def _is_cuda(device: Any) -> bool:

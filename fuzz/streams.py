@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
 
 from fuzz import cuda_on_cpu
 from fuzz.dispatch_mode import DispatchMode
@@ -323,18 +322,28 @@ def _collective(func: Any, args: tuple, kwargs: dict) -> Any:
     verdict: the listeners model the collective as enqueued, not as done.
     """
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def own(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            pairs.append((x, x.clone()))
-            return pairs[-1][1]
-        return x
-
-    out = func(*tree_map(own, args), **tree_map(own, kwargs))
-    for leaf in tree_leaves(out):
-        if hasattr(leaf, "wait") and not isinstance(leaf, torch.Tensor):
+    out = func(*_own(args, pairs), **{k: _own(v, pairs) for k, v in kwargs.items()})
+    for leaf in out if isinstance(out, (list, tuple)) else (out,):
+        if not isinstance(leaf, (list, tuple, torch.Tensor)) and hasattr(leaf, "wait"):
             leaf.wait()
-    back = {id(copy): orig for orig, copy in pairs}
     for orig, copy in pairs:
         orig.copy_(copy)
-    return tree_map(lambda x: back.get(id(x), x) if isinstance(x, torch.Tensor) else x, out)
+    return _back(out, {id(copy): orig for orig, copy in pairs})
+
+
+def _own(x: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """``x`` with every tensor (in lists and tuples) replaced by a copy, noted in ``pairs``."""
+    if isinstance(x, torch.Tensor):
+        pairs.append((x, x.clone()))
+        return pairs[-1][1]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_own(v, pairs) for v in x)
+    return x
+
+
+def _back(x: Any, originals: dict[int, torch.Tensor]) -> Any:
+    if isinstance(x, torch.Tensor):
+        return originals.get(id(x), x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_back(v, originals) for v in x)
+    return x

@@ -548,6 +548,12 @@ class LifetimeChecker(TensorTracker):
         """CPU tensors stand for every kind of memory: the simulation says which."""
         return self.streams.memory.kind(t)
 
+    def _classify(self, t: Any) -> tuple[int | None, str | None]:
+        if not isinstance(t, torch.Tensor):
+            return None, None
+        key, kind = self.streams.memory.key_kind(t)
+        return (None if kind == PAGEABLE else key), kind
+
     def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
         super().name(t, name, self._sid(s or self.streams.current_stream()))
 
