@@ -1,18 +1,27 @@
 """Scheduled batches: which request slots run, in which order, who samples.
 
-Each choice that can be one draw is one draw: the slots are a bitmask plus a
-permutation rank, the per-request flags and counts are packed integers. Every
-draw costs tens of microseconds in Hypothesis, and a batch of sixteen requests
-drawn element by element was most of the fuzzer's time per example. Packed
-integers still shrink the right way: toward fewer, lower slots in ascending
-order, every request final, the smallest counts. Strategies are built once per
-parameter set and cached, for the same reason.
+Each choice that can be one draw is one draw: the slots are a count, a
+combination rank and a permutation rank, the per-request flags and counts are
+packed integers. Every draw costs tens of microseconds in Hypothesis, and a
+batch of sixteen requests drawn element by element was most of the fuzzer's
+time per example. Strategies are built once per parameter set and cached, for
+the same reason.
+
+The encodings are chosen for how they shrink and for what the simplest
+example is. Any smaller combination rank is another valid set of the same
+size, so the slots shrink straight to ``0..n-1`` (a bitmask did not: from
+``[0, 1, 7]`` every smaller mask with three bits set was several steps away,
+and shrinking stopped there, with ``max_num_reqs`` held up by slot 7). Once
+the slots are low, ``max_num_reqs`` shrinks too: the count and rank stay
+valid under a smaller table. The simplest batch, the one Hypothesis tries
+first and completes its first examples with, holds one final request, so it
+broadcasts; an empty batch is the largest count code.
 """
 
 from __future__ import annotations
 
 from functools import cache
-from math import factorial
+from math import comb, factorial
 from typing import Any
 
 from hypothesis import strategies as st
@@ -44,19 +53,39 @@ def _digits(value: int, base: int, n: int) -> list[int]:
     return out
 
 
+def _combination(rank: int, n: int) -> list[int]:
+    """The ``rank``-th ``n``-subset of the naturals in colex order (0: ``0..n-1``)."""
+    out = []
+    for i in range(n, 0, -1):
+        c = i - 1
+        while comb(c + 1, i) <= rank:
+            c += 1
+        out.append(c)
+        rank -= comb(c, i)
+    return out[::-1]
+
+
+def _sizes(max_num_reqs: int, min_size: int) -> tuple[int, ...]:
+    """Batch sizes in shrink order: one request first (the simplest batch
+    broadcasts), up to the largest, then the sizes below one (empty)."""
+    first = max(min_size, 1)
+    return tuple(range(first, max_num_reqs + 1)) + tuple(range(min_size, first))
+
+
 @st.composite
 def _idx(draw: Any, max_num_reqs: int, min_size: int) -> tuple[int, ...]:
-    mask = draw(_ints(0, (1 << max_num_reqs) - 1))
-    if bin(mask).count("1") < min_size:
-        mask |= (1 << min_size) - 1
-    slots = [s for s in range(max_num_reqs) if (mask >> s) & 1]
-    rank = draw(_ints(0, factorial(len(slots)) - 1)) if len(slots) > 1 else 0
-    return _unrank(slots, rank)
+    # Three draws whatever the size: a draw that comes and goes with the size
+    # would shift every later choice when the size shrinks.
+    sizes = _sizes(max_num_reqs, min_size)
+    n = sizes[draw(_ints(0, len(sizes) - 1))]
+    slots = _combination(draw(_ints(0, comb(max_num_reqs, n) - 1)), n)
+    return _unrank(slots, draw(_ints(0, factorial(n) - 1)))
 
 
 @cache
 def idx_mappings(max_num_reqs: int, min_size: int = 0) -> st.SearchStrategy[tuple[int, ...]]:
-    """Distinct request slots; shrinks toward few, low slots in ascending order."""
+    """Distinct request slots; shrinks toward one slot, then few low slots in
+    ascending order."""
     return _idx(max_num_reqs, min_size)
 
 

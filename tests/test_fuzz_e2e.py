@@ -1,5 +1,6 @@
 """The whole pipeline on CPU ranks: strategies -> driver -> ranks -> oracle -> corpus."""
 
+import pytest
 from hypothesis import strategies as st
 
 from fuzz import corpus, driver
@@ -17,14 +18,24 @@ def test_value_oracle_catches_shifted_rows_and_shrinks_to_minimal_batch(cpu_pool
     assert res.failure is not None and res.failure.kind == "value"
     assert "sent wrong drafts" in res.failure.message
     shrunk = res.scenario
-    assert len(shrunk.steps) == 1
-    assert shrunk.steps[0].num_reqs == 3  # the smallest batch the bug needs
+    # The smallest case the bug needs: one step of three requests in a table of three.
+    assert (len(shrunk.steps), shrunk.max_num_reqs) == (1, 3)
+    assert shrunk.steps[0].idx_mapping == (0, 1, 2)
     entry = corpus.load(res.corpus_path)
     assert entry.scenario == shrunk and entry.kind == "value" and entry.target == SHIFTED
     assert entry.found_on["world_size"] == 2
     # The saved case is a regression: it fails again, and the correct design passes it.
     assert not driver.replay(cpu_pool, entry).ok
     assert driver.replay(cpu_pool, entry, target="main-gather").ok
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_three_request_value_bug_shrinks_to_slots_0_1_2_on_other_seeds(cpu_pool, ci_settings,
+                                                                          seed):
+    res = driver.fuzz(cpu_pool, SHIFTED, ci_settings, max_examples=300, seed=seed)
+    assert res.failure is not None and res.failure.kind == "value"
+    assert res.scenario.max_num_reqs == 3
+    assert [s.idx_mapping for s in res.scenario.steps] == [(0, 1, 2)]
 
 
 def test_correct_target_is_clean(cpu_pool, ci_settings):
