@@ -47,8 +47,9 @@ def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
         return _Run(scenario, factory, ctx, options).run()
 
 
-def _lifetime_checker(ctx: TargetContext, options: RunOptions) -> Any:
-    """The lifetime oracle for this rank's streams, or None when it is off."""
+def lifetime_checker(ctx: Any, options: RunOptions) -> Any:
+    """The lifetime oracle for a protocol context's streams (any context with
+    ``streams`` and ``rank``), or None when it is off."""
     if not options.runs(Oracle.LIFETIME):
         return None
     if ctx.streams.kind == "sim":
@@ -70,7 +71,7 @@ class _Run:
         self.streams = ctx.streams
         self.dev = ctx.device
         self.main = self.streams.current_stream()
-        self.checker = _lifetime_checker(ctx, options)
+        self.checker = lifetime_checker(ctx, options)
         self.handler = factory(ctx)
         k = scenario.num_spec_steps
         self.table = torch.zeros((scenario.max_num_reqs, k), dtype=torch.int64, device=self.dev)

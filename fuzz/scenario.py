@@ -98,26 +98,26 @@ class Scenario:
     steps: tuple[Step, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(asdict(self))
+        return plain(asdict(self))
 
     @classmethod
     def from_dict(cls, data: Any) -> Scenario:
         """Build and validate; raises ScenarioError naming the bad field."""
         if not isinstance(data, dict):
             raise ScenarioError("scenario must be an object")
-        top = _fields(data, cls, "scenario")
+        top = fields_of(data, cls, "scenario")
         steps = []
         for i, raw in enumerate(top.pop("steps", [])):
             where = f"steps[{i}]"
             if not isinstance(raw, dict):
                 raise ScenarioError(f"{where} must be an object")
-            s = _fields(raw, Step, where)
+            s = fields_of(raw, Step, where)
             s["churn"] = tuple(
-                Churn(**_fields(c, Churn, f"{where}.churn[{j}]"))
+                Churn(**fields_of(c, Churn, f"{where}.churn[{j}]"))
                 for j, c in enumerate(s.get("churn", ()))
             )
             s["delays"] = tuple(
-                Delay(**_fields(d, Delay, f"{where}.delays[{j}]"))
+                Delay(**fields_of(d, Delay, f"{where}.delays[{j}]"))
                 for j, d in enumerate(s.get("delays", ()))
             )
             for name in ("idx_mapping", "final", "num_sampled", "num_rejected"):
@@ -129,43 +129,43 @@ class Scenario:
 
     def validate(self) -> None:
         """Reject what no runner would produce, with the field that is wrong."""
-        _check(isinstance(self.world_size, int) and self.world_size >= 1, "world_size must be >= 1")
-        _check(isinstance(self.max_num_reqs, int) and 1 <= self.max_num_reqs <= 4096,
+        check(isinstance(self.world_size, int) and self.world_size >= 1, "world_size must be >= 1")
+        check(isinstance(self.max_num_reqs, int) and 1 <= self.max_num_reqs <= 4096,
                "max_num_reqs must be in 1..4096")
-        _check(isinstance(self.num_spec_steps, int) and 1 <= self.num_spec_steps <= 15,
+        check(isinstance(self.num_spec_steps, int) and 1 <= self.num_spec_steps <= 15,
                "num_spec_steps must be in 1..15")
-        _check(isinstance(self.pipeline_depth, int) and 1 <= self.pipeline_depth <= 8,
+        check(isinstance(self.pipeline_depth, int) and 1 <= self.pipeline_depth <= 8,
                "pipeline_depth must be in 1..8")
         for i, st in enumerate(self.steps):
             w = f"steps[{i}]"
             n = st.num_reqs
-            _check(len(set(st.idx_mapping)) == n, f"{w}.idx_mapping must hold distinct slots")
-            _check(all(isinstance(x, int) and 0 <= x < self.max_num_reqs for x in st.idx_mapping),
+            check(len(set(st.idx_mapping)) == n, f"{w}.idx_mapping must hold distinct slots")
+            check(all(isinstance(x, int) and 0 <= x < self.max_num_reqs for x in st.idx_mapping),
                    f"{w}.idx_mapping slots must be in 0..max_num_reqs-1")
-            _check(st.idx_dtype in IDX_DTYPES, f"{w}.idx_dtype must be one of {IDX_DTYPES}")
+            check(st.idx_dtype in IDX_DTYPES, f"{w}.idx_dtype must be one of {IDX_DTYPES}")
             for name in ("final", "num_sampled", "num_rejected"):
-                _check(len(getattr(st, name)) == n, f"{w}.{name} must have one entry per request")
+                check(len(getattr(st, name)) == n, f"{w}.{name} must have one entry per request")
             for r in range(n):
                 ns, nr = st.num_sampled[r], st.num_rejected[r]
-                _check(0 <= ns <= self.num_spec_steps + 1, f"{w}.num_sampled out of range")
-                _check(0 <= nr <= self.num_spec_steps, f"{w}.num_rejected out of range")
-                _check(st.final[r] or ns == 0, f"{w}: a non-final chunk samples nothing")
+                check(0 <= ns <= self.num_spec_steps + 1, f"{w}.num_sampled out of range")
+                check(0 <= nr <= self.num_spec_steps, f"{w}.num_rejected out of range")
+                check(st.final[r] or ns == 0, f"{w}: a non-final chunk samples nothing")
             for j, c in enumerate(st.churn):
-                _check(c.stream in STREAMS, f"{w}.churn[{j}].stream must be one of {STREAMS}")
-                _check(c.dtype in CHURN_DTYPES,
+                check(c.stream in STREAMS, f"{w}.churn[{j}].stream must be one of {STREAMS}")
+                check(c.dtype in CHURN_DTYPES,
                        f"{w}.churn[{j}].dtype must be one of {CHURN_DTYPES}")
-                _check(isinstance(c.numel, int) and 1 <= c.numel <= 1 << 20,
+                check(isinstance(c.numel, int) and 1 <= c.numel <= 1 << 20,
                        f"{w}.churn[{j}].numel must be in 1..2**20")
                 lo, hi = FILL_RANGE.get(c.dtype, (0, 0))
-                _check(isinstance(c.fill, int) and lo <= c.fill <= hi,
+                check(isinstance(c.fill, int) and lo <= c.fill <= hi,
                        f"{w}.churn[{j}].fill must be an integer in {lo}..{hi} for {c.dtype}")
             for j, d in enumerate(st.delays):
-                _check(d.stream in STREAMS, f"{w}.delays[{j}].stream must be one of {STREAMS}")
-                _check(d.point in DELAY_POINTS,
+                check(d.stream in STREAMS, f"{w}.delays[{j}].stream must be one of {STREAMS}")
+                check(d.point in DELAY_POINTS,
                        f"{w}.delays[{j}].point must be one of {DELAY_POINTS}")
-                _check(isinstance(d.cycles, int) and 0 <= d.cycles <= 10**8,
+                check(isinstance(d.cycles, int) and 0 <= d.cycles <= 10**8,
                        f"{w}.delays[{j}].cycles must be in 0..1e8")
-                _check(d.until in GATE_UNTIL, f"{w}.delays[{j}].until must be one of {GATE_UNTIL}")
+                check(d.until in GATE_UNTIL, f"{w}.delays[{j}].until must be one of {GATE_UNTIL}")
 
     def describe(self) -> str:
         """A short human summary, used in reports."""
@@ -175,12 +175,13 @@ class Scenario:
                 f"pipeline_depth={self.pipeline_depth}, world_size={self.world_size}")
 
 
-def _check(ok: bool, message: str) -> None:
+def check(ok: bool, message: str) -> None:
+    """Raise ScenarioError(message) unless ok: every protocol's scenario validates with it."""
     if not ok:
         raise ScenarioError(message)
 
 
-def _fields(data: Any, cls: type, where: str) -> dict[str, Any]:
+def fields_of(data: Any, cls: type, where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ScenarioError(f"{where} must be an object")
     known = set(cls.__dataclass_fields__)
@@ -190,9 +191,9 @@ def _fields(data: Any, cls: type, where: str) -> dict[str, Any]:
     return dict(data)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from fuzz.options import Hold as HoldMode
-from fuzz.options import Oracle, RunOptions
+from fuzz.options import RunOptions
 from fuzz.protocols import RankEnv
+from fuzz.runner import lifetime_checker
 from fuzz.scenario import DEFAULT_SPIN
 from fuzz.weight_sync.context import Group, WeightSyncContext
 from fuzz.weight_sync.reference import TORCH_DTYPES, values
@@ -38,18 +39,6 @@ def run_on_rank(scenario: WeightSyncScenario, factory: Any, env: RankEnv,
         return _Run(scenario, factory, ctx, options).run()
 
 
-def _lifetime_checker(ctx: WeightSyncContext, options: RunOptions) -> Any:
-    if not options.runs(Oracle.LIFETIME):
-        return None
-    if ctx.streams.kind == "sim":
-        from fuzz.oracles.lifetime import LifetimeChecker
-
-        return LifetimeChecker(ctx.streams, rank=ctx.rank, group_rank=ctx.rank).attach()
-    from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
-
-    return CudaLifetimeChecker(ctx.streams, rank=ctx.rank, group_rank=ctx.rank).attach()
-
-
 class _Run:
     def __init__(self, sc: WeightSyncScenario, factory: Any, ctx: WeightSyncContext,
                  options: RunOptions) -> None:
@@ -59,7 +48,7 @@ class _Run:
         self.gates = self.streams.gates if options.hold is HoldMode.GATE else None
         self.open: list[tuple[Any, str]] = []
         self.held: set[str] = set()
-        self.checker = _lifetime_checker(ctx, options)
+        self.checker = lifetime_checker(ctx, options)
         self.params = [values(-1, i, p, ctx.device) for i, p in enumerate(sc.params)]
         for i, t in enumerate(self.params):
             self._name(t, f"p{i}")

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fuzz.scenario import ScenarioError
+from fuzz.scenario import check, fields_of, plain
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "uint8": 1}
 """Parameter dtypes and their sizes in bytes."""
@@ -83,56 +83,56 @@ class WeightSyncScenario:
         return sum(p.nbytes for p in self.params)
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(asdict(self))
+        return plain(asdict(self))
 
     @classmethod
     def from_dict(cls, data: Any) -> WeightSyncScenario:
         """Build and validate; raises ScenarioError naming the bad field."""
-        top = _fields(data, cls, "scenario")
+        top = fields_of(data, cls, "scenario")
         params = tuple(_param(p, f"params[{i}]") for i, p in enumerate(top.pop("params", [])))
         syncs = []
         for i, raw in enumerate(top.pop("syncs", [])):
-            s = _fields(raw, Sync, f"syncs[{i}]")
+            s = fields_of(raw, Sync, f"syncs[{i}]")
             syncs.append(Sync(
                 writes=tuple(s.get("writes", ())),
-                holds=tuple(Hold(**_fields(h, Hold, f"syncs[{i}].holds[{j}]"))
+                holds=tuple(Hold(**fields_of(h, Hold, f"syncs[{i}].holds[{j}]"))
                             for j, h in enumerate(s.get("holds", ()))),
-                churn=tuple(Churn(**_fields(c, Churn, f"syncs[{i}].churn[{j}]"))
+                churn=tuple(Churn(**fields_of(c, Churn, f"syncs[{i}].churn[{j}]"))
                             for j, c in enumerate(s.get("churn", ())))))
         scenario = cls(**top, params=params, syncs=tuple(syncs))
         scenario.validate()
         return scenario
 
     def validate(self) -> None:
-        _check(isinstance(self.world_size, int) and self.world_size >= 1,
+        check(isinstance(self.world_size, int) and self.world_size >= 1,
                "world_size must be >= 1")
-        _check(1 <= len(self.params) <= 64, "params must hold 1..64 parameters")
+        check(1 <= len(self.params) <= 64, "params must hold 1..64 parameters")
         for i, p in enumerate(self.params):
-            _check(p.dtype in DTYPES, f"params[{i}].dtype must be one of {tuple(DTYPES)}")
-            _check(1 <= len(p.shape) <= 3 and all(isinstance(d, int) and d >= 1
+            check(p.dtype in DTYPES, f"params[{i}].dtype must be one of {tuple(DTYPES)}")
+            check(1 <= len(p.shape) <= 3 and all(isinstance(d, int) and d >= 1
                                                   for d in p.shape),
                    f"params[{i}].shape must be 1..3 positive sizes")
-            _check(p.numel <= MAX_NUMEL, f"params[{i}] must have at most {MAX_NUMEL} elements")
-        _check(isinstance(self.buffer_bytes, int) and 1 <= self.buffer_bytes <= 1 << 30,
+            check(p.numel <= MAX_NUMEL, f"params[{i}] must have at most {MAX_NUMEL} elements")
+        check(isinstance(self.buffer_bytes, int) and 1 <= self.buffer_bytes <= 1 << 30,
                "buffer_bytes must be in 1..2**30")
-        _check(isinstance(self.num_buffers, int) and 1 <= self.num_buffers <= 4,
+        check(isinstance(self.num_buffers, int) and 1 <= self.num_buffers <= 4,
                "num_buffers must be in 1..4")
-        _check(len(self.syncs) >= 1, "syncs must hold at least one sync")
+        check(len(self.syncs) >= 1, "syncs must hold at least one sync")
         for i, s in enumerate(self.syncs):
-            _check(all(isinstance(w, int) and 0 <= w < len(self.params) for w in s.writes)
+            check(all(isinstance(w, int) and 0 <= w < len(self.params) for w in s.writes)
                    and len(set(s.writes)) == len(s.writes),
                    f"syncs[{i}].writes must be distinct parameter indices")
             for j, h in enumerate(s.holds):
-                _check(h.until in HOLD_UNTIL, f"syncs[{i}].holds[{j}].until must be one of "
+                check(h.until in HOLD_UNTIL, f"syncs[{i}].holds[{j}].until must be one of "
                                               f"{HOLD_UNTIL}")
-                _check(isinstance(h.cycles, int) and 0 <= h.cycles <= 10**8,
+                check(isinstance(h.cycles, int) and 0 <= h.cycles <= 10**8,
                        f"syncs[{i}].holds[{j}].cycles must be in 0..1e8")
             for j, c in enumerate(s.churn):
-                _check(c.dtype in CHURN_DTYPES,
+                check(c.dtype in CHURN_DTYPES,
                        f"syncs[{i}].churn[{j}].dtype must be one of {CHURN_DTYPES}")
-                _check(isinstance(c.numel, int) and 1 <= c.numel <= 1 << 20,
+                check(isinstance(c.numel, int) and 1 <= c.numel <= 1 << 20,
                        f"syncs[{i}].churn[{j}].numel must be in 1..2**20")
-                _check(isinstance(c.fill, int) and 0 <= c.fill <= 255,
+                check(isinstance(c.fill, int) and 0 <= c.fill <= 255,
                        f"syncs[{i}].churn[{j}].fill must be in 0..255")
 
     def describe(self) -> str:
@@ -179,29 +179,7 @@ def chunk_sizes(scenario: WeightSyncScenario) -> list[int]:
 
 
 def _param(raw: Any, where: str) -> Param:
-    p = _fields(raw, Param, where)
+    p = fields_of(raw, Param, where)
     if "shape" in p:
         p["shape"] = tuple(p["shape"]) if isinstance(p["shape"], (list, tuple)) else p["shape"]
     return Param(**p)
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ScenarioError(message)
-
-
-def _fields(data: Any, cls: type, where: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{where} must be an object")
-    unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-    if unknown:
-        raise ScenarioError(f"{where} has unknown field(s): {', '.join(unknown)}")
-    return dict(data)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
