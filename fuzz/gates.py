@@ -144,6 +144,13 @@ class Gates:
         """Whether the gate in ``slot`` ran out its bound; read after a synchronize."""
         return int(self._flags[slot, 1]) == _TIMED_OUT
 
+    def finish_example(self) -> bool:
+        """After the example's final synchronize: whether any gate ran out its
+        bound (its interleaving was not forced); then the slots are free again."""
+        timed_out = any(self.timed_out(slot) for slot in range(self._next))
+        self.reset()
+        return timed_out
+
     def reset(self) -> None:
         """Clear the used slots; only once every gate's stream has been synchronized."""
         if self._next:

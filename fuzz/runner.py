@@ -115,8 +115,8 @@ class _Run:
             self.streams.synchronize()
             for gate, *_ in self.open:
                 gate.release()
-            if self.gates is not None:
-                self._gate_outcomes()
+            if self.gates is not None and self.streams.gates.finish_example():
+                self.held.add("gate-timeout")
             findings = self.watch.findings if self.watch is not None else []
             if self.checker is not None:
                 findings = self.checker.finish() + findings
@@ -258,15 +258,6 @@ class _Run:
             else:
                 gate.release_after(other)
         self.open = keep
-
-    def _gate_outcomes(self) -> None:
-        """After the final synchronize: did any gate time out? Then free the slots."""
-        gates = self.streams.gates
-        if gates is None:
-            return
-        if any(gates.timed_out(slot) for slot in range(gates.used)):
-            self.held.add("gate-timeout")
-        gates.reset()
 
     def _churn(self, step: Step) -> None:
         kept = []

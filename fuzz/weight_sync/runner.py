@@ -83,7 +83,9 @@ class _Run:
                 self._release("after_call")
                 self._churn(sync)
             self.streams.synchronize()
-            self._gate_outcomes()
+            gates = self.streams.gates
+            if gates is not None and gates.finish_example():
+                self.held.add("gate-timeout")
             findings = self.checker.finish() if self.checker is not None else []
             return {
                 "rank": self.ctx.rank,
@@ -130,14 +132,6 @@ class _Run:
             else:
                 keep.append((gate, u))
         self.open = keep
-
-    def _gate_outcomes(self) -> None:
-        gates = self.streams.gates
-        if gates is None:
-            return
-        if any(gates.timed_out(slot) for slot in range(gates.used)):
-            self.held.add("gate-timeout")
-        gates.reset()
 
     def _churn(self, sync: Sync) -> None:
         kept = []
