@@ -18,9 +18,10 @@ derived pre-PR code), named with the upstream version: ``vllm-pp@0.32.0``
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,9 +138,18 @@ def upstream_of(name: str) -> Any:
         return None
     from fuzz import upstream
 
-    try:
+    with _upstream_errors(name):
         up = upstream.find(fam[1]) if fam[1] else upstream.resolve(None)
         return upstream.pre_pr(up) if UPSTREAM[fam[0]] else up
+
+
+@contextlib.contextmanager
+def _upstream_errors(name: str) -> Iterator[None]:
+    """Upstream code that cannot be found or read is a bad target: one line naming it."""
+    from fuzz import upstream
+
+    try:
+        yield
     except upstream.UpstreamError as exc:
         raise TargetError(f"target {name!r}: {exc}") from None
 
@@ -154,13 +164,10 @@ def provenance(name: str) -> dict[str, Any] | None:
     """What reports and corpus entries say about the upstream code a target runs."""
     weights = _weights_version(name)
     if weights is not None:
-        from fuzz import upstream
         from fuzz.targets import vllm_weights
 
-        try:
+        with _upstream_errors(name):
             return vllm_weights.provenance(weights[0])
-        except upstream.UpstreamError as exc:
-            raise TargetError(f"target {name!r}: {exc}") from None
     up = upstream_of(name)
     if up is None:
         return None
@@ -208,13 +215,10 @@ def load(name: str) -> Factory:
         return mutated.load(name)
     weights = _weights_version(name)
     if weights is not None:
-        from fuzz import upstream
         from fuzz.targets import vllm_weights
 
-        try:
+        with _upstream_errors(name):
             return vllm_weights.factory(weights[0])
-        except upstream.UpstreamError as exc:
-            raise TargetError(f"target {name!r}: {exc}") from None
     up = upstream_of(name)
     if up is not None:
         from fuzz.targets import vllm_pp
