@@ -428,7 +428,7 @@ def _with_upstream(names: list[str] | None, source: str | None) -> list[str]:
     ``--upstream`` names the vLLM; the ranks find it again through
     ``STREAMFUZZ_UPSTREAM``. Without it the family runs an installed vllm.
     """
-    bare = [n for n in names or () if (targets.upstream_family(n) or ("", "v"))[1] is None]
+    bare = [n for n in names or () if (_vllm_family(n) or ("", "v"))[1] is None]
     if source is None and not bare:
         return list(names or targets.VERSIONS)
     up = upstream.resolve(source)
@@ -439,9 +439,17 @@ def _with_upstream(names: list[str] | None, source: str | None) -> list[str]:
         names = ["vllm-pp"] + (["vllm-pp-pre-pr"] if up.api == "table" else [])
     out = []
     for name in names:
-        fam = targets.upstream_family(name)
+        fam = _vllm_family(name)
         out.append(f"{fam[0]}@{up.version}" if fam and fam[1] is None else name)
     return out
+
+
+def _vllm_family(name: str) -> tuple[str, str | None] | None:
+    """Any family that runs vLLM's code (the draft broadcast's, or the weight sync's)."""
+    family, _, version = name.partition("@")
+    if family == targets.WEIGHTS_FAMILY:
+        return family, version or None
+    return targets.upstream_family(name)
 
 
 def _strategy(name: str, world: int, scale: int) -> Any:

@@ -127,3 +127,23 @@ def test_vllm_producer_reads_the_parameters_unordered(cpu_pool, ci_settings):
     assert res.failure is not None and res.failure.kind == "race", res.failure
     assert "read-after-write race on p0" in res.failure.message
     assert "packed_tensor.py" in res.failure.message and "aten.cat" in res.failure.message
+
+
+@pytest.mark.skipif(not _cached("0.34.0"), reason="vLLM 0.34.0 is not cached or installed")
+def test_upstream_path_pins_the_bare_weights_family(tmp_path):
+    """``--target vllm-weights --upstream WHEEL`` runs that wheel's producer, as
+    ``--target vllm-pp --upstream WHEEL`` does for the draft broadcast."""
+    import subprocess
+    import sys
+
+    from fuzz import upstream
+
+    wheel = upstream.find("0.34.0").path
+    res = subprocess.run([sys.executable, "-m", "fuzz", "run", "--target", "vllm-weights",
+                          "--upstream", wheel, "--device", "cpu", "--world-size", "2",
+                          "--max-examples", "50", "--shrink-budget", "10", "--seed", "1",
+                          "--oracle", "lifetime", "--corpus", str(tmp_path / "corpus")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "vllm-weights@0.34.0: FOUND race" in res.stdout, res.stdout
+    assert list((tmp_path / "corpus" / "vllm-weights-0.34.0").glob("race-*.json"))
