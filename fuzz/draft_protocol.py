@@ -28,6 +28,7 @@ PROTOCOL = Protocol(
                           "early-event", "staging-buffer", "host-read-unsynced",
                           "host-rewrites-staging")},
     correct="main-gather",
+    variants={"main-gather-synced": "fuzz.targets.pp_draft:main_gather_synced"},
     families=("vllm-pp", "vllm-pp-pre-pr"),
 )
 

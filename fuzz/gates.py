@@ -19,11 +19,28 @@ kernel, so a gate held across it runs out its bound. Measured on an H200:
 the first ``torch.cuda._sleep`` queued behind a held gate timed it out. Ranks
 therefore launch the harness's kernels once at start, and the driver re-runs
 a clean example whose gate timed out.
+
+A host sync opens the gates it would wait for. ``stream.synchronize()``,
+``event.synchronize()``, ``torch.cuda.synchronize()``, ``.item()``,
+``.tolist()`` and blocking copies to the host all report themselves to
+``torch.cuda._gpu_trace`` before they block; the pool follows which gates
+each stream's and event's work waits behind (holds, ``release_after``, event
+record and wait, which ``wait_stream`` is) and opens, from the host, those
+the sync would wait for. That keeps the gate's meaning: a gate delays its
+stream until a later point of the program, and a program that waits for the
+stream now cannot reach that point before the stream's work is done, so no
+interleaving it can have is lost; without this the host would wait out the
+bound, and the example would run twice. Gates the sync does not wait for
+stay closed. A wait the trace does not see (polling ``query()``, another
+process) still runs to the bound.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -53,6 +70,73 @@ class _Ptr:
         return self._address
 
 
+class _Waits:
+    """Which gates the work queued so far on each stream, and each recorded
+    event, waits behind: what a host sync on it would wait for.
+
+    Pure bookkeeping on stream and event handles (ints), so it is tested
+    without a GPU. A gate opened by ``release_after`` still waits for what
+    the opening stream waited behind when the opening copy was queued.
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[int, set[Any]] = {}
+        self._events: dict[int, set[Any]] = {}
+        self._after: dict[Any, frozenset[Any]] = {}
+        self._held: list[Any] = []
+
+    def hold(self, gate: Any, stream: int) -> None:
+        self._streams.setdefault(stream, set()).add(gate)
+        self._held.append(gate)
+
+    def opened(self, gate: Any) -> None:
+        """Opened from the host: it waits for nothing any more."""
+        self._after.pop(gate, None)
+
+    def opened_after(self, gate: Any, stream: int) -> None:
+        self._after[gate] = frozenset(self._streams.get(stream, ()))
+
+    def record(self, event: int, stream: int) -> None:
+        self._events[event] = set(self._streams.get(stream, ()))
+
+    def wait(self, stream: int, event: int) -> None:
+        got = self._events.get(event)
+        if got:
+            self._streams.setdefault(stream, set()).update(got)
+
+    def forget(self, event: int) -> None:
+        self._events.pop(event, None)
+
+    def for_stream(self, stream: int) -> list[Any]:
+        return self._closed(self._streams.get(stream, ()))
+
+    def for_event(self, event: int) -> list[Any]:
+        return self._closed(self._events.get(event, ()))
+
+    def for_device(self) -> list[Any]:
+        return [g for g in self._held if not g.opened]
+
+    def _closed(self, gates: Iterable[Any]) -> list[Any]:
+        """The gates not yet opened among ``gates`` and those their openers wait behind."""
+        out, seen, todo = [], set(), list(gates)
+        while todo:
+            g = todo.pop()
+            if g in seen:
+                continue
+            seen.add(g)
+            if not g.opened:
+                out.append(g)
+            else:
+                todo.extend(self._after.get(g, ()))
+        return out
+
+    def clear(self) -> None:
+        self._streams.clear()
+        self._events.clear()
+        self._after.clear()
+        self._held.clear()
+
+
 class Gate:
     """One held stream. Open it once, from the host or from a stream."""
 
@@ -66,9 +150,13 @@ class Gate:
         """Open now, from the host: the held stream resumes within microseconds."""
         self._pool._flags[self.slot, 0] = 1
         self.opened = True
+        with self._pool._lock:
+            self._pool._waits.opened(self)
 
     def release_after(self, stream: Any) -> None:
         """Open when ``stream`` reaches this point: a 4-byte copy queued on it."""
+        with self._pool._lock:
+            self._pool._waits.opened_after(self, stream.cuda_stream)
         with torch.cuda.stream(stream):
             self._pool._flag_views[self.slot].copy_(self._pool._one, non_blocking=True)
         self.opened = True
@@ -95,12 +183,21 @@ class Gates:
         self._base = self._slots.data_ptr()
         self._one = torch.ones(1, dtype=torch.int32, device=device)
         self._next = 0
+        self._init_waits()
         try:
             import numpy as np  # noqa: F401 - host writes through numpy cost ~0.2 us
 
             self._flags = self._slots.numpy()
         except (ImportError, RuntimeError):
             self._flags = self._slots
+
+    def _init_waits(self) -> None:
+        self._waits = _Waits()
+        self._lock = threading.RLock()
+        self.opened_by_sync = 0
+        """Gates a host sync opened (see the module docstring), since the pool was made."""
+        self.hooked = False
+        """Whether host syncs open gates here (the trace callbacks are installed)."""
 
     @classmethod
     def create(cls, device: torch.device, bound_ms: float = DEFAULT_BOUND_MS) -> Gates:
@@ -118,6 +215,7 @@ class Gates:
             try:
                 gates = cls(device, kernel, timed, bound_ms)
                 gates._self_test()
+                gates.hooked = _hook(gates)
                 return gates
             except Exception as exc:  # a compile or launch error: try the next one
                 errors.append(f"{kernel.__name__ if hasattr(kernel, '__name__') else kernel}: "
@@ -131,6 +229,8 @@ class Gates:
         slot = self._next
         self._next += 1
         gate = Gate(self, slot, stream)
+        with self._lock:
+            self._waits.hold(gate, stream.cuda_stream)
         with torch.cuda.stream(stream):
             self._kernel[(1,)](_Ptr(self._base + 16 * slot), *self._bound, num_warps=1)
         return gate
@@ -156,6 +256,28 @@ class Gates:
         if self._next:
             self._slots[: self._next].zero_()
             self._next = 0
+        with self._lock:
+            self._waits.clear()
+
+    # -- trace callbacks: a host sync opens the gates it would wait for ----------
+    def _on_sync(self, which: str, *handle: int) -> None:
+        with self._lock:
+            due = getattr(self._waits, which)(*handle)
+            for g in due:
+                g.release()
+            self.opened_by_sync += len(due)
+
+    def _on_record(self, event: int, stream: int) -> None:
+        with self._lock:
+            self._waits.record(event, stream)
+
+    def _on_wait(self, event: int, stream: int) -> None:
+        with self._lock:
+            self._waits.wait(stream, event)
+
+    def _on_event_deleted(self, event: int) -> None:
+        with self._lock:
+            self._waits.forget(event)
 
     def _self_test(self) -> None:
         main = torch.cuda.current_stream(self.device)
@@ -182,3 +304,38 @@ class Gates:
             raise GateUnavailable("a gate did not hold its stream")
         if timed_out:
             raise GateUnavailable("a gate opened from a stream reported a timeout")
+
+
+_POOLS: weakref.WeakSet[Gates] = weakref.WeakSet()
+_HOOKED = False
+
+
+def _each(method: str, *args: Any) -> None:
+    for pool in list(_POOLS):
+        getattr(pool, method)(*args)
+
+
+def _hook(pool: Gates) -> bool:
+    """Forward the trace's sync, event record/wait and event deletion callbacks
+    to every live pool (registered once per process); False where the trace
+    is missing, and host syncs then wait out the bound as before."""
+    global _HOOKED
+    if not _HOOKED:
+        try:
+            from torch.cuda import _gpu_trace as trace
+
+            trace.register_callback_for_event_record(lambda e, s: _each("_on_record", e, s))
+            trace.register_callback_for_event_wait(lambda e, s: _each("_on_wait", e, s))
+            trace.register_callback_for_event_deletion(lambda e: _each("_on_event_deleted", e))
+            trace.register_callback_for_stream_synchronization(
+                lambda s: _each("_on_sync", "for_stream", s))
+            trace.register_callback_for_event_synchronization(
+                lambda e: _each("_on_sync", "for_event", e))
+            trace.register_callback_for_device_synchronization(
+                lambda: _each("_on_sync", "for_device"))
+            torch._C._activate_gpu_trace()
+        except (ImportError, AttributeError, RuntimeError):
+            return False
+        _HOOKED = True
+    _POOLS.add(pool)
+    return True

@@ -66,12 +66,15 @@ class Protocol:
     mutants: dict[str, str] = field(default_factory=dict)
     correct: str = ""
     """The built-in version that must be clean; replay checks fixes against it."""
+    variants: dict[str, str] = field(default_factory=dict)
+    """Correct variants of ``correct`` written as engine code often is (host
+    syncs): clean like it, runnable by name, not fuzzed by default."""
     families: tuple[str, ...] = ()
     """Upstream target families (``family@VERSION``) this protocol drives."""
 
     @property
     def targets(self) -> dict[str, str]:
-        return {**self.versions, **self.mutants}
+        return {**self.versions, **self.mutants, **self.variants}
 
     def part(self, which: str) -> Any:
         return _load(getattr(self, which))

@@ -116,7 +116,7 @@ def _warm_kernels(device: torch.device, group: Any) -> None:
     torch.cuda.synchronize(device)
 
 
-_WARM_TARGETS = ("pr-fix", "main-gather")
+_WARM_TARGETS = ("pr-fix", "main-gather", "main-gather-synced")
 """Not pre-fix: it launches pr-fix's kernels, and its own bug (idx_mapping's block
 reused while the side stream gathers with it) can hand the gather garbage indices,
 a device-side assert that kills the rank before it serves one example."""

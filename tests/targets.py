@@ -9,7 +9,7 @@ import time
 import torch
 
 from fuzz.targets import Batch, TargetContext
-from fuzz.targets.pp_draft import MainGather, PreFix
+from fuzz.targets.pp_draft import MainGather, MainGatherSynced, PreFix
 
 
 class ShiftedRows(MainGather):
@@ -172,3 +172,20 @@ class HangsOnceThenPreFix(PreFix):
 
 def hangs_once_then_pre_fix(ctx: TargetContext) -> HangsOnceThenPreFix:
     return HangsOnceThenPreFix(ctx)
+
+
+class SyncedWithoutTheSync(MainGatherSynced):
+    """``main-gather-synced`` without its ``side.synchronize()``: nothing keeps
+    the tensors the side stream reads alive any more (lifetime)."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = self._rows(draft_table, batch)
+        with torch.cuda.stream(self.side):
+            self.side.wait_stream(self.main)
+            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
+                self._bcast(t)
+        return send
+
+
+def synced_without_the_sync(ctx: TargetContext) -> SyncedWithoutTheSync:
+    return SyncedWithoutTheSync(ctx)

@@ -33,6 +33,7 @@ def gates():
     # module loading waits for the held gate (see fuzz.gates).
     torch.cuda._sleep(1)
     torch.zeros(1, device="cuda").fill_(7).clone()
+    torch.zeros(4, device="cuda").sum().item()
     torch.cuda.synchronize()
     return gates
 
@@ -68,9 +69,85 @@ def test_gate_opened_from_another_stream_orders_after_that_stream(gates):
 def test_a_gate_nobody_opens_times_out_instead_of_hanging(gates):
     s = torch.cuda.Stream()
     g = gates.hold(s)
+    after = torch.cuda.Event()
+    after.record(s)
     t = time.monotonic()
-    s.synchronize()
-    assert g.timed_out and time.monotonic() - t < 5
+    while not after.query() and time.monotonic() - t < 5:  # a query is no host sync
+        time.sleep(0.005)
+    assert after.query() and g.timed_out and not g.opened
+    gates.reset()
+
+
+def _sync_on_held(kind, s):
+    """Make the host wait for work queued on the held stream ``s``, as ``kind`` does."""
+    with torch.cuda.stream(s):
+        x = torch.zeros(4, device="cuda").fill_(7)
+    if kind == "stream":
+        s.synchronize()
+    elif kind == "event":
+        e = torch.cuda.Event()
+        e.record(s)
+        e.synchronize()
+    elif kind == "device":
+        torch.cuda.synchronize()
+    elif kind == "item":
+        with torch.cuda.stream(s):
+            assert x.sum().item() == 28
+    elif kind == "tolist":
+        with torch.cuda.stream(s):
+            assert x.tolist() == [7.0] * 4
+    elif kind == "blocking copy":
+        with torch.cuda.stream(s):
+            assert x.cpu().sum() == 28
+    elif kind == "pinned event":
+        pinned = torch.empty(4, pin_memory=True)
+        with torch.cuda.stream(s):
+            pinned.copy_(x, non_blocking=True)
+            e = torch.cuda.current_stream().record_event()
+        e.synchronize()
+        assert pinned.tolist() == [7.0] * 4
+    elif kind == "waiting stream":
+        other = torch.cuda.Stream()
+        other.wait_stream(s)
+        other.synchronize()
+    else:
+        raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["stream", "event", "device", "item", "tolist",
+                                  "blocking copy", "pinned event", "waiting stream"])
+def test_a_host_sync_on_a_held_stream_opens_its_gate_first(gates, kind):
+    # Without this the host waits out the bound and the gate reports a timeout.
+    assert gates.hooked
+    s = torch.cuda.Stream()
+    before = gates.opened_by_sync
+    g = gates.hold(s)
+    _sync_on_held(kind, s)
+    torch.cuda.synchronize()
+    assert g.opened and not g.timed_out and gates.opened_by_sync == before + 1
+    gates.reset()
+
+
+def test_a_gate_opened_from_a_held_stream_is_opened_with_it(gates):
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    before = gates.opened_by_sync
+    a = gates.hold(first)
+    b = gates.hold(second)
+    b.release_after(first)  # second resumes when first gets there: behind a
+    second.synchronize()
+    assert not a.timed_out and not b.timed_out and gates.opened_by_sync == before + 1
+    gates.reset()
+
+
+def test_a_host_sync_on_another_stream_leaves_the_gate_closed(gates):
+    held, other = torch.cuda.Stream(), torch.cuda.Stream()
+    before = gates.opened_by_sync
+    g = gates.hold(held)
+    _sync_on_held("stream", other)
+    _sync_on_held("item", other)
+    assert not g.opened and gates.opened_by_sync == before
+    g.release()
+    torch.cuda.synchronize()
     gates.reset()
 
 
@@ -120,6 +197,25 @@ def test_gates_force_the_pr_fix_write_after_read_every_time(gpu_pool):
 def test_main_gather_is_clean_under_the_same_gates(gpu_pool, bug):
     for _ in range(20):
         v = driver.evaluate(gpu_pool, "main-gather", crafted(bug, 1), GATES)
+        assert v.ok and v.held == ["gate"], v.summary()
+
+
+def _held_during_host_syncs():
+    # main held before the call (the sender's .item() waits for it) and side
+    # held before the call until after the churn (side.synchronize() waits for it).
+    step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
+                num_rejected=(0, 1), delays=(Delay("pre_call", "main", 0, until="after_call"),
+                                             Delay("pre_call", "side", 0, until="after_churn")))
+    return Scenario(world_size=1, max_num_reqs=3, num_spec_steps=2, steps=(step, step))
+
+
+@pytest.mark.parametrize("options", [GATES, RunOptions(hold=Hold.GATE)], ids=["gates", "all"])
+def test_host_syncing_handler_never_waits_out_a_gate(gpu_pool, options):
+    # Were a host sync to wait for a held gate, each run would say
+    # gate-timeout and be run again (held: rerun).
+    driver.evaluate(gpu_pool, "main-gather-synced", _held_during_host_syncs(), options)
+    for _ in range(10):  # after a first run, which may load kernels while a gate holds
+        v = driver.evaluate(gpu_pool, "main-gather-synced", _held_during_host_syncs(), options)
         assert v.ok and v.held == ["gate"], v.summary()
 
 

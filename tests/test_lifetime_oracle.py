@@ -43,6 +43,16 @@ def test_main_gather_is_clean(cpu_pool):
                                LIFETIME).ok
 
 
+def test_host_syncs_order_what_the_side_stream_read_before_its_free(cpu_pool):
+    # main-gather-synced waits for its side stream on the host instead of
+    # record_stream: clean; without that wait the same code is a lifetime bug.
+    for steps in (1, 3):
+        assert driver.evaluate(cpu_pool, "main-gather-synced", _scn(steps=steps), LIFETIME).ok
+    v = driver.evaluate(cpu_pool, "tests.targets:synced_without_the_sync", _scn(steps=1),
+                        LIFETIME)
+    assert not v.ok and v.first.kind == "lifetime", v.summary()
+
+
 def test_value_only_runs_have_no_rank_findings(cpu_pool):
     assert driver.evaluate(cpu_pool, "pre-fix", _scn(), RunOptions(oracles={Oracle.VALUE})).ok
 

@@ -40,8 +40,9 @@ BUILTIN: dict[str, str] = {**VERSIONS, **MUTANTS}
 """The draft broadcast's built-in targets (the default of matrix, bench and soak).
 Every protocol's built-ins: ``fuzz.protocols.builtin_targets()``."""
 
-CORRECT: frozenset[str] = frozenset(p.correct for p in protocols.all_protocols().values())
-"""The built-in targets that must be clean, one per protocol."""
+CORRECT: frozenset[str] = frozenset(
+    name for p in protocols.all_protocols().values() for name in (p.correct, *p.variants))
+"""The built-in targets that must be clean: each protocol's correct version and its variants."""
 
 
 def is_builtin(name: str) -> bool:

@@ -5,7 +5,8 @@ runs on simulated streams): the last pipeline rank sends the step's sampled
 tokens, per-request counts and draft rows on a side stream over its own group;
 every other rank receives on that stream, parks the step, and applies the
 drafts on its main stream pipeline-depth steps later. The versions differ only
-in how the last rank gathers the rows it sends (see each class).
+in how the last rank gathers the rows it sends (see each class); ``MainGatherSynced``
+is the correct one with the host syncs engine code makes.
 """
 
 from __future__ import annotations
@@ -120,6 +121,30 @@ class MainGather(DraftBroadcast):
         return send
 
 
+class MainGatherSynced(MainGather):
+    """``MainGather`` with the host syncs engine code makes, each one correct:
+    the sender reads the step's rejected count (``.item()``: the host waits
+    for main) and waits for its broadcast (``side.synchronize()``) instead of
+    ``record_stream``; a receiver reads the received counts (``.tolist()``, a
+    blocking copy on main) after main waited for the receive. Gates must not
+    make these waits run out their bound."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        self.rejected = int(batch.num_rejected.sum().item())
+        send = self._rows(draft_table, batch)
+        with torch.cuda.stream(self.side):
+            self.side.wait_stream(self.main)
+            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
+                self._bcast(t)
+        self.side.synchronize()
+        return send
+
+    def apply_received(self, draft_table: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        tokens, num_sampled, num_rejected = super().apply_received(draft_table)
+        self.counts = num_sampled.tolist()
+        return tokens, num_sampled, num_rejected
+
+
 def pre_fix(ctx: TargetContext) -> PreFix:
     return PreFix(ctx)
 
@@ -130,3 +155,7 @@ def pr_fix(ctx: TargetContext) -> PrFix:
 
 def main_gather(ctx: TargetContext) -> MainGather:
     return MainGather(ctx)
+
+
+def main_gather_synced(ctx: TargetContext) -> MainGatherSynced:
+    return MainGatherSynced(ctx)
