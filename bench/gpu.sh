@@ -17,7 +17,7 @@ timeout 120 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
     > "$out/gpu-tests.log" 2>&1
 echo "gpu tests: exit $?" >> "$out/bench.log"
 timeout 340 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
-    --target main-gather --target pr-fix --target pre-fix --examples 100 \
+    --target main-gather --target main-gather-synced --target pr-fix --target pre-fix --examples 100 \
     --oracle-examples 30 --detect-examples 200 --random-examples 100 --seeds 5 \
     --ff-examples 1000 --ff-budget 20 --shrink-budget 20 --timeout 30 --out "$out" \
     >> "$out/bench.log" 2>&1

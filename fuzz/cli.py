@@ -127,7 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="fuzz targets; shrunk failures go to the corpus",
                        epilog="built-in targets: the versions "
                               f"{', '.join(targets.VERSIONS)}; the mutants "
-                              f"{', '.join(targets.MUTANTS)}")
+                              f"{', '.join(targets.MUTANTS)}; the correct variants "
+                              f"{', '.join(targets.VARIANTS)}")
     r.add_argument("--target", action="append", metavar="T",
                    help="built-in name or package.module:attr; repeatable "
                         "(default: the three versions)")

@@ -36,6 +36,9 @@ VERSIONS: dict[str, str] = DRAFT_BROADCAST.versions
 MUTANTS: dict[str, str] = DRAFT_BROADCAST.mutants
 """Planted bugs (see ``fuzz.targets.mutants``): each must be found on CPU."""
 
+VARIANTS: dict[str, str] = DRAFT_BROADCAST.variants
+"""Correct variants of ``main-gather`` (host syncs); run only when named."""
+
 BUILTIN: dict[str, str] = {**VERSIONS, **MUTANTS}
 """The draft broadcast's built-in targets (the default of matrix, bench and soak).
 Every protocol's built-ins: ``fuzz.protocols.builtin_targets()``."""
