@@ -76,6 +76,8 @@ _HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten:
 _COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from",
                        "aten::_copy_from_and_resize"})
 _MAX_FINDINGS = 8
+_expired = torch.UntypedStorage._expired
+"""Whether a storage weak reference's storage is gone (what ``StorageWeakRef.expired`` asks)."""
 
 HOST = "host"
 """The host's key among the parties (streams are keyed by their ids or handles)."""
@@ -293,19 +295,64 @@ def _at(use: Access) -> str:
     return use.op if use.step is None else f"{use.op}, step {use.step}"
 
 
+_SKIP, _USER, _RUNNER = 0, 1, 2
+_CODE_KINDS: dict[Any, int] = {}
+"""Each code object's kind, decided once: frames are walked at every op."""
+
+
+def _code_kind(code: Any) -> int:
+    kind = _CODE_KINDS.get(code)
+    if kind is None:
+        path = code.co_filename
+        kind = (_RUNNER if path.startswith(_RUNNER_DIRS) else
+                _USER if (not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES)
+                          and code.co_name not in _MODE_HOOKS) else _SKIP)
+        if len(_CODE_KINDS) > 100_000:  # code made at run time, over and over
+            _CODE_KINDS.clear()
+        _CODE_KINDS[code] = kind
+    return kind
+
+
 def frames_here(limit: int = 4) -> Frames:
     """The innermost frames of the program under test, as plain strings."""
     out: list[tuple[str, int, str]] = []
     f = sys._getframe(1)
     while f is not None and len(out) < limit:
-        path = f.f_code.co_filename
-        if path.startswith(_RUNNER_DIRS):
+        code = f.f_code
+        kind = _code_kind(code)
+        if kind == _RUNNER:
             break
-        if (not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES)
-                and f.f_code.co_name not in _MODE_HOOKS):
-            out.append((path, f.f_lineno, f.f_code.co_name))
+        if kind == _USER:
+            out.append((code.co_filename, f.f_lineno, code.co_name))
         f = f.f_back
     return tuple(out)
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors in an op's argument or result (nested in lists and tuples)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
+
+
+_OPS: dict[Any, tuple[str, str, tuple[str, ...], tuple[bool, ...], bool]] = {}
+"""Per op overload, read from its schema once: (schema name, label, argument
+names, which arguments it writes, whether every result is a view)."""
+
+
+def _op_info(func: Any) -> tuple[str, str, tuple[str, ...], tuple[bool, ...], bool]:
+    info = _OPS.get(func)
+    if info is None:
+        schema = func._schema
+        views = [r.alias_info is not None and not r.alias_info.is_write for r in schema.returns]
+        info = _OPS[func] = (
+            schema.name, str(func).replace(".default", ""),
+            tuple(a.name for a in schema.arguments),
+            tuple(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments),
+            bool(views) and all(views))
+    return info
 
 
 def _short(path: str) -> str:
@@ -377,7 +424,10 @@ class TensorTracker:
 
     def poll(self, frames: Frames | None = None) -> None:
         """Report the storages freed since the last call."""
-        dead = [k for k, info in self.model.storages.items() if info.ref.expired()]
+        # Called at every op: the weak references are tested directly, without
+        # StorageWeakRef.expired's two Python calls per storage.
+        expired = _expired
+        dead = [k for k, info in self.model.storages.items() if expired(info.ref.cdata)]
         if dead:
             frames = frames if frames is not None else frames_here()
             for k in dead:
@@ -414,8 +464,7 @@ class TensorTracker:
         """One aten or c10d op issued while ``s`` was the current stream."""
         frames = frames_here()
         self.poll(frames)
-        schema = func._schema
-        name = schema.name
+        name, label, arg_names, arg_writes, view_op = _op_info(func)
         reads: list[tuple[torch.Tensor, int, str]] = []
         writes: list[tuple[torch.Tensor, int, str]] = []
         kinds: set[str] = set()
@@ -425,31 +474,22 @@ class TensorTracker:
         if name.startswith("c10d::"):
             self._collective(func, args, kwargs, reads, writes, kinds)
         else:
-            positional = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+            positional = list(args) + [kwargs.get(n) for n in arg_names[len(args):]]
             for i, arg in enumerate(positional):
-                write = False
-                if i < len(schema.arguments):
-                    alias = schema.arguments[i].alias_info
-                    write = alias is not None and alias.is_write
-                for leaf in tree_leaves(arg):
+                write = i < len(arg_writes) and arg_writes[i]
+                for leaf in _tensors(arg):
                     key, kind = self._classify(leaf)
-                    if kind is None:
-                        continue
                     kinds.add(kind)
                     if write and kind != DEVICE:
                         host_writes.add(kind)
                     if key is not None:
                         in_keys.add(key)
                         (writes if write else reads).append((leaf, key, kind))
-            views = [r.alias_info is not None and not r.alias_info.is_write
-                     for r in schema.returns]
-            view = bool(views) and all(views)
+            view = view_op
         fresh: list[tuple[torch.Tensor, int, str]] = []
         if not view:
-            for leaf in tree_leaves(out):
+            for leaf in _tensors(out):
                 key, kind = self._classify(leaf)
-                if kind is None:
-                    continue
                 if key is None or (key not in in_keys and key not in self.model.storages):
                     kinds.add(kind)
                     if kind != DEVICE:
@@ -458,7 +498,6 @@ class TensorTracker:
                         fresh.append((leaf, key, kind))
         # Device memory is only ever touched by a stream; everything else is the host's.
         party = s if DEVICE in kinds else HOST
-        label = str(func).replace(".default", "")
         for leaf, key, kind in reads + writes:
             self._ensure(leaf, key, party, label, frames, kind)
         if view:

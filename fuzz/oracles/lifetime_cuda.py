@@ -17,13 +17,14 @@ import traceback
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from fuzz.dispatch_mode import DispatchMode
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
 
 _active: CudaLifetimeChecker | None = None
 _installed = False
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+"""The current stream's ``cudaStream_t`` for a device index (None in a torch without it)."""
 
 
 def _forward(method: str) -> Any:
@@ -65,21 +66,44 @@ class _CudaDispatch(DispatchMode):
         return out
 
 
-class _HostReads(TorchFunctionMode):
-    """``tolist``/``numpy`` of pinned memory: the host reads it, and no aten op says so."""
-
-    def __init__(self, checker: CudaLifetimeChecker) -> None:
-        super().__init__()
-        self.checker = checker
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        label = _HOST_READS.get(func)
-        if label is not None and args and args[0].device.type == "cpu":
-            self.checker._guarded(self.checker.host_read, args[0], label)
-        return func(*args, **(kwargs or {}))
+_HOST_READS = ("tolist", "numpy")
+"""Tensor methods by which the host reads pinned memory with no aten op saying so."""
 
 
-_HOST_READS = {torch.Tensor.tolist: "Tensor.tolist", torch.Tensor.numpy: "Tensor.numpy"}
+def _host_read_method(name: str, method: Any) -> Any:
+    label = f"Tensor.{name}"
+
+    def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        checker = _active
+        if checker is not None and self.device.type == "cpu":
+            checker._guarded(checker.host_read, self, label)
+        return method(self, *args, **kwargs)
+    read.__name__ = read.__qualname__ = name
+    return read
+
+
+class _HostReads:
+    """``tolist``/``numpy`` on ``torch.Tensor`` wrapped while a checker is attached.
+
+    Not a ``TorchFunctionMode``: a mode runs Python for every torch call and
+    every tensor attribute of the whole example, to catch two methods.
+    """
+
+    def __init__(self) -> None:
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> None:
+        for name in _HOST_READS:
+            self._saved[name] = torch.Tensor.__dict__.get(name)
+            setattr(torch.Tensor, name, _host_read_method(name, getattr(torch.Tensor, name)))
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, own in self._saved.items():
+            if own is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, own)
+        self._saved.clear()
 
 
 class CudaLifetimeChecker(TensorTracker):
@@ -89,11 +113,12 @@ class CudaLifetimeChecker(TensorTracker):
         super().__init__(LifetimeModel(rank, {}), "cuda", group_rank)
         self.streams = streams
         self.device = streams.device
+        self._index = torch.cuda.current_stream(self.device).device_index
         self.main = streams.current_stream().cuda_stream
         self.model.stream_names[self.main] = "main"
         self.model.new_stream(self.main)
         self._mode = _CudaDispatch(self)
-        self._reads = _HostReads(self)
+        self._reads = _HostReads()
         self._error: str | None = None
 
     def attach(self) -> CudaLifetimeChecker:
@@ -134,6 +159,9 @@ class CudaLifetimeChecker(TensorTracker):
         return handle
 
     def _current(self) -> int:
+        # The raw handle, at every op: no Stream object made (and noted by a session).
+        if _raw_stream is not None:
+            return self._sid(_raw_stream(self._index))
         return self._sid(torch.cuda.current_stream(self.device).cuda_stream)
 
     def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
@@ -153,7 +181,9 @@ class CudaLifetimeChecker(TensorTracker):
 
     # -- trace callbacks --------------------------------------------------------
     def _on_event_record(self, event: int, stream: int) -> None:
-        self.poll()
+        # No poll: a record moves no other party's clock, so a free seen at the
+        # next op or stream call is judged the same. Records are most of the
+        # callbacks (every collective, pinned copy and reuse-watch note).
         self.model.record_event(event, self._sid(stream))
 
     def _on_event_wait(self, event: int, stream: int) -> None:

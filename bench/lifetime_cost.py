@@ -1,0 +1,208 @@
+"""What the lifetime oracle costs per example, on this machine's device: a micro-bench.
+
+One process, one rank (a one-rank process group: gloo on CPU, NCCL on CUDA),
+no driver and no pipe: the runner of ``fuzz.runner`` on the same random
+scenarios (``fuzz.bench.random_scenario``), in interleaved rounds with the
+value and reuse oracles, and with every oracle. The lifetime oracle's cost is
+the difference, per round; the median of the rounds is reported. On CPU the
+lifetime oracle is the simulation's listener, on CUDA the adapter of
+``fuzz.oracles.lifetime_cuda``, so running it on both gives the CUDA cost
+against the CPU cost for the same scenarios. It measures the tree it runs
+from: run it before and after a change.
+
+Besides the timings: how much the oracle handled per example (ops, stream
+and event callbacks, storages followed), from one untimed pass, and a
+cProfile of another (``profile.txt``, by own time and by cumulative time).
+
+    PYTHONPATH=. python bench/lifetime_cost.py --device auto --out reports/lifetime-cost
+
+Writes ``lifetime_cost.json``, ``lifetime_cost.md`` and ``profile.txt`` into
+``--out``. About a minute with the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import platform
+import pstats
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fuzz import targets
+from fuzz.bench import random_scenario
+from fuzz.draft_protocol import run_on_rank
+from fuzz.options import Hold, Oracle, RunOptions
+from fuzz.oracles import lifetime
+from fuzz.protocols import RankEnv
+from fuzz.streams import CudaStreams, SimStreams
+
+MODES = {"value+reuse": frozenset({Oracle.VALUE, Oracle.REUSE}), "all": frozenset(Oracle)}
+
+
+def _setup(device_kind: str) -> tuple[torch.device, Any, Any, str]:
+    """A one-rank group, and on CUDA the gate pool the ranks use."""
+    gates, kind = None, "none"
+    if device_kind == "cuda":
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device)
+        group = dist.new_group(backend="nccl")
+        from fuzz.gates import Gates, GateUnavailable
+
+        try:
+            gates = Gates.create(device)
+            kind = gates.kind
+        except GateUnavailable as exc:
+            kind = f"unavailable ({exc})"
+    else:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        group = dist.new_group(backend="gloo")
+    return device, group, gates, kind
+
+
+def _pass(batch: list[Any], factory: Any, device: torch.device, group: Any, gates: Any,
+          oracles: frozenset[Oracle], hold: Hold) -> float:
+    """Run every scenario once; seconds taken (each example ends in a synchronize)."""
+    options = RunOptions(oracles=oracles, hold=hold)
+    t0 = time.perf_counter()
+    for scn in batch:
+        streams = CudaStreams(device, gates) if device.type == "cuda" else SimStreams()
+        obs = run_on_rank(scn, factory, RankEnv(rank=0, world_size=1, device=device,
+                                                group=group, streams=streams), options)
+        if obs["findings"]:
+            raise SystemExit(f"a finding on a correct target: {obs['findings'][0]}")
+    return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _counting(counts: Counter) -> Iterator[None]:
+    """Count what the checker handles: ops, polls, trace callbacks, storages."""
+    patched: list[tuple[Any, str, Any]] = []
+
+    def wrap(cls: Any, name: str, key: str) -> None:
+        original = cls.__dict__[name]
+
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            counts[key] += 1
+            return original(self, *args, **kwargs)
+        patched.append((cls, name, original))
+        setattr(cls, name, counted)
+
+    wrap(lifetime.TensorTracker, "op", "ops")
+    wrap(lifetime.TensorTracker, "poll", "polls")
+    wrap(lifetime.LifetimeModel, "allocate", "storages")
+    if torch.cuda.is_available():
+        from fuzz.oracles import lifetime_cuda
+
+        for name in ("_on_event_record", "_on_event_wait", "_on_event_sync", "_on_stream_sync",
+                     "_on_device_sync", "_on_record_stream"):
+            wrap(lifetime_cuda.CudaLifetimeChecker, name, "trace callbacks")
+    try:
+        yield
+    finally:
+        for cls, name, original in patched:
+            setattr(cls, name, original)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--target", default="main-gather", help="a correct target (default main-gather)")
+    p.add_argument("--examples", type=int, default=60, help="scenarios per pass (default 60)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA GPU is visible here", file=sys.stderr)
+        return 2
+    if args.examples < 1 or args.rounds < 1:
+        print("--examples and --rounds must be at least 1", file=sys.stderr)
+        return 2
+    if args.target not in targets.CORRECT:
+        print(f"--target must be a correct built-in target: {', '.join(sorted(targets.CORRECT))}",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    device_kind = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" \
+        else args.device
+    device, group, gates, gate_kind = _setup(device_kind)
+    hold = Hold.GATE if gates is not None else Hold.SPIN
+    factory = targets.load(args.target)
+    rng = random.Random(args.seed)
+    batch = [random_scenario(rng, 1) for _ in range(args.examples)]
+
+    for oracles in MODES.values():  # warm-up: imports, kernels, allocator, caches
+        _pass(batch, factory, device, group, gates, oracles, hold)
+    ms: dict[str, list[float]] = {name: [] for name in MODES}
+    for _ in range(args.rounds):
+        for name, oracles in MODES.items():
+            s = _pass(batch, factory, device, group, gates, oracles, hold)
+            ms[name].append(1000 * s / len(batch))
+    cost = [a - b for a, b in zip(ms["all"], ms["value+reuse"], strict=True)]
+
+    counts: Counter = Counter()
+    with _counting(counts):
+        _pass(batch, factory, device, group, gates, MODES["all"], hold)
+    per_example = {k: round(v / len(batch), 1) for k, v in sorted(counts.items())}
+
+    prof = cProfile.Profile()
+    prof.enable()
+    _pass(batch, factory, device, group, gates, MODES["all"], hold)
+    prof.disable()
+    text = io.StringIO()
+    for order in ("tottime", "cumulative"):
+        text.write(f"== by {order} ({len(batch)} examples, every oracle) ==\n")
+        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(30)
+    (args.out / "profile.txt").write_text(text.getvalue())
+
+    report = {
+        "device": device_kind,
+        "device_name": torch.cuda.get_device_name(device) if device_kind == "cuda" else
+        platform.processor() or platform.machine(),
+        "torch": torch.__version__, "python": platform.python_version(),
+        "host": platform.node(), "gates": gate_kind, "hold": hold.value, "target": args.target,
+        "examples": len(batch), "rounds": args.rounds, "seed": args.seed,
+        "ms_per_example": {k: [round(x, 3) for x in v] for k, v in ms.items()},
+        "median_ms_per_example": {k: round(statistics.median(v), 3) for k, v in ms.items()},
+        "lifetime_ms_per_example": round(statistics.median(cost), 3),
+        "lifetime_ms_per_round": [round(c, 3) for c in cost],
+        "handled_per_example": per_example,
+    }
+    (args.out / "lifetime_cost.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"# Lifetime oracle cost: {report['device_name']} ({device_kind}), torch "
+             f"{report['torch']}, gates: {gate_kind}", "",
+             f"{len(batch)} random scenarios of `{args.target}` (world size 1, seed {args.seed}),"
+             f" {args.rounds} interleaved rounds, median ms per example:", "",
+             "| value+reuse | all | lifetime (all - value+reuse) | rounds of lifetime |",
+             "|---|---|---|---|",
+             f"| {report['median_ms_per_example']['value+reuse']:.2f} | "
+             f"{report['median_ms_per_example']['all']:.2f} | "
+             f"{report['lifetime_ms_per_example']:.2f} | "
+             f"{', '.join(f'{c:.2f}' for c in cost)} |", "",
+             "Handled per example (one untimed pass): " +
+             ", ".join(f"{k} {v}" for k, v in per_example.items()), ""]
+    (args.out / "lifetime_cost.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
