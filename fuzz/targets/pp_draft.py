@@ -5,8 +5,7 @@ runs on simulated streams): the last pipeline rank sends the step's sampled
 tokens, per-request counts and draft rows on a side stream over its own group;
 every other rank receives on that stream, parks the step, and applies the
 drafts on its main stream pipeline-depth steps later. The versions differ only
-in how the last rank gathers the rows it sends (see each class); ``MainGatherSynced``
-is the correct one with the host syncs engine code makes.
+in how the last rank gathers the rows it sends (see each class).
 """
 
 from __future__ import annotations
