@@ -219,6 +219,16 @@ def test_host_syncing_handler_never_waits_out_a_gate(gpu_pool, options):
         assert v.ok and v.held == ["gate"], v.summary()
 
 
+def test_the_lifetime_oracle_reads_the_current_stream_as_torch_does():
+    from fuzz.oracles.lifetime_cuda import _raw_stream
+
+    assert _raw_stream is not None
+    side = torch.cuda.Stream()
+    for s in (torch.cuda.current_stream(), side):
+        with torch.cuda.stream(s):
+            assert _raw_stream(torch.cuda.current_device()) == s.cuda_stream
+
+
 def test_no_gate_times_out_early(gates):
     # Hundreds of gates, each opened from the host a millisecond in: the bound
     # is 200 ms, so any timeout here is the clock lying, not the gate waiting.
