@@ -3,6 +3,7 @@
 Budgets are seconds here; the 30-minute run is behind ``-m slow``.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -278,6 +279,23 @@ def _torchrun(port, authkey):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _ended(torchrun, timeout, driver_err):
+    """torchrun's output once it ends; if it does not, fail with where its ranks
+    are (SIGUSR1 makes a rank print every thread's stack)."""
+    try:
+        return torchrun.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        children = Path(f"/proc/{torchrun.pid}/task/{torchrun.pid}/children")
+        for pid in children.read_text().split() if children.exists() else ():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGUSR1)
+        time.sleep(3)
+        torchrun.kill()
+        out = torchrun.communicate()[0]
+        pytest.fail(f"torchrun's ranks did not end {timeout}s after the driver did\n"
+                    f"driver:\n{driver_err[-2000:]}\nranks:\n{out[-6000:]}")
+
+
 @pytest.mark.parametrize("target, lost", [("main-gather", None),
                                           ("tests.targets:kills_rank", "crash"),
                                           ("tests.targets:hangs", "hang")])
@@ -297,7 +315,7 @@ def test_ranks_launched_by_torchrun(tmp_path, target, lost):
     ranks = _torchrun(port, key)
     try:
         _, stderr = driver.communicate(timeout=240)
-        ranks_out, _ = ranks.communicate(timeout=120)
+        ranks_out = _ended(ranks, 120, stderr)
     finally:
         driver.kill()
         ranks.kill()
