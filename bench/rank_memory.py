@@ -33,7 +33,7 @@ SETS = {
 
 
 def _rss_mib(pool: RankPool) -> list[float]:
-    return [round(m["rss"] / 2**20, 2) if m else float("nan") for m in pool.stats()]
+    return [round(m.rss / 2**20, 2) if m else float("nan") for m in pool.stats()]
 
 
 def main() -> None:

@@ -224,8 +224,8 @@ def first_failure(device: str, world: int, target: str, seed: int, max_examples:
         res = driver.fuzz(pool, target, _settings(shrink_budget_s is None),
                           max_examples=max_examples, seed=seed, budget_s=budget_s,
                           options=options, shrink_budget_s=shrink_budget_s)
-        gates = pool.info[0].get("gates") if pool.info else None
-        setup = pool.info[0].get("setup_s") if pool.info else None
+        gates = pool.info[0].gates if pool.info else None
+        setup = pool.info[0].setup_s if pool.info else None
     found = res.failure is not None
     return {
         "seed": seed, "found": found, "kind": res.failure.kind if found else None,
@@ -302,9 +302,11 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
             save(report)
         t0 = time.perf_counter()
         with RankPool(world, device, timeout=timeout) as pool:
-            info = pool.info[0] if pool.info else {}
-            run_info.update({"device_name": info.get("device_name"), "torch": info.get("torch"),
-                             "backend": info.get("backend"), "gates": info.get("gates"),
+            info = pool.info[0] if pool.info else None
+            run_info.update({"device_name": info.device_name if info else None,
+                             "torch": info.torch if info else None,
+                             "backend": info.backend if info else None,
+                             "gates": info.gates if info else None,
                              "warm_start_s": time.perf_counter() - t0})
             log(f"[{device}] world {world}, {run_info['device_name']}, gates: {run_info['gates']}")
             # Warm up first (imports, strategy caches, the ranks' allocators), so

@@ -8,9 +8,12 @@ imports nothing heavy at module level.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from fuzz.messages import Observations
 from fuzz.protocols import Protocol, RankEnv
+from fuzz.reference import Applied
 
 PROTOCOL = Protocol(
     name="draft-broadcast",
@@ -33,7 +36,18 @@ PROTOCOL = Protocol(
 )
 
 
-def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DraftObservations(Observations):
+    """One rank's draft-broadcast outputs: the sender's ``sent`` rows per step;
+    a receiver's state after each apply, read on main (the reference's own
+    type); whether its handler applies non-final steps (the reference differs)."""
+
+    sent: list[tuple[int, list[list[int]]]] = field(default_factory=list)
+    applied: list[Applied] = field(default_factory=list)
+    applies_non_final: bool = True
+
+
+def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> DraftObservations:
     """The runner of ``fuzz.runner`` with the draft broadcast's target context."""
     from fuzz.runner import run_scenario
     from fuzz.targets import TargetContext

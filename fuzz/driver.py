@@ -62,8 +62,8 @@ def _judge(outcome: Any, scenario: Scenario, values: bool) -> Verdict:
     if outcome.failure is not None:
         return Verdict([outcome.failure])
     obs = outcome.observations
-    held = sorted({h for o in obs for h in o.get("held", [])})
-    found = [Failure(**f) for o in obs for f in o.get("findings", [])]
+    held = sorted({h for o in obs for h in o.held})
+    found = [f for o in obs for f in o.findings]
     # Earliest step first; within a step, lower rank first.
     found.sort(key=lambda f: (f.step if f.step is not None else -1, f.rank or 0))
     wrong = protocols.of_scenario(scenario).part("values")(scenario, obs) if values else []
@@ -117,9 +117,10 @@ def found_on(pool: RankPool, options: RunOptions, target: str | None = None) -> 
     """Where a failure was found, and by which oracles (those that ran), for
     the corpus entry: ``fuzz replay`` judges it with the same ones. For
     upstream code, which release too (version, sha256 of the file, AST edit)."""
-    info = pool.info[0] if pool.info else {}
-    found = {"torch": info.get("torch"), "device": pool.device,
-             "device_name": info.get("device_name"), "backend": info.get("backend"),
+    info = pool.info[0] if pool.info else None
+    found = {"torch": info.torch if info else None, "device": pool.device,
+             "device_name": info.device_name if info else None,
+             "backend": info.backend if info else None,
              "world_size": pool.world_size, "hypothesis": hypothesis.__version__,
              "oracles": options.oracle_names()}
     upstream = targets.provenance(target) if target else None

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fuzz import dispatch_mode, protocols, targets
+from fuzz import dispatch_mode, messages, protocols, targets
 from fuzz.gates import Gates, GateUnavailable
+from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.protocols import RankEnv
 from fuzz.ranks import rss_bytes
@@ -35,7 +36,7 @@ from fuzz.streams import CudaStreams, SimStreams
 from fuzz.targets import TargetContext
 
 
-def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
+def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
     # Where a cold start goes (seconds per phase), for the benchmark's report;
     # "spawn" (interpreter and imports) only where the driver spawned this rank.
     phases: dict[str, float] = {}
@@ -75,23 +76,24 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, dict[str, Any]]:
     if device_kind == "cuda":
         torch.cuda.synchronize(device)
     phase("first_collective")
-    info = {"rank": rank, "pid": os.getpid(), "torch": torch.__version__, "device_name": name,
-            "backend": dist.get_backend(group), "gates": "none",
-            "world_size": dist.get_world_size()}
+    gates, kernels = "none", None
     if device_kind == "cuda":
         global _GATES
         try:
             _GATES = Gates.create(device)
-            info["gates"] = _GATES.kind
+            gates = _GATES.kind
         except GateUnavailable as exc:
-            info["gates"] = f"unavailable ({exc}); spins instead"
+            gates = f"unavailable ({exc}); spins instead"
         phase("gates")
         try:
             _warm_kernels(device, group)
         except Exception as exc:  # a warm-up is an optimisation; say why it failed
-            info["kernels"] = f"not warmed ({type(exc).__name__}: {str(exc)[:200]})"
+            kernels = f"not warmed ({type(exc).__name__}: {str(exc)[:200]})"
         phase("kernels")
-    info["setup_s"] = {k: round(v, 3) for k, v in phases.items()}
+    info = RankInfo(rank=rank, world_size=dist.get_world_size(), pid=os.getpid(),
+                    node=socket.gethostname(), torch=torch.__version__, device_name=name,
+                    backend=dist.get_backend(group), gates=gates, mem=memory(device),
+                    setup_s={k: round(v, 3) for k, v in phases.items()}, kernels=kernels)
     return device, group, info
 
 
@@ -138,16 +140,15 @@ _GATES: Gates | None = None
 """The rank's gate pool, made once (compiling the kernel) before the first example."""
 
 
-def memory(device: torch.device) -> dict[str, int]:
+def memory(device: torch.device) -> Memory:
     """This process's resident set and, on CUDA, the caching allocator's bytes.
 
     Cheap (one small /proc read), so the driver may ask as often as it likes.
     """
-    mem = {"rss": rss_bytes()}
     if device.type == "cuda":
-        mem["gpu_alloc"] = torch.cuda.memory_allocated(device)
-        mem["gpu_reserved"] = torch.cuda.memory_reserved(device)
-    return mem
+        return Memory(rss_bytes(), torch.cuda.memory_allocated(device),
+                      torch.cuda.memory_reserved(device))
+    return Memory(rss_bytes())
 
 
 # Frames that are never the user's: the harness (fuzz/*.py, not fuzz/targets/),
@@ -255,47 +256,62 @@ def _exit_when_driver_leaves(conn: Connection, leaving: threading.Event) -> None
     threading.Thread(target=watch, daemon=True, name="driver-watch").start()
 
 
+class _Serving:
+    """The rank's side of the conversation: one handler per driver message.
+    A handler returns False when the rank is to leave."""
+
+    def __init__(self, conn: Connection, device: torch.device, group: Any,
+                 info: RankInfo) -> None:
+        self.conn, self.device, self.group, self.rank = conn, device, group, info.rank
+        self.factories: dict[str, Any] = {}
+
+    def on_run(self, msg: Run) -> bool:
+        target = msg.target
+        try:
+            if target not in self.factories:
+                self.factories[target] = targets.load(target)
+            protocol = protocols.of_target(target, self.factories[target])
+            obs = protocol.part("run")(msg.scenario, self.factories[target],
+                                       _env(self.device, self.group), msg.options)
+            self.conn.send(Done(msg.eid, self.rank, obs))
+        except Exception as exc:  # the target's failure is the finding
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            fatal = self.device.type == "cuda"
+            self.conn.send(Raised(msg.eid, self.rank, text, _user_frames(exc), fatal))
+            if fatal:
+                self.conn.close()
+                os._exit(3)
+        return True
+
+    def on_stats(self, msg: Stats) -> bool:
+        self.conn.send(StatsReply(self.rank, memory(self.device)))
+        return True
+
+    def on_stop(self, msg: Stop) -> bool:
+        return False
+
+
+_HANDLERS = {Run: _Serving.on_run, Stats: _Serving.on_stats, Stop: _Serving.on_stop}
+
+
 def serve(device_kind: str, address: str, authkey: bytes) -> int:
     device, group, info = _setup(device_kind)
-    info["node"] = socket.gethostname()
-    info["mem"] = memory(device)
     conn = _connect(address, authkey)
-    conn.send(("hello", info))
+    conn.send(Hello(info))
     external = not os.environ.get("STREAMFUZZ_PARENT")
     leaving = threading.Event()
     if external:
         _exit_when_driver_leaves(conn, leaving)
-    factories: dict[str, Any] = {}
+    serving = _Serving(conn, device, group, info)
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             # Under torchrun a failed worker is what makes --max-restarts restart the group.
             return _DRIVER_GONE if external else 0
-        if msg[0] == "stop":
+        if not messages.handler(_HANDLERS, msg, "the driver")(serving, msg):
             leaving.set()
             break
-        if msg[0] == "stats":
-            conn.send(("stats", info["rank"], memory(device)))
-            continue
-        _, eid, target, scenario, options = msg
-        try:
-            if target not in factories:
-                factories[target] = targets.load(target)
-            protocol = protocols.of_target(target, factories[target])
-            if isinstance(scenario, dict):  # plain values from another client
-                scenario = protocol.part("scenario").from_dict(scenario)
-            if not isinstance(options, RunOptions):
-                options = RunOptions.from_dict(options)
-            obs = protocol.part("run")(scenario, factories[target], _env(device, group), options)
-            conn.send(("ok", eid, info["rank"], obs))
-        except Exception as exc:  # the target's failure is the finding
-            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            fatal = device.type == "cuda"
-            conn.send(("error", eid, info["rank"], text, _user_frames(exc), fatal))
-            if fatal:
-                conn.close()
-                os._exit(3)
     conn.close()
     dist.destroy_process_group()
     return 0

@@ -24,8 +24,20 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
+from fuzz import messages
+from fuzz.messages import (
+    Done,
+    Hello,
+    Memory,
+    Observations,
+    Raised,
+    RankInfo,
+    Run,
+    Stats,
+    StatsReply,
+    Stop,
+)
 from fuzz.options import DEFAULT, RunOptions
-from fuzz.scenario import Scenario
 from fuzz.verdict import Failure
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +51,7 @@ class RankStartError(RuntimeError):
 class Outcome:
     """One example on every rank: observations, or how the ranks failed."""
 
-    observations: list[dict[str, Any]] = field(default_factory=list)
+    observations: list[Observations] = field(default_factory=list)
     failure: Failure | None = None
 
 
@@ -182,7 +194,7 @@ class _World:
         self.generation = generation
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []
-        self.info: list[dict[str, Any]] = []
+        self.info: list[RankInfo] = []
         self.logs: list[Path] = []
         self.stacks: list[Path] = []
         if pool.listen is not None:
@@ -221,7 +233,7 @@ class _World:
 
     def accept(self, world_size: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        conns: dict[int, tuple[Connection, dict[str, Any]]] = {}
+        conns: dict[int, tuple[Connection, RankInfo]] = {}
         sock = self.listener._listener._socket  # accept() has no timeout of its own
         try:
             while len(conns) < world_size:
@@ -237,11 +249,15 @@ class _World:
                     conn = self.listener.accept()
                 except TimeoutError:
                     continue
-                _, info = conn.recv()
-                if info.get("world_size", world_size) != world_size:
-                    raise RankStartError(f"a rank joined a world of {info.get('world_size')} "
+                msg = conn.recv()
+                try:
+                    info = messages.handler(_JOIN, msg, "a joining rank")(msg)
+                except messages.UnknownMessageError as exc:
+                    raise RankStartError(str(exc)) from None
+                if info.world_size != world_size:
+                    raise RankStartError(f"a rank joined a world of {info.world_size} "
                                          f"ranks; this driver expects {world_size}")
-                conns[info["rank"]] = (conn, info)
+                conns[info.rank] = (conn, info)
         finally:
             self.listener.close()
         self.conns = [conns[r][0] for r in range(world_size)]
@@ -250,7 +266,7 @@ class _World:
     def stop(self) -> None:
         for c in self.conns:
             try:
-                c.send(("stop",))
+                c.send(Stop())
             except OSError:
                 pass
         deadline = time.monotonic() + 10
@@ -401,7 +417,7 @@ class RankPool:
         shutil.rmtree(self.logdir, ignore_errors=True)
 
     @property
-    def info(self) -> list[dict[str, Any]]:
+    def info(self) -> list[RankInfo]:
         return self._world.info if self._world else []
 
     def _tail(self, rank: int) -> str:
@@ -420,13 +436,13 @@ class RankPool:
         return [p.pid for p in self._procs]
 
     # -- between examples ----------------------------------------------------
-    def stats(self, timeout: float = 10.0) -> list[dict[str, Any] | None]:
+    def stats(self, timeout: float = 10.0) -> list[Memory | None]:
         """Each rank's memory now (``None`` for a rank that did not answer)."""
-        out: list[dict[str, Any] | None] = [None] * len(self._conns)
+        out: list[Memory | None] = [None] * len(self._conns)
         waiting = {}
         for rank, c in enumerate(self._conns):
             try:
-                c.send(("stats",))
+                c.send(Stats())
                 waiting[c] = rank
             except OSError:
                 pass
@@ -441,12 +457,12 @@ class RankPool:
                     reply = c.recv()
                 except (EOFError, OSError):
                     continue
-                if reply[0] == "stats":
-                    out[rank] = reply[2]
+                if isinstance(reply, StatsReply):
+                    out[rank] = reply.mem
         return out
 
     # -- one example -------------------------------------------------------
-    def run(self, target: str, scenario: Scenario,
+    def run(self, target: str, scenario: Any,
             options: RunOptions = DEFAULT) -> Outcome:
         """Run one example on every rank; replaces the ranks if they broke."""
         if self.lost is not None:
@@ -455,17 +471,15 @@ class RankPool:
         eid = self._eid
         # Pickled once for every rank; the Scenario object itself travels (a
         # dict round trip through asdict and validation cost ~1 ms an example).
-        data = pickle.dumps(("run", eid, target, scenario, options),
+        data = pickle.dumps(Run(eid, target, scenario, options),
                             protocol=pickle.HIGHEST_PROTOCOL)
         for c in self._conns:
             try:
                 c.send_bytes(data)
             except OSError:
                 pass
-        replies: dict[int, tuple] = {}
-        failure: Failure | None = None
+        ex = _Example(eid)
         death: Failure | None = None
-        broken = False
         deadline = time.monotonic() + self.timeout
         waiting = {c: r for r, c in enumerate(self._conns)}
         while waiting:
@@ -473,11 +487,11 @@ class RankPool:
             if not ready:
                 ranks = sorted(waiting.values())
                 where = [(r, self._world.where_stuck(r)) for r in ranks] if self._world else []
-                failure = failure or Failure(
+                ex.failure = ex.failure or Failure(
                     "hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s"
                     + "".join(f"\n    rank {r} is stuck at: {w}" for r, w in where if w),
                     ranks[0])
-                broken = True
+                ex.broken = True
                 break
             for c in ready:
                 rank = waiting.pop(c)
@@ -497,22 +511,17 @@ class RankPool:
                     # first) is its consequence.
                     death = death or Failure("crash", f"rank {rank} {how}: {self._tail(rank)}",
                                              rank)
-                    broken = True
+                    ex.broken = True
                     deadline = min(deadline, time.monotonic() + 2.0)
                     continue
-                if reply[0] == "stats" or reply[1] != eid:
+                answered = messages.handler(_REPLIES, reply, f"rank {rank}")(ex, reply)
+                if not answered:
                     waiting[c] = rank  # a late answer to an earlier question
-                    continue
-                if reply[0] == "error":
-                    _, _, r, text, frames, fatal = reply
-                    at = "".join(f"\n    {line}" for line in frames.splitlines())
-                    failure = failure or Failure("crash", f"rank {r} raised {text}{at}", r)
-                    broken = broken or fatal
+                elif ex.failure is not None:
                     # Peers are likely blocked in a collective: give them a moment only.
                     deadline = min(deadline, time.monotonic() + 2.0)
-                else:
-                    replies[rank] = reply
-        failure = death or failure
+        failure = death or ex.failure
+        broken = ex.broken
         if broken and self.external:
             self.lost = failure.message if failure else "broken"
             self._world.kill()
@@ -520,4 +529,43 @@ class RankPool:
             self.restart()
         if failure is not None:
             return Outcome(failure=failure)
-        return Outcome(observations=[replies[r][3] for r in range(self.world_size)])
+        return Outcome(observations=[ex.done[r] for r in range(self.world_size)])
+
+
+class _Example:
+    """One example's replies as they come, one handler per message. A handler
+    says whether the message answers this example (else it is a late one)."""
+
+    def __init__(self, eid: int) -> None:
+        self.eid = eid
+        self.done: dict[int, Observations] = {}
+        self.failure: Failure | None = None
+        self.broken = False
+
+    def on_done(self, msg: Done) -> bool:
+        if msg.eid != self.eid:
+            return False
+        self.done[msg.rank] = msg.observations
+        return True
+
+    def on_raised(self, msg: Raised) -> bool:
+        if msg.eid != self.eid:
+            return False
+        at = "".join(f"\n    {line}" for line in msg.frames.splitlines())
+        self.failure = self.failure or Failure("crash", f"rank {msg.rank} raised {msg.error}{at}",
+                                               msg.rank)
+        self.broken = self.broken or msg.fatal
+        return True
+
+    def on_stats(self, msg: StatsReply) -> bool:
+        return False
+
+
+_REPLIES = {Done: _Example.on_done, Raised: _Example.on_raised, StatsReply: _Example.on_stats}
+
+
+def _hello(msg: Hello) -> RankInfo:
+    return msg.info
+
+
+_JOIN = {Hello: _hello}

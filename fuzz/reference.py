@@ -34,7 +34,8 @@ def token_rows(step_index: int, step: Step, num_spec_steps: int) -> list[list[in
 
 @dataclass(frozen=True)
 class Applied:
-    """A receiving rank's expected state right after one step's drafts are applied."""
+    """A receiving rank's state right after one step's drafts are applied: the
+    reference's expectation, and what a rank observed (``DraftObservations``)."""
 
     step: int
     table: list[list[int]]

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from fuzz.draft_protocol import DraftObservations
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
-from fuzz.reference import token_rows
+from fuzz.reference import Applied, token_rows
 from fuzz.scenario import DEFAULT_SPIN, Scenario, Step
 from fuzz.targets import Batch, Factory, TargetContext
 
@@ -33,8 +34,8 @@ _UNTIL_ORDER = {"after_call": 1, "after_churn": 2, "before_next_call": 3}
 
 
 def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
-                 options: RunOptions = DEFAULT) -> dict[str, Any]:
-    """Run every step on this rank; returns plain observations for the oracles.
+                 options: RunOptions = DEFAULT) -> DraftObservations:
+    """Run every step on this rank; returns its observations for the oracles.
 
     ``options`` come from the driver unchanged (which oracles run on the rank,
     how streams are held); rank-side oracles add their ``findings``.
@@ -91,7 +92,7 @@ class _Run:
 
             self.watch = ReuseWatch(self.main, ctx.rank)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> DraftObservations:
         last = self.ctx.is_last_rank
         try:
             for i, step in enumerate(self.sc.steps):
@@ -120,15 +121,12 @@ class _Run:
             findings = self.watch.findings if self.watch is not None else []
             if self.checker is not None:
                 findings = self.checker.finish() + findings
-            return {
-                "rank": self.ctx.rank,
-                "sent": [[i, t.tolist()] for i, t in self.sent],
-                "applied": [[i] + [t.tolist() for t in ts] for i, ts in self.applied],
-                "held": sorted(self.held),
-                "oracles": self.options.oracle_names(),
-                "findings": findings,
-                "applies_non_final": getattr(self.handler, "applies_non_final", True),
-            }
+            return DraftObservations(
+                rank=self.ctx.rank, held=tuple(sorted(self.held)),
+                oracles=tuple(self.options.oracle_names()), findings=tuple(findings),
+                sent=[(i, t.tolist()) for i, t in self.sent],
+                applied=[Applied(i, *[t.tolist() for t in ts]) for i, ts in self.applied],
+                applies_non_final=getattr(self.handler, "applies_non_final", True))
         finally:
             # Nothing is ever left held: on an error, open every gate from the host.
             for gate, *_ in self.open:

@@ -38,6 +38,7 @@ from typing import Any, TextIO
 
 from fuzz import corpus, driver, profiles, protocols
 from fuzz.corpus import write_json_atomic
+from fuzz.messages import Memory
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import RankPool, rss_bytes
 from fuzz.scenario import ScenarioError
@@ -268,13 +269,13 @@ class Soak:
         self._say(f"soak: {res.target}: {res.failure.kind} saved to {path}, {how}: "
                   f"{res.failure.message[:160]}")
 
-    def _maybe_recycle(self, ranks: list[dict[str, Any] | None]) -> None:
+    def _maybe_recycle(self, ranks: list[Memory | None]) -> None:
         """Recycle the world once a rank outgrew its warm size by ``recycle_mib``.
         A world's first sample may precede its warm-up, so its second is the base."""
         cap = self.cfg.recycle_mib
         if not cap or self.pool.external or self.stop_reason is not None:
             return
-        rss = [m["rss"] if m else None for m in ranks]
+        rss = [m.rss if m else None for m in ranks]
         gen, base = self._world_base
         if gen != self.pool.generation:
             self._world_base = (self.pool.generation, None)
@@ -380,7 +381,7 @@ class Soak:
     def _recycles(self) -> int:
         return self._base_recycles + self.pool.recycles
 
-    def _sample(self, force: bool = False) -> list[dict[str, Any] | None] | None:
+    def _sample(self, force: bool = False) -> list[Memory | None] | None:
         """Sample memory and throughput when due; the ranks' stats, or None."""
         now = time.monotonic()
         every_n = self.cfg.stats_every_examples
@@ -405,12 +406,12 @@ class Soak:
                   # Samples of one world (one set of processes) share this id.
                   "world": f"{self.state['starts']}.{self.pool.generation}",
                   "behaviours": len(self.state["behaviours"]), "driver_rss": rss_bytes(),
-                  "ranks": ranks}
+                  "ranks": [m.to_dict() if m else None for m in ranks]}
         with open(self.stats_path, "a") as fh:
             fh.write(json.dumps(sample, separators=(",", ":")) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-        rss = " ".join(f"{m['rss'] / 2**20:.0f}" if m else "?" for m in ranks)
+        rss = " ".join(f"{m.rss / 2**20:.0f}" if m else "?" for m in ranks)
         self._log.write(f"{sample['time']} t={_hms(t)} examples={ex} rate={rate:.1f}/s "
                         f"failures={_kinds_text(kinds)} behaviours={sample['behaviours']} "
                         f"restarts={sample['restarts']} recycles={sample['recycles']} "
@@ -463,17 +464,18 @@ class Soak:
                                  config=self._config(), stop_reason=self.stop_reason)
 
     def _config(self) -> dict[str, Any]:
-        info = self.pool.info[0] if self.pool.info else {}
+        info = self.pool.info[0] if self.pool.info else None
         return {"targets": self.cfg.targets, "budget_s": self.cfg.budget_s,
                 "round_s": self.cfg.round_s, "corpus": str(self.cfg.corpus),
                 **self.cfg.options.to_dict(),
                 "database": str(self.cfg.database) if self.cfg.database else None,
                 "device": self.pool.device, "world_size": self.pool.world_size,
                 "external_ranks": self.pool.external, "timeout_s": self.pool.timeout,
-                "torch": info.get("torch"), "device_name": info.get("device_name"),
-                "gates": info.get("gates"),
+                "torch": info.torch if info else None,
+                "device_name": info.device_name if info else None,
+                "gates": info.gates if info else None,
                 "recycle_mib": None if self.pool.external else self.cfg.recycle_mib or None,
-                "nodes": sorted({i.get("node", "?") for i in self.pool.info}), **self.cfg.extra}
+                "nodes": sorted({i.node for i in self.pool.info}), **self.cfg.extra}
 
 
 def _release_heap() -> None:

@@ -125,7 +125,7 @@ class Check:
             if stack is not None:
                 stack.close()
         keep = set(self.oracles) | {"crash"}  # an oracle's own failure is always shown
-        self.findings = [Failure(**f) for f in found if f["kind"] in keep]
+        self.findings = [f for f in found if f.kind in keep]
         if not self.findings or self.collect:
             return
         error = StreamfuzzError(self.findings, self.device or "?")

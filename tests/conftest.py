@@ -29,7 +29,7 @@ def rank_oracles(monkeypatch):
 
     def run(self, target, scenario, options=DEFAULT):
         outcome = real(self, target, scenario, options)
-        seen.extend((target, frozenset(obs["oracles"])) for obs in outcome.observations)
+        seen.extend((target, frozenset(obs.oracles)) for obs in outcome.observations)
         return outcome
 
     monkeypatch.setattr(RankPool, "run", run)

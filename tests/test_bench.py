@@ -98,5 +98,5 @@ def test_gate_delays_fall_back_to_spins_where_gates_are_unavailable():
         obs = run_scenario(scn, _factory, ctx, RunOptions(oracles={Oracle.VALUE}, hold=Hold.GATE))
     finally:
         dist.destroy_process_group()
-    assert obs["held"] == ["spin"]
+    assert obs.held == ("spin",)
     assert [c for _, c in streams.spins] == [DEFAULT_SPIN, 1000]

@@ -156,7 +156,7 @@ def gpu_pool():
     if probe_gpus() < 1:
         pytest.skip("needs a CUDA GPU")
     with RankPool(1, "cuda", timeout=60.0) as pool:
-        assert pool.info[0]["gates"].startswith("triton"), pool.info[0]["gates"]
+        assert pool.info[0].gates.startswith("triton"), pool.info[0].gates
         yield pool
 
 

@@ -42,8 +42,8 @@ def test_wait_stream_does_not_order_the_host():
         host.tolist()
 
     (f,) = _run(body)
-    assert f["kind"] == "race"
-    assert f["message"].startswith("read-after-write race on a tensor int64[4] made by "
+    assert f.kind == "race"
+    assert f.message.startswith("read-after-write race on a tensor int64[4] made by "
                                    "aten.empty.memory_format: the host reads it "
                                    "(Tensor.tolist) unordered with side1's write (aten.copy_)")
 
@@ -54,7 +54,7 @@ def test_without_any_wait_the_reader_is_named_the_host_not_main():
         host.sum()
 
     (f,) = _run(body)
-    assert "the host reads it (aten.sum" in f["message"] and "main reads" not in f["message"]
+    assert "the host reads it (aten.sum" in f.message and "main reads" not in f.message
 
 
 @pytest.mark.parametrize("sync", ["stream", "event", "device", "blocking copy", "item",
@@ -107,9 +107,8 @@ def test_the_host_rewriting_a_pinned_buffer_a_pending_upload_reads():
         staging[0] = 7
 
     (f,) = _run(body)
-    assert f["kind"] == "race"
-    assert "the host writes it" in f["message"] and "unordered with side1's read" in f[
-        "message"]
+    assert f.kind == "race"
+    assert "the host writes it" in f.message and "unordered with side1's read" in f.message
 
 
 def test_a_pinned_buffer_freed_with_an_upload_pending_is_not_a_lifetime_failure():

@@ -27,7 +27,7 @@ def _alloc(m, key=7, stream=MAIN, name="idx_mapping"):
 
 
 def _kinds(m):
-    return [f["kind"] for f in m.findings]
+    return [f.kind for f in m.findings]
 
 
 def test_free_after_unordered_side_read_is_lifetime_and_names_the_tensor():
@@ -38,9 +38,9 @@ def test_free_after_unordered_side_read_is_lifetime_and_names_the_tensor():
     m.step = 4
     m.free(k, ())
     (f,) = m.findings
-    assert f["kind"] == "lifetime" and f["step"] == 4 and f["rank"] == 1
-    assert f["message"].startswith("idx_mapping (int64[3]) was freed while stream side")
-    assert "aten.index.Tensor" in f["message"]
+    assert f.kind == "lifetime" and f.step == 4 and f.rank == 1
+    assert f.message.startswith("idx_mapping (int64[3]) was freed while stream side")
+    assert "aten.index.Tensor" in f.message
 
 
 @pytest.mark.parametrize("sync", [
@@ -102,7 +102,7 @@ def test_unordered_conflicting_accesses_are_races(first, second, kind):
     m.access(k, SIDE, first, "a", ())
     m.access(k, MAIN, second, "b", ())
     (f,) = m.findings
-    assert f["kind"] == "race" and f["message"].startswith(f"{kind} race on draft_table")
+    assert f.kind == "race" and f.message.startswith(f"{kind} race on draft_table")
 
 
 def test_reads_from_two_streams_do_not_race():
@@ -152,6 +152,6 @@ def test_findings_past_the_cap_are_counted_not_silently_dropped():
         m.free(key, ())
     found = m.report()
     assert len(found) == 8 and m.dropped == 4
-    assert found[-1]["message"].endswith("... and 4 more finding(s) in this example, "
+    assert found[-1].message.endswith("... and 4 more finding(s) in this example, "
                                          "not shown (the first 8 are)")
-    assert "more finding" not in m.findings[-1]["message"]
+    assert "more finding" not in m.findings[-1].message

@@ -1,3 +1,4 @@
+from fuzz.draft_protocol import DraftObservations
 from fuzz.oracles import check_values
 from fuzz.reference import draft_value, expected_applied, expected_sent
 from fuzz.scenario import Scenario, Step
@@ -14,10 +15,10 @@ def _scn(world=2):
 
 
 def _perfect(scn):
-    sent = [[i, rows] for i, rows in expected_sent(scn).items()]
-    applied = [[a.step, a.table, a.tokens, a.num_sampled, a.num_rejected]
-               for a in expected_applied(scn)]
-    return [{"rank": 0, "sent": [], "applied": applied}, {"rank": 1, "sent": sent, "applied": []}]
+    sent = [(i, rows) for i, rows in expected_sent(scn).items()]
+    return [DraftObservations(rank=0, held=(), oracles=("value",), findings=(),
+                              applied=expected_applied(scn)),
+            DraftObservations(rank=1, held=(), oracles=("value",), findings=(), sent=sent)]
 
 
 def test_reference_rows_read_as_step_slot_position():
@@ -32,7 +33,7 @@ def test_perfect_observations_pass():
 
 def test_wrong_sent_row_is_reported_with_step_rank_and_rows():
     obs = _perfect(_scn())
-    obs[1]["sent"][1][1][0][1] = 7
+    obs[1].sent[1][1][0][1] = 7
     (f,) = check_values(_scn(), obs)
     assert (f.kind, f.rank, f.step) == ("value", 1, 2)
     assert "row 0 (slot 0): expected [300000, 300001] got [300000, 7]" in f.message
@@ -40,13 +41,13 @@ def test_wrong_sent_row_is_reported_with_step_rank_and_rows():
 
 def test_wrong_receiver_table_is_reported():
     obs = _perfect(_scn())
-    obs[0]["applied"][0][1][2] = [0, 0]
+    obs[0].applied[0].table[2] = [0, 0]
     (f,) = check_values(_scn(), obs)
     assert f.rank == 0 and f.step == 0 and "draft table" in f.message and "slot 2" in f.message
 
 
 def test_missing_apply_is_reported():
     obs = _perfect(_scn())
-    obs[0]["applied"].pop()
+    obs[0].applied.pop()
     (f,) = check_values(_scn(), obs)
     assert "applied steps [0], expected [0, 2]" in f.message

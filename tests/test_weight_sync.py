@@ -14,7 +14,7 @@ import pytest
 from fuzz import corpus, driver, protocols
 from fuzz.options import Oracle, RunOptions
 from fuzz.scenario import ScenarioError
-from fuzz.weight_sync import PROTOCOL
+from fuzz.weight_sync import PROTOCOL, WeightSyncObservations
 from fuzz.weight_sync.reference import check, expected, values
 from fuzz.weight_sync.scenario import Param, Sync, WeightSyncScenario, chunk_sizes
 
@@ -55,10 +55,14 @@ def test_value_oracle_names_stale_bytes():
     scn = _scn()
     good = [b"".join(_bytes(t) for t in expected(scn, s)) for s in range(2)]
     stale = _bytes(expected(scn, 0)[0]) + _bytes(expected(scn, 0)[1])  # sync 1 sent sync 0's
-    recv = [[s, [_bytes(t) for t in expected(scn, s)]] for s in range(2)]
-    ok = [{"rank": 0, "sent": [[0, good[0]], [1, good[1]]]}, {"rank": 1, "received": recv}]
+    recv = [(s, [_bytes(t) for t in expected(scn, s)]) for s in range(2)]
+
+    def obs(rank, **out):
+        return WeightSyncObservations(rank=rank, held=(), oracles=("value",), findings=(), **out)
+
+    ok = [obs(0, sent=[(0, good[0]), (1, good[1])]), obs(1, received=recv)]
     assert check(scn, ok) == []
-    bad = [{"rank": 0, "sent": [[0, good[0]], [1, stale]]}, {"rank": 1, "received": recv}]
+    bad = [obs(0, sent=[(0, good[0]), (1, stale)]), obs(1, received=recv)]
     (f,) = check(scn, bad)
     assert f.kind == "value" and f.step == 1 and f.rank == 0
     assert "p1 (bfloat16[2, 4]): 8 of 8 elements differ, 8 stale" in f.message

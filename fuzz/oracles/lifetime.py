@@ -35,13 +35,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
+
+from fuzz.verdict import Failure
 
 Clock = dict[Any, int]
 Frames = tuple[tuple[str, int, str], ...]
@@ -125,7 +127,7 @@ class LifetimeModel:
     """Vector clocks, storages and the two rules; knows nothing about torch objects.
 
     Streams and events are plain hashable keys; ``stream_names`` maps them to
-    what a report shows. Findings are dicts a ``Failure`` can be built from.
+    what a report shows. Findings are ``Failure`` objects, sent to the driver as they are.
     """
 
     def __init__(self, rank: int | None = None,
@@ -138,7 +140,7 @@ class LifetimeModel:
         self.clocks: dict[Any, Clock] = {HOST: self.host}
         self.events: dict[Any, Clock] = {}
         self.storages: dict[int, StorageInfo] = {}
-        self.findings: list[dict[str, Any]] = []
+        self.findings: list[Failure] = []
         self.dropped = 0
 
     # -- clocks --------------------------------------------------------------
@@ -249,20 +251,20 @@ class LifetimeModel:
             return f"{info.name} ({what})"
         return f"a tensor {what} made by {info.alloc_op}"
 
-    def report(self) -> list[dict[str, Any]]:
+    def report(self) -> list[Failure]:
         """The findings, the last one saying how many more were left out."""
-        found = [dict(f) for f in self.findings]
+        found = list(self.findings)
         if self.dropped:
-            found[-1]["message"] += (f"\n    ... and {self.dropped} more finding(s) in this "
-                                     f"example, not shown (the first {_MAX_FINDINGS} are)")
+            found[-1] = replace(found[-1], message=found[-1].message + (
+                f"\n    ... and {self.dropped} more finding(s) in this "
+                f"example, not shown (the first {_MAX_FINDINGS} are)"))
         return found
 
     def _add(self, kind: str, message: str) -> None:
         if len(self.findings) >= _MAX_FINDINGS:
             self.dropped += 1
             return
-        self.findings.append({"kind": kind, "message": message, "rank": self.rank,
-                              "step": self.step})
+        self.findings.append(Failure(kind, message, self.rank, self.step))
 
     def _lifetime(self, info: StorageInfo, use: Access, free_frames: Frames) -> None:
         alloc = self.name_of(info.stream)
@@ -555,7 +557,7 @@ class TensorTracker:
                     if write or "output" in a.name or schema.name.startswith("c10d::allreduce"):
                         writes.append((leaf, key, kind))
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[Failure]:
         self.poll()
         return self.model.report()
 

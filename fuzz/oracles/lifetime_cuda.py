@@ -20,6 +20,7 @@ import torch
 
 from fuzz.dispatch_mode import DispatchMode
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
+from fuzz.verdict import Failure
 
 _active: CudaLifetimeChecker | None = None
 _installed = False
@@ -144,10 +145,9 @@ class CudaLifetimeChecker(TensorTracker):
             fn(*args)
         except Exception as exc:
             self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            self.model.findings.append({"kind": "crash", "rank": self.model.rank,
-                                        "step": self.model.step,
-                                        "message": f"lifetime oracle internal error: "
-                                                   f"{self._error}"})
+            self.model.findings.append(Failure("crash", f"lifetime oracle internal error: "
+                                                        f"{self._error}", self.model.rank,
+                                                self.model.step))
 
     def _sid(self, handle: int) -> int:
         if handle not in self.model.stream_names:

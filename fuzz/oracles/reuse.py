@@ -28,12 +28,13 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from fuzz.dispatch_mode import DispatchMode
+from fuzz.verdict import Failure
 
 _SKIP = {torch.ops.aten.record_stream.default}
 
 
 class ReuseWatch:
-    """One example's watch on one rank; ``findings`` are rank-side finding dicts."""
+    """One example's watch on one rank; ``findings`` are built here, on the rank."""
 
     def __init__(self, main: Any, rank: int) -> None:
         self.main = main
@@ -41,7 +42,7 @@ class ReuseWatch:
         self.step: int | None = None
         # (start, end, event, step, op name, stream) of storages used off main.
         self._used: list[tuple[int, int, Any, int | None, str, Any]] = []
-        self.findings: list[dict[str, Any]] = []
+        self.findings: list[Failure] = []
         self._seen: set[tuple[int, int]] = set()
 
     def call(self) -> DispatchMode:
@@ -63,12 +64,11 @@ class ReuseWatch:
             live.append(entry)
             if lo < end and start < hi and (step, lo) not in self._seen:
                 self._seen.add((step, lo))
-                self.findings.append({
-                    "kind": "reuse", "rank": self.rank, "step": self.step,
-                    "message": (f"step {self.step}: a main-stream allocation ({what}) got the "
-                                f"block at {start:#x} while {op} of step {step}, queued on "
-                                f"another stream, still used its earlier tenant (freed "
-                                f"without record_stream on that stream)")})
+                self.findings.append(Failure(
+                    "reuse", f"step {self.step}: a main-stream allocation ({what}) got the "
+                             f"block at {start:#x} while {op} of step {step}, queued on "
+                             f"another stream, still used its earlier tenant (freed "
+                             f"without record_stream on that stream)", self.rank, self.step))
         self._used = live
 
     def _note(self, op: str, tensors: list[torch.Tensor], stream: Any) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from fuzz.draft_protocol import DraftObservations
 from fuzz.reference import expected_applied, expected_sent
 from fuzz.scenario import Scenario
 from fuzz.verdict import Failure
@@ -11,13 +10,13 @@ from fuzz.verdict import Failure
 _MAX_ROWS = 4
 
 
-def check(scenario: Scenario, observations: list[dict[str, Any]]) -> list[Failure]:
+def check(scenario: Scenario, observations: list[DraftObservations]) -> list[Failure]:
     """Compare what each rank sent or applied with what it should have."""
     last = scenario.world_size - 1
     failures: list[Failure] = []
     # The sender first: a wrong send explains every receiver's wrong table.
-    for obs in sorted(observations, key=lambda o: o["rank"] != last):
-        rank = obs["rank"]
+    for obs in sorted(observations, key=lambda o: o.rank != last):
+        rank = obs.rank
         if rank == last:
             failures += _check_sender(scenario, obs, rank)
         else:
@@ -25,9 +24,9 @@ def check(scenario: Scenario, observations: list[dict[str, Any]]) -> list[Failur
     return failures
 
 
-def _check_sender(scenario: Scenario, obs: dict[str, Any], rank: int) -> list[Failure]:
+def _check_sender(scenario: Scenario, obs: DraftObservations, rank: int) -> list[Failure]:
     want = expected_sent(scenario)
-    got = {i: rows for i, rows in obs["sent"]}
+    got = {i: rows for i, rows in obs.sent}
     if sorted(got) != sorted(want):
         return [Failure("value", f"sent on steps {sorted(got)}, expected {sorted(want)}", rank)]
     for i in sorted(want):
@@ -38,21 +37,22 @@ def _check_sender(scenario: Scenario, obs: dict[str, Any], rank: int) -> list[Fa
     return []
 
 
-def _check_receiver(scenario: Scenario, obs: dict[str, Any], rank: int) -> list[Failure]:
-    want = expected_applied(scenario, obs.get("applies_non_final", True))
-    got = obs["applied"]
-    steps_got = [a[0] for a in got]
+def _check_receiver(scenario: Scenario, obs: DraftObservations, rank: int) -> list[Failure]:
+    want = expected_applied(scenario, obs.applies_non_final)
+    got = obs.applied
+    steps_got = [a.step for a in got]
     steps_want = [a.step for a in want]
     if steps_got != steps_want:
         return [Failure("value", f"applied steps {steps_got}, expected {steps_want}", rank)]
-    for exp, (i, table, tokens, ns, nr) in zip(want, got):
+    for exp, a in zip(want, got):
+        i = a.step
         idx = scenario.steps[i].idx_mapping
         rows = [f"row {r} (slot {s})" for r, s in enumerate(idx)]
         checks = (
-            ("draft table", exp.table, table, [f"slot {s}" for s in range(len(table))]),
-            ("sampled tokens", exp.tokens, tokens, rows),
-            ("num_sampled", [exp.num_sampled], [ns], ["counts"]),
-            ("num_rejected", [exp.num_rejected], [nr], ["counts"]),
+            ("draft table", exp.table, a.table, [f"slot {s}" for s in range(len(a.table))]),
+            ("sampled tokens", exp.tokens, a.tokens, rows),
+            ("num_sampled", [exp.num_sampled], [a.num_sampled], ["counts"]),
+            ("num_rejected", [exp.num_rejected], [a.num_rejected], ["counts"]),
         )
         for what, e, a, labels in checks:
             diff = _row_diff(e, a, labels)

@@ -15,6 +15,9 @@ rank), ``reference`` (the values every rank must end with), the strategies in
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from fuzz.messages import Observations
 from fuzz.protocols import Protocol
 
 PROTOCOL = Protocol(
@@ -32,3 +35,13 @@ PROTOCOL = Protocol(
     correct="weight-sync-ordered",
     families=("vllm-weights",),
 )
+
+
+@dataclass(frozen=True)
+class WeightSyncObservations(Observations):
+    """One rank's weight-sync outputs, read after the final synchronize: the
+    producer's packed bytes per sync (every parameter, in order), and a
+    consumer's parameters' bytes after each sync."""
+
+    sent: list[tuple[int, bytes]] = field(default_factory=list)
+    received: list[tuple[int, list[bytes]]] = field(default_factory=list)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from fuzz.verdict import Failure
+from fuzz.weight_sync import WeightSyncObservations
 from fuzz.weight_sync.scenario import Param, WeightSyncScenario
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
@@ -39,15 +40,16 @@ def expected(scenario: WeightSyncScenario, sync: int) -> list[torch.Tensor]:
     return [values(last_write(scenario, sync, i), i, p) for i, p in enumerate(scenario.params)]
 
 
-def check(scenario: WeightSyncScenario, observations: list[dict[str, Any]]) -> list[Failure]:
+def check(scenario: WeightSyncScenario,
+          observations: list[WeightSyncObservations]) -> list[Failure]:
     """Rank 0's sent bytes, then every consumer's parameters, against the reference."""
     failures: list[Failure] = []
-    for obs in sorted(observations, key=lambda o: o["rank"]):
-        rank = obs["rank"]
+    for obs in sorted(observations, key=lambda o: o.rank):
+        rank = obs.rank
         if rank == 0:
-            failures += _check_sent(scenario, obs["sent"], rank)
+            failures += _check_sent(scenario, obs.sent, rank)
         else:
-            failures += _check_received(scenario, obs["received"], rank)
+            failures += _check_received(scenario, obs.received, rank)
     return failures
 
 

@@ -21,14 +21,15 @@ from fuzz.options import RunOptions
 from fuzz.protocols import RankEnv
 from fuzz.runner import lifetime_checker
 from fuzz.scenario import DEFAULT_SPIN
+from fuzz.weight_sync import WeightSyncObservations
 from fuzz.weight_sync.context import Group, WeightSyncContext
 from fuzz.weight_sync.reference import TORCH_DTYPES, values
 from fuzz.weight_sync.scenario import Sync, WeightSyncScenario
 
 
 def run_on_rank(scenario: WeightSyncScenario, factory: Any, env: RankEnv,
-                options: RunOptions) -> dict[str, Any]:
-    """Run every sync on this rank; returns plain observations for the oracles."""
+                options: RunOptions) -> WeightSyncObservations:
+    """Run every sync on this rank; returns its observations for the oracles."""
     streams = env.streams
     device = streams.device if streams.kind == "sim" else env.device
     group = Group(env.group, env.rank)
@@ -61,7 +62,7 @@ class _Run:
         if self.checker is not None:
             self.checker.name(t, name, self.main)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> WeightSyncObservations:
         try:
             for i, sync in enumerate(self.sc.syncs):
                 if self.checker is not None:
@@ -87,14 +88,11 @@ class _Run:
             if gates is not None and gates.finish_example():
                 self.held.add("gate-timeout")
             findings = self.checker.finish() if self.checker is not None else []
-            return {
-                "rank": self.ctx.rank,
-                "sent": [[i, b"".join(_bytes(t) for t in ts)] for i, ts in self.sent],
-                "received": [[i, [_bytes(t) for t in ts]] for i, ts in self.received],
-                "held": sorted(self.held),
-                "oracles": self.options.oracle_names(),
-                "findings": findings,
-            }
+            return WeightSyncObservations(
+                rank=self.ctx.rank, held=tuple(sorted(self.held)),
+                oracles=tuple(self.options.oracle_names()), findings=tuple(findings),
+                sent=[(i, b"".join(_bytes(t) for t in ts)) for i, ts in self.sent],
+                received=[(i, [_bytes(t) for t in ts]) for i, ts in self.received])
         finally:
             for gate, _ in self.open:
                 gate.release()
