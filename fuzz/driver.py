@@ -21,7 +21,7 @@ from hypothesis.errors import Flaky
 
 from fuzz import corpus, profiles, protocols, targets
 from fuzz.options import DEFAULT, RunOptions
-from fuzz.ranks import RankPool
+from fuzz.ranks import Outcome, RankPool
 from fuzz.verdict import Failure, Verdict
 
 Scenario = Any
@@ -58,7 +58,7 @@ def run_and_judge(pool: RankPool, target: str, scenario: Scenario,
     return verdict
 
 
-def _judge(outcome: Any, scenario: Scenario, values: bool) -> Verdict:
+def _judge(outcome: Outcome, scenario: Scenario, values: bool) -> Verdict:
     if outcome.failure is not None:
         return Verdict([outcome.failure])
     obs = outcome.observations

@@ -48,8 +48,8 @@ class Protocol:
       ``world_size``);
     * ``strategy``: ``f(world_size=...) -> SearchStrategy`` of scenarios;
     * ``run``: ``f(scenario, factory, RankEnv, RunOptions) -> observations``
-      (a dict with ``rank``, ``held``, ``oracles``, ``findings`` and the
-      protocol's own outputs), on the rank;
+      (the protocol's subclass of ``fuzz.messages.Observations``, with its
+      own outputs), on the rank;
     * ``values``: ``f(scenario, observations) -> list[Failure]``, in the driver;
     * ``behaviours``: ``f(scenario) -> list[str]``, coarse labels of what an
       example exercised.
