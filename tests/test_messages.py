@@ -11,8 +11,18 @@ import pytest
 
 from fuzz import messages
 from fuzz.draft_protocol import DraftObservations
-from fuzz.messages import (Done, Hello, Memory, RankInfo, Raised, Run, Stats, StatsReply, Stop,
-                           UnknownMessageError)
+from fuzz.messages import (
+    Done,
+    Hello,
+    Memory,
+    Raised,
+    RankInfo,
+    Run,
+    Stats,
+    StatsReply,
+    Stop,
+    UnknownMessageError,
+)
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool, RankStartError
 from fuzz.reference import expected_applied
