@@ -86,8 +86,8 @@ def _pass(batch: list[Any], factory: Any, device: torch.device, group: Any, gate
         streams = CudaStreams(device, gates) if device.type == "cuda" else SimStreams()
         obs = run_on_rank(scn, factory, RankEnv(rank=0, world_size=1, device=device,
                                                 group=group, streams=streams), options)
-        if obs["findings"]:
-            raise SystemExit(f"a finding on a correct target: {obs['findings'][0]}")
+        if obs.findings:
+            raise SystemExit(f"a finding on a correct target: {obs.findings[0]}")
     return time.perf_counter() - t0, time.process_time() - c0
 
 
