@@ -6,25 +6,35 @@ For each device and built-in target it measures, on one warm rank pool:
   and not raised) and, on exactly the scenarios it drew, a hand-written loop
   that does the same per-example work (the same rank processes, the same run
   and judgement of one example, ``driver.run_and_judge``) without Hypothesis
-  or the driver's campaign loop: the ratio fuzzer/loop is their overhead alone;
+  or the driver's campaign loop: the ratio fuzzer/loop is their overhead
+  alone; medians over seeds;
 * the cost of each oracle: the loop again with oracles switched off one by one;
 * for the built-in versions, what writing them as plain torch.cuda costs
   against their ``ctx.streams`` form (``fuzz.targets.pp_draft_streams``): the
   two forms alternate on the same scenarios, round by round;
 * on fresh pools (a cold start: processes, process group, gate compile, with
   an empty Triton cache), the examples and seconds to the first failure and
-  the time spent shrinking it, median over seeds;
+  the time spent shrinking it, median over seeds; and from a user's cold
+  start, ``python -m fuzz run`` in a new process, the seconds from spawning
+  it to its first failure;
+* where the time goes: the stage counters (``fuzz.stages``) of the driver and
+  of every rank, per example, on fresh ranks that count (a table, and a
+  stacked bar chart ``stages-DEVICE.png`` where matplotlib is installed);
 * detection rates with gates and with spins: the same scenarios (a crafted
   minimal one, repeated, and random ones drawn without Hypothesis) run both ways.
 
-It writes ``bench.json`` and ``bench.md`` into ``--out``.
+It writes ``bench.json``, ``bench.md`` and the charts into ``--out``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +45,7 @@ from typing import Any
 import hypothesis
 from hypothesis import Phase
 
-from fuzz import corpus, driver, profiles, targets
+from fuzz import corpus, driver, profiles, stages, stages_report, targets
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool
 from fuzz.scenario import FILL_RANGE, Churn, Delay, Scenario, Step
@@ -146,41 +156,86 @@ def _settings(generate_only: bool) -> hypothesis.settings:
     return base
 
 
-def throughput(pool: RankPool, target: str, examples: int, seed: int = 0,
+def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
                options: RunOptions = DEFAULT,
                oracle_examples: int = 50, oracle_rounds: int = 2) -> dict[str, Any]:
-    """Fuzzer and loop on the same scenarios with the same ``options`` (by
-    default those of ``fuzz run``), then the loop per oracle set (on the first
-    ``oracle_examples`` of them)."""
-    drawn: list[Scenario] = []
-    strategy = scenarios(world_size=pool.world_size).map(lambda s: drawn.append(s) or s)
+    """Per seed, the fuzzer and then the loop on the scenarios it drew, with the
+    same ``options`` (by default those of ``fuzz run``): medians over seeds, and
+    the median of the seeds' ratios. Then, on the first seed's first
+    ``oracle_examples`` scenarios, the loop per oracle set."""
+    fuzzer, loop, ratios, failures, held = [], [], [], [0, 0], set()
     restarts = pool.restarts
-    fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
-                     strategy=strategy, options=options, stop_on_failure=False)
+    first: list[Scenario] = []
+    for seed in range(max(1, seeds)):
+        drawn: list[Scenario] = []
+        strategy = scenarios(world_size=pool.world_size).map(lambda s, d=drawn: d.append(s) or s)
+        fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
+                         strategy=strategy, options=options, stop_on_failure=False)
+        lp = hand_loop(pool, target, drawn, options)
+        fuzzer.append(fz.examples_per_s)
+        loop.append(lp.examples_per_s)
+        ratios.append(fz.examples_per_s / lp.examples_per_s if lp.examples_per_s else 0.0)
+        failures[0] += fz.failures
+        failures[1] += lp.failures
+        held.update(fz.held)
+        first = first or drawn
     fuzz_restarts = pool.restarts - restarts
-    loop = hand_loop(pool, target, drawn, options)
     # Interleaved rounds, best of each: one pass is at the mercy of a busy host.
     per_oracle: dict[str, float] = {}
     for _ in range(oracle_rounds):
         for name, oracle_set in ORACLE_SETS.items():
-            r = hand_loop(pool, target, drawn[:oracle_examples],
+            r = hand_loop(pool, target, first[:oracle_examples],
                           replace(options, oracles=oracle_set))
             ms = 1000 * r.elapsed_s / max(1, r.examples)
             per_oracle[name] = min(ms, per_oracle.get(name, ms))
-    form = api_forms(pool, target, drawn[:oracle_examples * 2], options)
+    form = api_forms(pool, target, first[:oracle_examples * 2], options)
     return {
         "api_forms": form,
-        "examples": fz.examples, "fuzzer_ex_s": fz.examples_per_s,
-        "loop_ex_s": loop.examples_per_s,
-        "ratio": fz.examples_per_s / loop.examples_per_s if loop.examples_per_s else 0.0,
-        "fuzzer_failures": fz.failures, "loop_failures": loop.failures,
-        "restarts_in_fuzzer_run": fuzz_restarts, "held_by": fz.held,
-        "oracle_examples": min(oracle_examples, len(drawn)),
+        "examples": examples, "seeds": len(fuzzer),
+        "fuzzer_ex_s": statistics.median(fuzzer), "loop_ex_s": statistics.median(loop),
+        "ratio": statistics.median(ratios),
+        "per_seed": {"fuzzer_ex_s": fuzzer, "loop_ex_s": loop, "ratio": ratios},
+        "fuzzer_failures": failures[0], "loop_failures": failures[1],
+        "restarts_in_fuzzer_run": fuzz_restarts, "held_by": sorted(held),
+        "oracle_examples": min(oracle_examples, len(first)),
         "ms_per_example": per_oracle,
         "oracles": options.oracle_names(),
         "oracle_cost_ms": {"value": per_oracle["value"] - per_oracle["none"],
                            "reuse": per_oracle["value+reuse"] - per_oracle["value"],
                            "lifetime": per_oracle["all"] - per_oracle["value+reuse"]},
+    }
+
+
+def breakdown(device: str, world: int, target: str, examples: int,
+              options: RunOptions = DEFAULT, timeout: float = 60.0,
+              warmup_examples: int = 20) -> dict[str, Any]:
+    """Where the fuzzer's time goes, per example and per process: the stage
+    counters (``fuzz.stages``) of this driver and of every rank, over one
+    generate-only run of ``examples`` (seed 0) on fresh ranks that count from
+    their start. Counting costs a little; throughput is measured without it."""
+    stages.enable(stages.HYPOTHESIS)
+    try:
+        with RankPool(world, device, timeout=timeout, env={stages.ENV: "1"}) as pool:
+            driver.fuzz(pool, target, _settings(True), max_examples=warmup_examples, seed=99,
+                        options=options, stop_on_failure=False)
+            ranks_before, before = pool.stage_totals(), stages.totals()
+            start = time.perf_counter()
+            fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=0,
+                             options=options, stop_on_failure=False)
+            wall = time.perf_counter() - start
+            after, ranks_after = stages.totals(), pool.stage_totals()
+    finally:
+        stages.disable()
+    n = max(1, fz.examples)
+
+    def per_example(seconds: dict[str, float]) -> dict[str, float]:
+        return {k: 1000 * v / n for k, v in seconds.items()}
+
+    return {
+        "target": target, "examples": fz.examples, "wall_ms": 1000 * wall / n,
+        "driver": per_example(stages.since(before, after)),
+        "ranks": [per_example(stages.since(b or {}, a or {}))
+                  for b, a in zip(ranks_before, ranks_after)],
     }
 
 
@@ -239,6 +294,34 @@ def first_failure(device: str, world: int, target: str, seed: int, max_examples:
         "rank_setup_s": setup,
         "shrunk": res.scenario.describe() if res.scenario else None,
     }
+
+
+def from_process_start(device: str, world: int, target: str, seed: int, max_examples: int,
+                       budget_s: float, options: RunOptions, timeout: float) -> dict[str, Any]:
+    """A user's cold start: ``python -m fuzz run`` in a fresh process (interpreter,
+    imports, rank processes and all), timed from before it is spawned to the
+    first failure it sees (the run's report says when); no shrinking to speak of."""
+    with tempfile.TemporaryDirectory(prefix="streamfuzz-cold-") as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "fuzz", "run", "--target", target, "--device", device,
+               "--world-size", str(world), "--seed", str(seed),
+               "--max-examples", str(max_examples), "--budget", str(budget_s),
+               "--shrink-budget", "0.001", "--timeout", str(timeout), "--profile", "ci",
+               "--oracle", ",".join(options.oracle_names()) or "all",
+               "--hold", options.hold.value, "--corpus", str(Path(tmp) / "corpus"),
+               "--report", str(report)]
+        env = dict(os.environ, TRITON_CACHE_DIR=str(Path(tmp) / "triton"))
+        t0 = time.time()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=budget_s + 4 * timeout + 300)
+        wall = time.time() - t0
+        data = json.loads(report.read_text()) if report.exists() else {}
+    (row,) = data.get("targets") or [{}]
+    at = row.get("first_failure_at")
+    return {"seed": seed, "found": at is not None, "exit": proc.returncode,
+            "s": at - t0 if at is not None else None,
+            "examples": row.get("first_failure_examples"), "process_s": wall,
+            "error": None if data else proc.stderr.strip()[-300:]}
 
 
 def detection(pool: RankPool, target: str, batch: Sequence[Scenario]) -> dict[str, Any]:
@@ -300,6 +383,16 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
                 f"{seeds}, median cold {row['first_failure']['median_cold_s']}, "
                 f"gates: {runs[0]['gates']}")
             save(report)
+            procs = [from_process_start(device, world, name, seed, ff_examples, ff_budget_s,
+                                        options, timeout) for seed in range(seeds)]
+            row["from_process_start"] = {
+                "seeds": procs, "found": sum(p["found"] for p in procs),
+                "median_s": _median([p["s"] for p in procs]),
+                "median_examples": _median([p["examples"] for p in procs])}
+            log(f"[{device}] {name}: from process start, found "
+                f"{row['from_process_start']['found']}/{seeds}, median "
+                f"{row['from_process_start']['median_s']} s")
+            save(report)
         t0 = time.perf_counter()
         with RankPool(world, device, timeout=timeout) as pool:
             info = pool.info[0] if pool.info else None
@@ -317,10 +410,12 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
             random_batch = [random_scenario(rng, world) for _ in range(random_examples)]
             for row in run_info["targets"]:
                 name = row["target"]
-                row["throughput"] = throughput(pool, name, examples, options=options,
+                row["throughput"] = throughput(pool, name, examples, seeds=seeds,
+                                               options=options,
                                                oracle_examples=oracle_examples)
                 log(f"  {name}: fuzzer {row['throughput']['fuzzer_ex_s']:.1f} ex/s, "
-                    f"loop {row['throughput']['loop_ex_s']:.1f} ex/s")
+                    f"loop {row['throughput']['loop_ex_s']:.1f} ex/s (medians of "
+                    f"{row['throughput']['seeds']} seeds)")
                 save(report)
                 if device == "cpu":
                     continue  # simulated streams: nothing manifests, nothing to hold
@@ -331,7 +426,19 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
                 }
                 log(f"  {name}: detection {row['detection']}")
                 save(report)
+        # Last, on fresh ranks that count their stages (a cost the rows above do not pay).
+        for row in run_info["targets"]:
+            row["stages"] = breakdown(device, world, row["target"], examples, options, timeout)
+            log(f"  {row['target']}: stages per example {_stage_line(row['stages'])}")
+            save(report)
     return report
+
+
+def _stage_line(b: dict[str, Any]) -> str:
+    def ms(d: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
+    return "; ".join([f"driver: {ms(b['driver'])}"]
+                     + [f"rank {r}: {ms(v)}" for r, v in enumerate(b["ranks"])])
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -360,10 +467,12 @@ def markdown(report: dict[str, Any]) -> str:
                   "| target | fuzzer ex/s | loop ex/s | fuzzer/loop | held by | value oracle "
                   "ms/ex | reuse oracle ms/ex | lifetime oracle ms/ex | found (seeds) | "
                   "examples to 1st failure | s to 1st failure (cold) | of which start s | "
-                  "shrink s | torch.cuda / ctx.streams ex/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "s to 1st failure from process start | shrink s | "
+                  "torch.cuda / ctx.streams ex/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for t in r["targets"]:
             tp, ff = t.get("throughput"), t.get("first_failure") or {}
+            proc = t.get("from_process_start") or {}
             cost = tp["oracle_cost_ms"] if tp else {}
             seeds = len(ff.get("seeds", []))
             lines.append(
@@ -374,9 +483,14 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(cost.get('lifetime'), 2)} | "
                 f"{(str(ff['found']) + '/' + str(seeds)) if ff else '-'} | "
                 f"{_fmt(ff.get('median_examples'), 0)} | {_fmt(ff.get('median_cold_s'), 2)} | "
-                f"{_fmt(ff.get('median_start_s'), 2)} | "
+                f"{_fmt(ff.get('median_start_s'), 2)} | {_fmt(proc.get('median_s'), 2)} | "
                 f"{'>' if ff.get('shrink_truncated') else ''}"
                 f"{_fmt(ff.get('median_shrink_s'), 2)} | {_api_cell(tp)} |")
+        breakdowns = [t["stages"] for t in r["targets"] if t.get("stages")]
+        if breakdowns:
+            lines += ["", f"Where the time goes (ms per example, stage counters, "
+                      f"{breakdowns[0]['examples']} examples of seed 0):", ""]
+            lines += stages_report.table(breakdowns)
         if r["device"] == "cpu":
             lines += ["", "Detection with gates and spins: not on CPU, whose streams are "
                       "simulated (a race never shows in the values there; the lifetime "
@@ -408,4 +522,10 @@ def write(out: Path, report: dict[str, Any]) -> tuple[Path, Path]:
     corpus.write_json_atomic(out / "bench.json", report)
     md = out / "bench.md"
     corpus.write_text_atomic(md, markdown(report))
+    for r in report["runs"]:
+        breakdowns = [t["stages"] for t in r["targets"] if t.get("stages")]
+        if breakdowns:
+            stages_report.plot(out / f"stages-{r['device']}.png", breakdowns,
+                               f"{r['device']}, world size {r['world_size']}: "
+                               f"ms per example by stage")
     return out / "bench.json", md

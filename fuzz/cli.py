@@ -509,7 +509,8 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
                      "elapsed_s": round(r.elapsed_s, 3),
                      "examples_per_s": round(r.examples_per_s, 3),
                      "first_failure_examples": r.first_failure_examples,
-                     "first_failure_s": r.first_failure_s, "held_by": r.held,
+                     "first_failure_s": r.first_failure_s,
+                     "first_failure_at": r.first_failure_at, "held_by": r.held,
                      "upstream": targets.provenance(r.target)}
                     for r in results],
     }

@@ -29,6 +29,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
+from fuzz import stages
 from fuzz.oracles.lifetime import DEVICE as DEVICE_KIND
 from fuzz.oracles.lifetime import PAGEABLE, PINNED
 
@@ -137,20 +138,27 @@ class _DeviceMode(TorchFunctionMode):
         self.memory = memory
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        stages.enter(stages.SIMULATION)
         kwargs = kwargs or {}
         special = _METHODS.get(func)
-        if special is not None:
-            return special(self.memory, *args, **kwargs)
         making = None
-        if "device" in kwargs and _is_cuda(kwargs["device"]):
-            kwargs = dict(kwargs, device="cpu")
-            making = DEVICE_KIND
-        if kwargs.get("pin_memory"):
-            kwargs = dict(kwargs, pin_memory=False)
-            making = PINNED
-        if making is None:
-            return func(*args, **kwargs)
-        return _making(self.memory, making, func, *args, **kwargs)
+        if special is None:
+            if "device" in kwargs and _is_cuda(kwargs["device"]):
+                kwargs = dict(kwargs, device="cpu")
+                making = DEVICE_KIND
+            if kwargs.get("pin_memory"):
+                kwargs = dict(kwargs, pin_memory=False)
+                making = PINNED
+        stages.enter(stages.RUNNER)
+        try:
+            if special is not None:
+                return special(self.memory, *args, **kwargs)
+            if making is None:
+                return func(*args, **kwargs)
+            return _making(self.memory, making, func, *args, **kwargs)
+        finally:
+            stages.leave()
+            stages.leave()
 
 
 def _making(memory: Memory, kind: str, func: Any, *args: Any, **kwargs: Any) -> Any:

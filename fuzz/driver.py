@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from fuzz import corpus, profiles, protocols, targets
+from fuzz import corpus, profiles, protocols, stages, targets
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import Outcome, RankPool
 from fuzz.verdict import Failure, Verdict
@@ -66,7 +66,9 @@ def _judge(outcome: Outcome, scenario: Scenario, values: bool) -> Verdict:
     found = [f for o in obs for f in o.findings]
     # Earliest step first; within a step, lower rank first.
     found.sort(key=lambda f: (f.step if f.step is not None else -1, f.rank or 0))
+    stages.enter(stages.VALUE)
     wrong = protocols.of_scenario(scenario).part("values")(scenario, obs) if values else []
+    stages.leave()
     return Verdict(found + wrong, held=held)
 
 
@@ -101,6 +103,9 @@ class CampaignResult:
     flaky: bool = False
     first_failure_examples: int | None = None
     first_failure_s: float | None = None
+    first_failure_at: float | None = None
+    """When the first failure was seen (``time.time()``): a benchmark that
+    started this process measures from the process's start to it."""
     failures: int = 0
     shrink_truncated: bool = False
     held: list[str] = field(default_factory=list)
@@ -161,6 +166,13 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     held: set[str] = set()
 
     def body(scenario: Scenario) -> None:
+        stages.enter(stages.DRIVER)
+        try:
+            _body(scenario)
+        finally:
+            stages.leave()
+
+    def _body(scenario: Scenario) -> None:
         elapsed = time.monotonic() - start
         if stop is not None and stop():
             raise _Stopped
@@ -186,6 +198,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
             if result.first_failure_examples is None:
                 result.first_failure_examples = result.examples
                 result.first_failure_s = time.monotonic() - start
+                result.first_failure_at = time.time()
             result.failures += 1
             if not stop_on_failure:
                 return
@@ -200,6 +213,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     body = hypothesis.settings(settings, max_examples=max_examples)(given(strategy)(body))
     if seed is not None:
         body = hypothesis.seed(seed)(body)
+    stages.enter(stages.HYPOTHESIS)
     try:
         with profiles.seed_only():
             body()
@@ -216,6 +230,8 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     except Flaky:
         # The last failure seen is the smallest that ever failed; keep it.
         result.flaky = not result.shrink_truncated
+    finally:
+        stages.leave()
     result.elapsed_s = time.monotonic() - start
     result.held = sorted(held)
     if result.failure is not None and corpus_dir is not None:

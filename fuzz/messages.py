@@ -122,6 +122,8 @@ class Hello:
 class StatsReply:
     rank: int
     mem: Memory
+    stages: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage so far (``fuzz.stages``; empty unless counting is on)."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import pickle
 import select
 import signal
 import socket
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fuzz import dispatch_mode, messages, protocols, targets
+from fuzz import dispatch_mode, messages, protocols, stages, targets
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
@@ -267,12 +268,14 @@ class _Serving:
 
     def on_run(self, msg: Run) -> bool:
         target = msg.target
+        stages.enter(stages.RUNNER)
         try:
             if target not in self.factories:
                 self.factories[target] = targets.load(target)
             protocol = protocols.of_target(target, self.factories[target])
             obs = protocol.part("run")(msg.scenario, self.factories[target],
                                        _env(self.device, self.group), msg.options)
+            stages.restart(stages.MESSAGES)
             self.conn.send(Done(msg.eid, self.rank, obs))
         except Exception as exc:  # the target's failure is the finding
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -284,7 +287,7 @@ class _Serving:
         return True
 
     def on_stats(self, msg: Stats) -> bool:
-        self.conn.send(StatsReply(self.rank, memory(self.device)))
+        self.conn.send(StatsReply(self.rank, memory(self.device), stages.totals()))
         return True
 
     def on_stop(self, msg: Stop) -> bool:
@@ -304,11 +307,15 @@ def serve(device_kind: str, address: str, authkey: bytes) -> int:
         _exit_when_driver_leaves(conn, leaving)
     serving = _Serving(conn, device, group, info)
     while True:
+        stages.restart(stages.IDLE)
         try:
-            msg = conn.recv()
+            data = conn.recv_bytes()
         except EOFError:
             # Under torchrun a failed worker is what makes --max-restarts restart the group.
             return _DRIVER_GONE if external else 0
+        stages.enter(stages.MESSAGES)
+        msg = pickle.loads(data)
+        stages.leave()
         if not messages.handler(_HANDLERS, msg, "the driver")(serving, msg):
             leaving.set()
             break

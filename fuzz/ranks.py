@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import messages
+from fuzz import messages, stages
 from fuzz.messages import (
     Done,
     Hello,
@@ -438,7 +438,15 @@ class RankPool:
     # -- between examples ----------------------------------------------------
     def stats(self, timeout: float = 10.0) -> list[Memory | None]:
         """Each rank's memory now (``None`` for a rank that did not answer)."""
-        out: list[Memory | None] = [None] * len(self._conns)
+        return [r.mem if r else None for r in self._stats(timeout)]
+
+    def stage_totals(self, timeout: float = 10.0) -> list[dict[str, float] | None]:
+        """Each rank's seconds per stage so far (``fuzz.stages``: empty unless the
+        ranks were started with its ``ENV`` set; ``None`` for a rank that did not answer)."""
+        return [r.stages if r else None for r in self._stats(timeout)]
+
+    def _stats(self, timeout: float) -> list[StatsReply | None]:
+        out: list[StatsReply | None] = [None] * len(self._conns)
         waiting = {}
         for rank, c in enumerate(self._conns):
             try:
@@ -458,7 +466,7 @@ class RankPool:
                 except (EOFError, OSError):
                     continue
                 if isinstance(reply, StatsReply):
-                    out[rank] = reply.mem
+                    out[rank] = reply
         return out
 
     # -- one example -------------------------------------------------------
@@ -471,6 +479,7 @@ class RankPool:
         eid = self._eid
         # Pickled once for every rank; the Scenario object itself travels (a
         # dict round trip through asdict and validation cost ~1 ms an example).
+        stages.enter(stages.MESSAGES)
         data = pickle.dumps(Run(eid, target, scenario, options),
                             protocol=pickle.HIGHEST_PROTOCOL)
         for c in self._conns:
@@ -478,12 +487,15 @@ class RankPool:
                 c.send_bytes(data)
             except OSError:
                 pass
+        stages.leave()
         ex = _Example(eid)
         death: Failure | None = None
         deadline = time.monotonic() + self.timeout
         waiting = {c: r for r, c in enumerate(self._conns)}
         while waiting:
+            stages.enter(stages.WAITING)
             ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
+            stages.leave()
             if not ready:
                 ranks = sorted(waiting.values())
                 where = [(r, self._world.where_stuck(r)) for r in ranks] if self._world else []
@@ -496,6 +508,7 @@ class RankPool:
             for c in ready:
                 rank = waiting.pop(c)
                 try:
+                    stages.enter(stages.MESSAGES)
                     reply = c.recv()
                 except (EOFError, OSError):
                     code = None
@@ -514,6 +527,8 @@ class RankPool:
                     ex.broken = True
                     deadline = min(deadline, time.monotonic() + 2.0)
                     continue
+                finally:
+                    stages.leave()
                 answered = messages.handler(_REPLIES, reply, f"rank {rank}")(ex, reply)
                 if not answered:
                     waiting[c] = rank  # a late answer to an earlier question

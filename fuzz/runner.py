@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fuzz import stages
 from fuzz.draft_protocol import DraftObservations
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.reference import Applied, token_rows
@@ -113,19 +114,26 @@ class _Run:
             self._release(3, before_step=len(self.sc.steps))
             if not last:
                 self._apply_due(None)
+            stages.enter(stages.HOST_WAIT)
             self.streams.synchronize()
+            stages.leave()
             for gate, *_ in self.open:
                 gate.release()
             if self.gates is not None and self.streams.gates.finish_example():
                 self.held.add("gate-timeout")
             findings = self.watch.findings if self.watch is not None else []
             if self.checker is not None:
+                stages.enter(stages.LIFETIME)
                 findings = self.checker.finish() + findings
+                stages.leave()
+            stages.enter(stages.VALUE)
+            sent = [(i, t.tolist()) for i, t in self.sent]
+            applied = [Applied(i, *[t.tolist() for t in ts]) for i, ts in self.applied]
+            stages.leave()
             return DraftObservations(
                 rank=self.ctx.rank, held=tuple(sorted(self.held)),
                 oracles=tuple(self.options.oracle_names()), findings=tuple(findings),
-                sent=[(i, t.tolist()) for i, t in self.sent],
-                applied=[Applied(i, *[t.tolist() for t in ts]) for i, ts in self.applied],
+                sent=sent, applied=applied,
                 applies_non_final=getattr(self.handler, "applies_non_final", True))
         finally:
             # Nothing is ever left held: on an error, open every gate from the host.
@@ -137,7 +145,9 @@ class _Run:
     def _name(self, t: torch.Tensor | None, name: str) -> None:
         """Name a storage for the lifetime oracle's reports; keeps no reference."""
         if self.checker is not None and t is not None:
+            stages.enter(stages.LIFETIME)
             self.checker.name(t, name, self.main)
+            stages.leave()
 
     # -- the step -----------------------------------------------------------
     def _call(self, i: int, step: Step) -> None:
@@ -166,7 +176,9 @@ class _Run:
         # The runner keeps nothing of the batch once the call returns.
         del batch
         if self.checker is not None:
+            stages.enter(stages.LIFETIME)
             self.checker.poll()  # so a report's free frame is this line, not a later op
+            stages.leave()
 
     def _apply_due(self, now: int | None) -> None:
         depth = self.sc.pipeline_depth

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fuzz import cuda_on_cpu
+from fuzz import cuda_on_cpu, stages
 from fuzz.dispatch_mode import DispatchMode
 
 Listener = Callable[..., None]
@@ -301,11 +301,18 @@ class _SimDispatch(DispatchMode):
         if func is torch.ops.aten.record_stream.default:
             self.api.emit("record_stream", args[0], self.api.by_id(args[1].stream_id))
             return None
-        if func.namespace == "c10d":
-            out = _collective(func, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
+        stages.enter(stages.SIMULATION)
+        try:
+            if func.namespace == "c10d":
+                stages.enter(stages.COLLECTIVES)
+                out = _collective(func, args, kwargs)
+            else:
+                stages.enter(stages.RUNNER)
+                out = func(*args, **kwargs)
+        finally:
+            stages.leave()
         self.api.memory.classify(args, out)
+        stages.leave()
         if self.api.listeners:
             self.api.emit("op", func, args, kwargs, out, self.api.current_stream())
         return out

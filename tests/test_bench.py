@@ -16,8 +16,8 @@ from fuzz.targets import TargetContext
 
 COLUMNS = ["target", "fuzzer ex/s", "loop ex/s", "fuzzer/loop", "held by", "value oracle ms/ex",
            "reuse oracle ms/ex", "lifetime oracle ms/ex", "found (seeds)",
-           "examples to 1st failure", "s to 1st failure (cold)", "of which start s", "shrink s",
-           "torch.cuda / ctx.streams ex/s"]
+           "examples to 1st failure", "s to 1st failure (cold)", "of which start s",
+           "s to 1st failure from process start", "shrink s", "torch.cuda / ctx.streams ex/s"]
 
 
 def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path, rank_oracles):
@@ -45,6 +45,18 @@ def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path, rank_orac
     assert any(t == bench.STREAMS_FORM["pre-fix"] for t, _ in rank_oracles)
     assert "detection" not in row  # gates and spins mean nothing on simulated streams
     assert len(row["first_failure"]["seeds"]) == 1
+    (cold,) = row["from_process_start"]["seeds"]  # `fuzz run` in a process of its own
+    assert cold["found"] and cold["exit"] == 1 and 0 < cold["s"] < cold["process_s"]
+    # Every process's stages, on ranks that counted them: the driver's Hypothesis
+    # and waiting, each rank's runner and lifetime oracle (simulated streams).
+    b = row["stages"]
+    assert b["examples"] == 4 and len(b["ranks"]) == 2
+    assert {"hypothesis", "waiting", "messages"} <= set(b["driver"])
+    for ms in b["ranks"]:
+        assert {"runner", "simulation", "lifetime", "messages"} <= set(ms)
+        assert "gpu" not in ms and "reuse" not in ms
+    assert (tmp_path / "stages-cpu.png").stat().st_size > 0
+    assert "| target | process | wall ms/ex |" in md_path.read_text()
     header = next(ln for ln in md_path.read_text().splitlines() if ln.startswith("| target |"))
     assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
     assert "Detection with gates and spins: not on CPU" in md_path.read_text()

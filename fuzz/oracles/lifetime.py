@@ -43,6 +43,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
+from fuzz import stages
 from fuzz.verdict import Failure
 
 Clock = dict[Any, int]
@@ -599,6 +600,13 @@ class LifetimeChecker(TensorTracker):
         super().name(t, name, self._sid(s or self.streams.current_stream()))
 
     def __call__(self, what: str, *args: Any) -> None:
+        stages.enter(stages.LIFETIME)
+        try:
+            self._handle(what, args)
+        finally:
+            stages.leave()
+
+    def _handle(self, what: str, args: tuple) -> None:
         if what == "op":
             func, a, kw, out, s = args
             self.op(func, a, kw, out, self._sid(s))

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fuzz import stages
 from fuzz.dispatch_mode import DispatchMode
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
 from fuzz.verdict import Failure
@@ -141,6 +142,7 @@ class CudaLifetimeChecker(TensorTracker):
         """A checker bug becomes one finding; it never breaks the example."""
         if self._error is not None:
             return
+        stages.enter(stages.LIFETIME)
         try:
             fn(*args)
         except Exception as exc:
@@ -148,6 +150,8 @@ class CudaLifetimeChecker(TensorTracker):
             self.model.findings.append(Failure("crash", f"lifetime oracle internal error: "
                                                         f"{self._error}", self.model.rank,
                                                 self.model.step))
+        finally:
+            stages.leave()
 
     def _sid(self, handle: int) -> int:
         if handle not in self.model.stream_names:
