@@ -400,9 +400,10 @@ def _run(args: argparse.Namespace) -> int:
                                   shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
                                   progress=progress, options=options,
                                   strategy=_strategy(name, world, args.weight_scale))
-            except KeyboardInterrupt:  # before anything was found in this target
-                interrupted = True
-                break
+            except driver.Interrupted as exc:  # before anything was found in this target
+                res = exc.result
+            except KeyboardInterrupt:  # outside the examples: nothing ran in this target
+                res = driver.CampaignResult(target=name, interrupted=True)
             finally:
                 progress.done()
             results.append(res)
@@ -463,6 +464,10 @@ def _strategy(name: str, world: int, scale: int) -> Any:
 
 
 def _print_result(res: Any) -> None:
+    if res.failure is None and res.interrupted:
+        print(f"{res.target}: interrupted after {res.examples} examples "
+              f"({res.elapsed_s:.1f}s), nothing found so far")
+        return
     if res.failure is None:
         print(f"{res.target}: clean over {res.examples} examples ({res.elapsed_s:.1f}s)")
         return
@@ -482,7 +487,8 @@ def _print_table(results: list, device: str, world: int) -> None:
     for r in results:
         first = (f"{r.first_failure_examples} ex / {r.first_failure_s:.1f}s"
                  if r.failure else "-")
-        rows.append((r.target, r.failure.kind if r.failure else "clean", str(r.examples),
+        result = r.failure.kind if r.failure else "interrupted" if r.interrupted else "clean"
+        rows.append((r.target, result, str(r.examples),
                      f"{r.examples_per_s:.1f}", first, f"{r.elapsed_s:.1f}",
                      str(r.corpus_path or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -511,6 +517,7 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
                      "first_failure_examples": r.first_failure_examples,
                      "first_failure_s": r.first_failure_s,
                      "first_failure_at": r.first_failure_at, "held_by": r.held,
+                     "interrupted": r.interrupted,
                      "upstream": targets.provenance(r.target)}
                     for r in results],
     }

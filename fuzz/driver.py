@@ -81,6 +81,15 @@ class _Stopped(KeyboardInterrupt):
     saving the example to its database or replaying it, unlike other exceptions."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C before anything was found. It carries what ran so far, so that a
+    report can say so; a caller that catches KeyboardInterrupt sees no change."""
+
+    def __init__(self, result: CampaignResult) -> None:
+        super().__init__()
+        self.result = result
+
+
 def behaviours(scenario: Scenario, verdict: Verdict) -> list[str]:
     """Coarse labels of what an example exercised, reported through ``event()``.
 
@@ -111,7 +120,7 @@ class CampaignResult:
     held: list[str] = field(default_factory=list)
     stopped: bool = False
     interrupted: bool = False
-    """Ctrl-C came after a failure was found: it is saved as shrunk so far."""
+    """Ctrl-C ended the run; a failure found is saved as shrunk so far."""
 
     @property
     def examples_per_s(self) -> float:
@@ -222,10 +231,9 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     except _Stopped:
         result.stopped = True
     except KeyboardInterrupt:
-        # Ctrl-C: nothing found is nothing lost; a failure found is saved below
-        # as far as it was shrunk, before the interrupt goes on.
-        if result.failure is None:
-            raise
+        # Ctrl-C: a failure found is saved below as far as it was shrunk; with
+        # nothing found, Interrupted carries the examples run so far. Either
+        # way the interrupt goes on.
         result.interrupted = True
     except Flaky:
         # The last failure seen is the smallest that ever failed; keep it.
@@ -239,6 +247,8 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
                              message=result.failure.message, scenario=result.scenario,
                              found_on=found_on(pool, options, target), flaky=result.flaky)
         result.corpus_path = corpus.save(corpus_dir, entry)
+    if result.interrupted and result.failure is None:
+        raise Interrupted(result)
     return result
 
 

@@ -114,3 +114,33 @@ def test_a_hang_says_where_the_stuck_rank_is_and_rank_logs_are_removed(tmp_path)
     assert " _send <- " in line and "broadcast_drafts" in line
     assert corpus.load(res.corpus_path).message == msg
     assert not logdir.exists()
+
+
+def test_ctrl_c_before_any_finding_reports_what_ran(tmp_path, monkeypatch, capsys):
+    real = cli._Progress.__call__
+
+    def progress(self, examples, elapsed, failed):
+        real(self, examples, elapsed, failed)
+        if self.target == "main-gather" and examples == 3:
+            raise KeyboardInterrupt  # the third example of the second target
+
+    monkeypatch.setattr(cli._Progress, "__call__", progress)
+    report = tmp_path / "r.json"
+    rc = cli.main(["run", "--device", "cpu", "--target", "main-gather-synced",
+                   "--target", "main-gather", "--target", "pre-fix", "--seed", "1",
+                   "--profile", "ci", "--max-examples", "5",
+                   "--corpus", str(tmp_path / "corpus"), "--report", str(report)])
+    out, err = capsys.readouterr()
+    assert rc == 130
+    assert "main-gather: interrupted after 3 examples" in out
+    assert "streamfuzz: interrupted" in err and f"report in {report}" in err
+    data = json.loads(report.read_text())
+    assert data["interrupted"] and data["failures"] == []
+    assert data["target"] == ["main-gather-synced", "main-gather"]  # pre-fix never started
+    first, second = data["targets"]
+    assert (first["target"], first["examples"], first["interrupted"]) == (
+        "main-gather-synced", 5, False)
+    assert (second["target"], second["examples"], second["interrupted"]) == ("main-gather", 3,
+                                                                           True)
+    assert data["examples"] == 8
+    assert not list(tmp_path.glob(".r.json*"))  # written atomically, no temp file left
