@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
 
 from fuzz import cuda_on_cpu, stages
 from fuzz.dispatch_mode import DispatchMode
@@ -215,6 +216,8 @@ class SimStreams:
         self.created: list[SimStream] = []
         self.listeners: list[Listener] = []
         self._by_id = {0: self.main}
+        self.sending: list[Any] = []
+        """Broadcasts this rank is the root of, still being sent (``_collective``)."""
         self.memory = cuda_on_cpu.Memory()
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
@@ -272,16 +275,37 @@ class SimStreams:
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """Run the example with torch.cuda on these streams, under the dispatch
-        mode that makes CPU streams work."""
+        mode that makes CPU streams work; at its end, wait until every
+        broadcast this rank sent has been received."""
         self._current = self.main
         _ACTIVE.append(self)
+        ended = False
         try:
             with cuda_on_cpu.session(self) as memory:
                 self.memory = memory
                 with _SimDispatch(self):
                     yield
+            ended = True
         finally:
             _ACTIVE.remove(self)
+            self._sent(quiet=not ended)
+
+    def _sent(self, quiet: bool) -> None:
+        """Wait for this rank's sends, even after an error: an example never ends
+        with one unmatched (a peer that never gets there makes this rank hang,
+        as it would on a GPU). ``quiet``: an error is already on its way out."""
+        stages.enter(stages.COLLECTIVES)
+        try:
+            while self.sending:
+                work = self.sending.pop(0)
+                try:
+                    work.wait()
+                except Exception:
+                    if not quiet:
+                        raise
+        finally:
+            self.sending.clear()
+            stages.leave()
 
 
 class _SimDispatch(DispatchMode):
@@ -305,7 +329,7 @@ class _SimDispatch(DispatchMode):
         try:
             if func.namespace == "c10d":
                 stages.enter(stages.COLLECTIVES)
-                out = _collective(func, args, kwargs)
+                out = _collective(func, args, kwargs, self.api.sending)
             else:
                 stages.enter(stages.RUNNER)
                 out = func(*args, **kwargs)
@@ -318,7 +342,7 @@ class _SimDispatch(DispatchMode):
         return out
 
 
-def _collective(func: Any, args: tuple, kwargs: dict) -> Any:
+def _collective(func: Any, args: tuple, kwargs: dict, sending: list[Any]) -> Any:
     """Run a c10d op on copies of its tensors, wait for it, copy the results back.
 
     gloo keeps its own reference to a collective's tensors for a moment after
@@ -327,15 +351,48 @@ def _collective(func: Any, args: tuple, kwargs: dict) -> Any:
     program's storages live exactly as long as the program holds them, so a
     verdict never depends on when a backend lets go. Waiting here changes no
     verdict: the listeners model the collective as enqueued, not as done.
+
+    The root of a broadcast gets nothing back: it does not wait here (gloo's
+    root waits until every receiver has got there, which put the ranks in
+    lockstep at every broadcast) but goes on, as a rank goes on once NCCL has
+    enqueued a collective; its work goes to ``sending``, waited for when the
+    example ends, so no example ends with a send still unmatched. The copies
+    are the harness's own: torch functions skip the simulation's mode for them.
     """
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    out = func(*_own(args, pairs), **{k: _own(v, pairs) for k, v in kwargs.items()})
-    for leaf in out if isinstance(out, (list, tuple)) else (out,):
-        if not isinstance(leaf, (list, tuple, torch.Tensor)) and hasattr(leaf, "wait"):
-            leaf.wait()
-    for orig, copy in pairs:
-        orig.copy_(copy)
-    return _back(out, {id(copy): orig for orig, copy in pairs})
+    with torch._C.DisableTorchFunction():
+        out = func(*_own(args, pairs), **{k: _own(v, pairs) for k, v in kwargs.items()})
+        originals = {id(copy): orig for orig, copy in pairs}
+        if _sends_only(func, args, kwargs):
+            tensors, work = out
+            sending.append(work)
+            return _back((tensors, _finished(tensors)), originals)
+        for leaf in out if isinstance(out, (list, tuple)) else (out,):
+            if not isinstance(leaf, (list, tuple, torch.Tensor)) and hasattr(leaf, "wait"):
+                leaf.wait()
+        for orig, copy in pairs:
+            orig.copy_(copy)
+    return _back(out, originals)
+
+
+def _sends_only(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether this rank is the root of a broadcast (it sends, receives nothing)."""
+    if func is not torch.ops.c10d.broadcast_.default:
+        return False
+    bound = dict(zip(("tensors", "process_group", "root_rank"), args))
+    bound.update(kwargs)
+    try:
+        group = ProcessGroup.unbox(bound["process_group"])
+        return bound["root_rank"] == group.rank()
+    except (KeyError, RuntimeError, AttributeError):
+        return False
+
+
+def _finished(result: Any) -> Any:
+    """A work handle already complete: the program's ``wait`` returns at once."""
+    done = torch.futures.Future()
+    done.set_result(result)
+    return _create_work_from_future(done).boxed()  # what a c10d op returns
 
 
 def _own(x: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:

@@ -189,3 +189,46 @@ class SyncedWithoutTheSync(MainGatherSynced):
 
 def synced_without_the_sync(ctx: TargetContext) -> SyncedWithoutTheSync:
     return SyncedWithoutTheSync(ctx)
+
+
+class RootRunsAhead(MainGather):
+    """main-gather whose ranks meet at a file instead of in the collectives: the
+    last rank creates ``$STREAMFUZZ_TEST_ROOT_MARK`` once its broadcasts of a
+    step have returned; every other rank waits (at most a minute) for that
+    file before it posts its receives. Only a root that goes on before its
+    receivers get there lets the receivers see the file in time."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = super()._send(draft_table, batch)
+        with open(os.environ["STREAMFUZZ_TEST_ROOT_MARK"], "a"):
+            pass
+        return send
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if batch.samples:
+            mark = os.environ["STREAMFUZZ_TEST_ROOT_MARK"]
+            deadline = time.monotonic() + 60
+            while not os.path.exists(mark) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.saw_mark = os.path.exists(mark)
+            if not self.saw_mark:
+                raise RuntimeError("the root's broadcasts waited for this rank")
+        super().receive_drafts(batch)
+
+
+def root_runs_ahead(ctx: TargetContext) -> RootRunsAhead:
+    return RootRunsAhead(ctx)
+
+
+class ReceiverRaises(MainGather):
+    """main-gather whose receivers raise before their first receive: the last
+    rank's broadcasts then have no receiver."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if batch.samples:
+            raise RuntimeError("receiver gave up")
+        super().receive_drafts(batch)
+
+
+def receiver_raises(ctx: TargetContext) -> ReceiverRaises:
+    return ReceiverRaises(ctx)

@@ -1,0 +1,33 @@
+"""On simulated streams the root of a broadcast goes on at once, and no example
+ends with one of its sends unmatched (CPU ranks, real gloo)."""
+
+from fuzz import driver
+from fuzz.ranks import RankPool
+from fuzz.scenario import Scenario, Step
+
+_STEP = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0))
+_SCENARIO = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP, _STEP))
+
+
+def test_the_root_goes_on_before_its_receivers_get_there(tmp_path):
+    mark = tmp_path / "root-sent"
+    with RankPool(2, "cpu", timeout=120.0, env={"STREAMFUZZ_TEST_ROOT_MARK": str(mark)}) as pool:
+        verdict = driver.evaluate(pool, "tests.targets:root_runs_ahead", _SCENARIO)
+        # The receivers waited for the file before receiving, and the values
+        # they got are right: the root's copies were sent while it went on.
+        assert verdict.ok, verdict.summary()
+        assert pool.restarts == 0
+
+
+def test_a_send_nobody_receives_ends_the_world_not_the_next_example():
+    """The receiver raises before it receives: the root must not finish its
+    example with the sends pending (the next example's receives would match
+    them). It hangs instead, as on a GPU, and the world is replaced."""
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        bad = driver.evaluate(pool, "tests.targets:receiver_raises", _SCENARIO)
+        assert not bad.ok and bad.first.kind == "crash"
+        assert "receiver gave up" in bad.first.message
+        assert pool.restarts == 1
+        pool.timeout = 120.0  # the replacement world must answer; a loaded host may be slow
+        after = driver.evaluate(pool, "main-gather", _SCENARIO)
+        assert after.ok, after.summary()
