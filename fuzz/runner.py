@@ -88,7 +88,7 @@ class _Run:
         self.open: list[tuple[Any, str, Any, int]] = []
         self.step = 0
         self.watch = None
-        if options.runs(Oracle.REUSE) and self.dev.type == "cuda":
+        if options.runs(Oracle.REUSE) and self.streams.kind == "cuda":
             from fuzz.oracles.reuse import ReuseWatch
 
             self.watch = ReuseWatch(self.main, ctx.rank)
