@@ -91,8 +91,9 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
         except Exception as exc:  # a warm-up is an optimisation; say why it failed
             kernels = f"not warmed ({type(exc).__name__}: {str(exc)[:200]})"
         phase("kernels")
+    # str(): torch's own version type would make the driver import torch to unpickle it.
     info = RankInfo(rank=rank, world_size=dist.get_world_size(), pid=os.getpid(),
-                    node=socket.gethostname(), torch=torch.__version__, device_name=name,
+                    node=socket.gethostname(), torch=str(torch.__version__), device_name=name,
                     backend=dist.get_backend(group), gates=gates, mem=memory(device),
                     setup_s={k: round(v, 3) for k, v in phases.items()}, kernels=kernels)
     return device, group, info

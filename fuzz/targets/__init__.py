@@ -23,12 +23,13 @@ import importlib
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fuzz import protocols
 from fuzz.draft_protocol import PROTOCOL as DRAFT_BROADCAST
+
+if TYPE_CHECKING:  # the driver imports this module and never needs torch itself
+    import torch
 
 VERSIONS: dict[str, str] = DRAFT_BROADCAST.versions
 """The three versions of the draft-broadcast handler: what ``run`` fuzzes by default."""
@@ -268,5 +269,11 @@ def _import_failure(name: str, module_name: str, exc: BaseException) -> str:
 
 
 def check_importable(name: str) -> None:
-    """Fail early, in the driver, on a target that cannot be imported."""
+    """Fail early, in the driver, on a target that cannot be imported.
+
+    Built-in names are modules of this package, importable wherever it is:
+    importing one would only load torch into the driver, which never uses it
+    (a second or more of every start)."""
+    if name in protocols.builtin_targets():
+        return
     load(name)
