@@ -47,10 +47,6 @@ GPU = "gpu"
 """Device time, not host time (outside the stack): from an event recorded on
 the main stream as an example starts to the last of its streams' work."""
 
-DRIVER_STAGES = (HYPOTHESIS, DRIVER, MESSAGES, VALUE, WAITING)
-RANK_STAGES = (IDLE, MESSAGES, RUNNER, SIMULATION, COLLECTIVES, LIFETIME, REUSE, VALUE,
-               HOST_WAIT)
-
 _totals: dict[str, float] = {}
 _stack: list[str] = []
 _mark = 0.0

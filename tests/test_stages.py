@@ -66,3 +66,53 @@ def test_off_by_default_costs_nothing_and_counts_nothing(monkeypatch):
     stages.add("gpu", 1.0)
     stages.restart("idle")
     assert stages.totals() == {}
+
+
+def test_gpu_time_is_the_span_to_the_last_streams_end(clock, monkeypatch):
+    """CUDA-only code, checked here with fake events: the span runs from the
+    start event to the latest end event over the main and the target's streams."""
+    import torch
+
+    from fuzz.streams import _GpuSpan
+
+    recorded = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self, stream):
+            self.at = {"main": 0.0, "side": 7.0}[stream] + 3.0 * (len(recorded) > 0)
+            recorded.append(stream)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):  # ms, as torch's
+            return end.at - self.at
+
+    class FakeStreams:
+        created = ["side"]
+
+        def current_stream(self):
+            return "main"
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    span = _GpuSpan(FakeStreams())
+    span.stop()
+    assert recorded == ["main", "main", "side"]
+    assert stages.totals()[stages.GPU] == pytest.approx(0.010)  # side ended last: 10 ms
+
+
+def test_gpu_time_is_left_out_when_events_fail(clock, monkeypatch):
+    import torch
+
+    from fuzz.streams import _GpuSpan
+
+    def broken(**_):
+        raise RuntimeError("no CUDA here")
+
+    monkeypatch.setattr(torch.cuda, "Event", broken)
+    _GpuSpan(object()).stop()  # nothing raised
+    assert stages.GPU not in stages.totals()

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from fuzz import stages
 from fuzz.dispatch_mode import DispatchMode
 from fuzz.verdict import Failure
 
@@ -90,11 +91,19 @@ class _Mode(DispatchMode):
         out = func(*args, **kwargs)
         if func in _SKIP:
             return out
+        stages.enter(stages.REUSE)
+        try:
+            self._watch(func, args, kwargs, out)
+        finally:
+            stages.leave()
+        return out
+
+    def _watch(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         stream = torch.cuda.current_stream()
         w = self.watch
         if stream == w.main:
             if any(r.alias_info is not None for r in func._schema.returns):
-                return out  # a view or an in-place result: no new block
+                return  # a view or an in-place result: no new block
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     w.check(t, f"output of {func.__name__}")
@@ -103,4 +112,3 @@ class _Mode(DispatchMode):
             used = [t for t in flat if isinstance(t, torch.Tensor) and t.is_cuda]
             if used:
                 w._note(func.__name__, used, stream)
-        return out
