@@ -58,8 +58,8 @@ def plot(path: Path, breakdowns: list[dict[str, Any]], title: str) -> bool:
     except ImportError:
         return False
     bars = rows(breakdowns)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(bars) + 2.5), 4.2))
-    labels = [f"{t}\n{p}" for t, p, _ in bars]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(bars) + 2.5), 4.4))
+    labels = [f"{t.replace(' (', chr(10) + '(')}\n{p}" for t, p, _ in bars]
     bottom = [0.0] * len(bars)
     for stage in STAGES:
         heights = [ms.get(stage, 0.0) for _, _, ms in bars]
@@ -69,7 +69,7 @@ def plot(path: Path, breakdowns: list[dict[str, Any]], title: str) -> bool:
             bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_ylabel("ms per example")
     ax.set_title(title, fontsize=9)
-    ax.tick_params(axis="x", labelsize=7)
+    ax.tick_params(axis="x", labelsize=6)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
