@@ -14,9 +14,10 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from fuzz import protocols
 from fuzz.scenario import ScenarioError
@@ -89,17 +90,23 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Temporary file, fsync, rename, fsync the directory: all or nothing on disk.
+    write_atomic(path, lambda fh: fh.write(text.encode()))
+
+
+def write_atomic(path: Path, fill: Callable[[BinaryIO], Any]) -> None:
+    """Temporary file that ``fill`` writes, fsync, rename, fsync the directory:
+    all or nothing on disk (reports, plots and corpus entries alike).
 
     The file gets the mode of any other new file (umask), not mkstemp's 0600.
     """
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

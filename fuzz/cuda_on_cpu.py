@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from fuzz import stages
 from fuzz.oracles.lifetime import DEVICE as DEVICE_KIND
-from fuzz.oracles.lifetime import PAGEABLE, PINNED
+from fuzz.oracles.lifetime import PAGEABLE, PINNED, tensors_in
 
 _expired = torch.UntypedStorage._expired
 """``StorageWeakRef.expired`` on its ``cdata``, without two Python calls: asked at every op."""
@@ -97,23 +97,14 @@ class Memory:
     def classify(self, args: Any, out: Any) -> None:
         """Mark the storages an op made: the kind its call asked for, else
         device memory when any input is, else pageable host memory."""
-        fresh = [t for t in _tensors(out) if not self.known(t)]
+        fresh = [t for t in tensors_in(out) if not self.known(t)]
         if not fresh:
             return
         kind = self.making
         if kind is None:
-            kind = DEVICE_KIND if any(self.is_device(t) for t in _tensors(args)) else PAGEABLE
+            kind = DEVICE_KIND if any(self.is_device(t) for t in tensors_in(args)) else PAGEABLE
         for t in fresh:
             self.mark(t, kind)
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    """The tensors in ``x``, in lists and tuples too (what aten ops take and give)."""
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
-    return []
 
 
 def _is_cuda(device: Any) -> bool:

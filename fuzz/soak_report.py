@@ -11,15 +11,13 @@ and renamed, so a reader never sees half a report.
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from fuzz.corpus import write_json_atomic, write_text_atomic
+from fuzz.corpus import write_atomic, write_json_atomic, write_text_atomic
 
 _MIB = 2**20
 GROWTH_LIMIT = 0.10
@@ -241,15 +239,10 @@ def plot(path: Path, samples: list[dict[str, Any]], title: str) -> bool:
     except ImportError:
         return False
     fig = figure(samples, title)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, path)
+        write_atomic(path, lambda fh: fig.savefig(fh, dpi=100, format="png"))
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return True
 
 

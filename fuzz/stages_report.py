@@ -8,12 +8,10 @@ spends waiting (the driver for the ranks, a rank for the driver).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from fuzz import stages
+from fuzz import corpus, stages
 
 STAGES = (stages.HYPOTHESIS, stages.DRIVER, stages.MESSAGES, stages.VALUE, stages.RUNNER,
           stages.SIMULATION, stages.COLLECTIVES, stages.LIFETIME, stages.REUSE,
@@ -72,13 +70,8 @@ def plot(path: Path, breakdowns: list[dict[str, Any]], title: str) -> bool:
     ax.tick_params(axis="x", labelsize=6)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=80, format="png")
-        os.replace(tmp, path)
+        corpus.write_atomic(path, lambda fh: fig.savefig(fh, dpi=80, format="png"))
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return True

@@ -331,12 +331,12 @@ def frames_here(limit: int = 4) -> Frames:
     return tuple(out)
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
+def tensors_in(x: Any) -> list[torch.Tensor]:
     """The tensors in an op's argument or result (nested in lists and tuples)."""
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
+        return [t for v in x for t in tensors_in(v)]
     return []
 
 
@@ -480,7 +480,7 @@ class TensorTracker:
             positional = list(args) + [kwargs.get(n) for n in arg_names[len(args):]]
             for i, arg in enumerate(positional):
                 write = i < len(arg_writes) and arg_writes[i]
-                for leaf in _tensors(arg):
+                for leaf in tensors_in(arg):
                     key, kind = self._classify(leaf)
                     kinds.add(kind)
                     if write and kind != DEVICE:
@@ -491,7 +491,7 @@ class TensorTracker:
             view = view_op
         fresh: list[tuple[torch.Tensor, int, str]] = []
         if not view:
-            for leaf in _tensors(out):
+            for leaf in tensors_in(out):
                 key, kind = self._classify(leaf)
                 if key is None or (key not in in_keys and key not in self.model.storages):
                     kinds.add(kind)
