@@ -12,7 +12,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
-import select
+import queue
 import signal
 import socket
 import sys
@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Client, Connection
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -230,32 +230,66 @@ def _env(device: torch.device, group: Any) -> RankEnv:
 _DRIVER_GONE = 4
 """Exit status of a rank whose driver went away without saying stop."""
 
+LEAVE_S = 20.0
+"""The most a rank told to stop may take to end. Past it the rank writes every
+thread's stack to its output and exits with status 1: a teardown that blocks
+(a collective whose peer is gone, the process group's shutdown) must not keep a
+launcher such as torchrun waiting forever."""
 
-def _exit_when_driver_leaves(conn: Connection, leaving: threading.Event) -> None:
-    """Exit as soon as the driver closes the connection, even mid-example.
 
-    A driver that declares a hang closes the connection; a rank it did not
-    spawn (torchrun) cannot be killed by it, so the hung rank ends itself and
-    torchrun sees a failed worker (and restarts the group with --max-restarts).
+class _DriverLink:
+    """Reads the driver's messages on a thread of its own, in order, whatever
+    the main thread is doing (an example stuck in a collective, a teardown).
+
+    A driver that closes the connection without saying stop (it declared a
+    hang, or it died) ends an external rank at once: the driver cannot kill a
+    rank that torchrun started, and torchrun then sees a failed worker (and
+    restarts the group with --max-restarts). A stop arms the ``LEAVE_S`` bound
+    before the main thread even reads it. Seeing messages in order is what
+    tells a stop followed by the driver's close from a driver that left.
     """
-    sock = socket.socket(fileno=os.dup(conn.fileno()))
 
-    def watch() -> None:
+    def __init__(self, conn: Connection, external: bool) -> None:
+        self.conn, self.external = conn, external
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.stopping = False
+        threading.Thread(target=self._read, daemon=True, name="driver-link").start()
+
+    def _read(self) -> None:
         while True:
-            readable, _, _ = select.select([sock], [], [], 1.0)
-            if not readable:
-                continue
             try:
-                gone = sock.recv(1, socket.MSG_PEEK) == b""
-            except OSError:
-                gone = True
-            if gone and not leaving.is_set():
-                os._exit(_DRIVER_GONE)
-            if gone:
+                msg = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                if self.external and not self.stopping:
+                    os._exit(_DRIVER_GONE)
+                self.inbox.put(None)
                 return
-            time.sleep(0.05)  # a message waits for the main thread: leave it there
+            if isinstance(msg, Stop):
+                self.stopping = True
+                _end_within(LEAVE_S)
+            self.inbox.put(msg)
 
-    threading.Thread(target=watch, daemon=True, name="driver-watch").start()
+    def next(self) -> Any:
+        """The next message; None once the driver has closed the connection."""
+        return self.inbox.get()
+
+
+def _end_within(seconds: float) -> None:
+    """faulthandler's watchdog is a C thread: it fires while the main thread
+    holds the GIL in a blocking call, and during the interpreter's own exit."""
+    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+
+
+def _leave(conn: Connection, status: int, destroy: bool) -> NoReturn:
+    """End the process within ``LEAVE_S``, without the interpreter's exit (its
+    destructors, the process group's among them, can block on a peer)."""
+    _end_within(LEAVE_S)
+    conn.close()
+    if destroy:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 class _Serving:
@@ -298,31 +332,25 @@ class _Serving:
 _HANDLERS = {Run: _Serving.on_run, Stats: _Serving.on_stats, Stop: _Serving.on_stop}
 
 
-def serve(device_kind: str, address: str, authkey: bytes) -> int:
+def serve(device_kind: str, address: str, authkey: bytes) -> NoReturn:
     device, group, info = _setup(device_kind)
     conn = _connect(address, authkey)
     conn.send(Hello(info))
     external = not os.environ.get("STREAMFUZZ_PARENT")
-    leaving = threading.Event()
-    if external:
-        _exit_when_driver_leaves(conn, leaving)
+    link = _DriverLink(conn, external)
     serving = _Serving(conn, device, group, info)
-    while True:
-        stages.restart(stages.IDLE)
-        try:
-            data = conn.recv_bytes()
-        except EOFError:
-            # Under torchrun a failed worker is what makes --max-restarts restart the group.
-            return _DRIVER_GONE if external else 0
-        stages.enter(stages.MESSAGES)
-        msg = pickle.loads(data)
-        stages.leave()
-        if not messages.handler(_HANDLERS, msg, "the driver")(serving, msg):
-            leaving.set()
-            break
-    conn.close()
-    dist.destroy_process_group()
-    return 0
+    try:
+        while True:
+            stages.restart(stages.IDLE)
+            msg = link.next()
+            if msg is None:
+                # Under torchrun a failed worker is what makes --max-restarts restart the group.
+                _leave(conn, _DRIVER_GONE if external else 0, destroy=False)
+            if not messages.handler(_HANDLERS, msg, "the driver")(serving, msg):
+                _leave(conn, 0, destroy=True)
+    except BaseException:  # a rank's own bug: say where, then end as surely as above
+        traceback.print_exc()
+        _leave(conn, 1, destroy=False)
 
 
 def main() -> int:

@@ -149,10 +149,11 @@ _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<fn>\
 
 def _main_stack(dump: str, limit: int = 8) -> str:
     """From a faulthandler dump of every thread, the thread serving examples
-    (the one in ``rank_main``), innermost first, as ``path:line fn <- ...``."""
+    (the one in ``rank_main.serve``), innermost first, as ``path:line fn <- ...``."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
     frames = [[m.groupdict() for m in map(_FRAME.match, b.splitlines()) if m] for b in blocks]
-    serving = [f for f in frames if any(x["path"].endswith("rank_main.py") for x in f)]
+    serving = [f for f in frames
+               if any(x["path"].endswith("rank_main.py") and x["fn"] == "serve" for x in f)]
     pick = serving[0] if serving else (frames[0] if frames else [])
     return " <- ".join(f"{_short(x['path'])}:{x['line']} {x['fn']}" for x in pick[:limit])
 

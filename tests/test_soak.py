@@ -10,13 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from hypothesis import strategies as st
 
-from fuzz import corpus, soak_report
+from fuzz import corpus, rank_main, soak_report
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario, Step
 from fuzz.soak import Soak, SoakConfig, parse_budget, read_samples
@@ -330,6 +331,42 @@ def test_ranks_launched_by_torchrun(tmp_path, target, lost):
         assert driver.returncode == 0, stderr
         assert rep["stop_reason"] == "budget spent" and not rep["failures"]
         assert ranks.returncode == 0, ranks_out[-2000:]
+
+
+def test_external_ranks_stuck_in_an_example_end_once_told_to_stop(tmp_path):
+    """A driver interrupted mid-example (a second Ctrl-C) says stop and closes
+    while its ranks are stuck in that example: one sleeps, the other waits for
+    it in a collective. Ranks that torchrun started cannot be killed by the
+    driver, so they must end by themselves, within ``LEAVE_S``, with their
+    stacks in their output; otherwise torchrun waits for them forever."""
+    port, master, key = _free_port(), _free_port(), os.urandom(8)
+    env = dict(_env(), STREAMFUZZ_DRIVER=f"127.0.0.1:{port}", STREAMFUZZ_AUTHKEY=key.hex(),
+               STREAMFUZZ_DEVICE="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master),
+               WORLD_SIZE="2")
+    env.pop("STREAMFUZZ_PARENT", None)  # started by someone else, as torchrun does
+    logs = [tmp_path / f"rank{r}.log" for r in range(2)]
+    ranks = [subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, stdout=log.open("w"),
+                              stderr=subprocess.STDOUT,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r, log in enumerate(logs)]
+    try:
+        with RankPool(2, "cpu", timeout=300, listen=("127.0.0.1", port), authkey=key) as pool:
+            # Ctrl-C mid-example, to the main thread (it wakes the driver's wait)
+            timer = threading.Timer(2.0, signal.pthread_kill,
+                                    (threading.main_thread().ident, signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                pool.run("tests.targets:hangs", _scenario(4))
+            timer.join()
+        codes = [p.wait(timeout=rank_main.LEAVE_S + 60) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+    assert codes == [1, 1], codes  # the stuck example never finished: not a clean exit
+    for log in logs:
+        text = log.read_text()
+        assert "Timeout (0:00:" in text and "in serve" in text, text[-3000:]
 
 
 @pytest.mark.slow
