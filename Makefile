@@ -12,6 +12,8 @@ BUDGET ?= 60
 EXAMPLES ?= 300
 SOAK_OUT ?= soak
 TARGETS ?=
+# Test workers: one per core, at most 8 (each test may start two or three rank processes).
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
 # Modules the runs and tests import, as "module=distribution".
 TOOLS := hypothesis=hypothesis pytest=pytest xdist=pytest-xdist numpy=numpy matplotlib=matplotlib
 
@@ -67,7 +69,7 @@ soak: $(VENV)/.ready
 		$(if $(TARGETS),--targets $(TARGETS)); rc=$$?; test $$rc -le 1
 
 test: $(VENV)/.ready
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n $(JOBS) -q
 
 replay: $(VENV)/.ready
 	$(PY) -m fuzz replay corpus
