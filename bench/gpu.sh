@@ -1,24 +1,55 @@
 #!/usr/bin/env bash
-# The GPU numbers in one command: the gate and reuse tests, then the bench
-# (throughput vs the hand loop, gates vs spins, cold time to first failure).
-# Usage, from the repository root: PYTHONPATH=. bash bench/gpu.sh OUTDIR
-# Writes OUTDIR/{gpu-tests.log,bench.log,bench.json,bench.md}; at most 8 minutes
-# (cold starts run first, so a cut-short run still has them in bench.md; pre-fix's
-# throughput comes last: its device-side asserts make every seventh example a rank start).
+# The GPU numbers in one bounded command (at most 9 minutes), each log written as it goes:
+# the lifetime oracle's cost on CUDA and CPU, the GPU tests, the bench (throughput vs the
+# hand loop with the stage breakdown, gates vs spins, cold time to first failure;
+# pre-fix's throughput last), the user-code example on CUDA and vLLM's packed-tensor
+# weight sync with a gate.
+# Usage, from the repository root: PYTHONPATH=. bash bench/gpu.sh OUTDIR [VLLM_TREES]
+# VLLM_TREES holds vLLM source trees per version (VLLM_TREES/0.34.0/vllm/...); a node
+# without network cannot fetch a wheel. Everything is packed into OUTDIR/all.tgz after
+# each step; OUTDIR/summary.txt has the lines that matter.
 set -uo pipefail
-out=${1:?usage: bench/gpu.sh OUTDIR}
-mkdir -p "$out"
+out=${1:?usage: bench/gpu.sh OUTDIR [VLLM_TREES]}
+trees=${2:-}
+w="$out/work"; mkdir -p "$w"
 py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/bench.log" 2>&1
-"$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' \
-    >> "$out/bench.log" 2>&1
-timeout 120 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
-    > "$out/gpu-tests.log" 2>&1
-echo "gpu tests: exit $?" >> "$out/bench.log"
-timeout 340 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.}
+start=$(date +%s)
+pack() { tar czf "$out/all.tgz" -C "$w" . ; }
+say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  "$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+} > "$w/machine.txt" 2>&1
+say "machine: $(tr '\n' ' ' < "$w/machine.txt")"
+
+for d in cuda cpu; do
+  timeout 60 "$py" bench/lifetime_cost.py --device $d --examples 40 --rounds 5 \
+      --out "$w/lifetime-$d" > "$w/lifetime-$d.log" 2>&1
+  say "lifetime_cost $d: exit $?"; tail -12 "$w/lifetime-$d/lifetime_cost.md" 2>/dev/null \
+      | tee -a "$out/summary.txt"
+done
+
+timeout 120 "$py" -m pytest -q -m gpu -n 4 -rfE -p no:cacheprovider tests/ > "$w/gpu-tests.log" 2>&1
+say "gpu tests: exit $? ($(tail -1 "$w/gpu-tests.log"))"
+grep -E '^(FAILED|ERROR)' "$w/gpu-tests.log" | tee -a "$out/summary.txt"
+
+timeout 300 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
     --target main-gather --target main-gather-synced --target pr-fix --target pre-fix --examples 100 \
-    --oracle-examples 30 --detect-examples 200 --random-examples 100 --seeds 5 \
-    --ff-examples 1000 --ff-budget 20 --shrink-budget 20 --timeout 30 --out "$out" \
-    >> "$out/bench.log" 2>&1
-echo "bench: exit $?" >> "$out/bench.log"
+    --oracle-examples 30 --detect-examples 200 --random-examples 100 --seeds 3 \
+    --ff-examples 1000 --ff-budget 20 --shrink-budget 20 --timeout 30 --out "$w/bench" \
+    > "$w/bench.log" 2>&1
+say "bench: exit $?"; cat "$w/bench/bench.md" 2>/dev/null | head -60 | tee -a "$out/summary.txt"
+
+timeout 60 "$py" -m pytest -q -p no:cacheprovider examples/test_user_code.py \
+    --streamfuzz-device cuda > "$w/user-code.log" 2>&1
+say "examples/test_user_code.py on cuda: exit $? ($(tail -1 "$w/user-code.log"))"
+
+if [ -n "$trees" ] && [ -d "$trees/0.34.0" ]; then
+  timeout 60 "$py" -m fuzz run --target vllm-weights --upstream "$trees/0.34.0" --device cuda \
+      --world-size 1 --hold gate --max-examples 200 --budget 20 --shrink-budget 10 --seed 1 \
+      --profile ci --corpus "$w/corpus" --report "$w/vllm-weights.json" \
+      > "$w/vllm-weights.log" 2>&1
+  say "vllm-weights@0.34.0 gates on cuda: exit $?"
+  grep -E '^  vllm|reproduces' "$w/vllm-weights.log" | head -4 | tee -a "$out/summary.txt"
+fi
+say "done"

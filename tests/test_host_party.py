@@ -137,3 +137,16 @@ def test_the_host_party_mutants_are_found_and_name_the_host(cpu_pool, ci_setting
                       options=RunOptions(oracles={Oracle.LIFETIME}))
     assert res.failure is not None and res.failure.kind == "race", name
     assert says in res.failure.message
+
+
+def test_ops_that_read_only_metadata_are_no_access():
+    # On CUDA, is_pinned is an aten op the dispatch mode sees; asking whether a
+    # buffer is pinned while a stream writes it is no race.
+    from fuzz.oracles.lifetime import _op_info
+
+    for op in (torch.ops.aten.is_pinned.default, torch.ops.aten.sym_size.int,
+               torch.ops.aten.view.default):
+        assert _op_info(op)[4], op
+    for op in (torch.ops.aten.add.Tensor, torch.ops.aten.copy_.default,
+               torch.ops.aten._local_scalar_dense.default):
+        assert not _op_info(op)[4], op

@@ -76,6 +76,11 @@ _MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})
 _HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::equal",
                             "aten::is_nonzero", "aten::masked_select", "aten::unique_dim",
                             "aten::_unique2"})
+# Ops that read a tensor's metadata, never its data: no access, like a view.
+_METADATA_OPS = frozenset({"aten::is_pinned", "aten::sym_size", "aten::sym_stride",
+                           "aten::sym_numel", "aten::sym_storage_offset", "aten::size",
+                           "aten::stride", "aten::dim", "aten::numel", "aten::is_contiguous",
+                           "aten::is_same_size", "aten::storage_offset"})
 _COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from",
                        "aten::_copy_from_and_resize"})
 _MAX_FINDINGS = 8
@@ -342,7 +347,8 @@ def tensors_in(x: Any) -> list[torch.Tensor]:
 
 _OPS: dict[Any, tuple[str, str, tuple[str, ...], tuple[bool, ...], bool]] = {}
 """Per op overload, read from its schema once: (schema name, label, argument
-names, which arguments it writes, whether every result is a view)."""
+names, which arguments it writes, whether it touches no data: every result
+a view, or metadata only)."""
 
 
 def _op_info(func: Any) -> tuple[str, str, tuple[str, ...], tuple[bool, ...], bool]:
@@ -354,7 +360,7 @@ def _op_info(func: Any) -> tuple[str, str, tuple[str, ...], tuple[bool, ...], bo
             schema.name, str(func).replace(".default", ""),
             tuple(a.name for a in schema.arguments),
             tuple(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments),
-            bool(views) and all(views))
+            bool(views) and all(views) or schema.name in _METADATA_OPS)
     return info
 
 

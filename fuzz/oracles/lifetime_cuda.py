@@ -144,7 +144,8 @@ class CudaLifetimeChecker(TensorTracker):
             return
         stages.enter(stages.LIFETIME)
         try:
-            fn(*args)
+            with torch._C._DisableTorchDispatch():  # the checker's own ops are not the user's
+                fn(*args)
         except Exception as exc:
             self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             self.model.findings.append(Failure("crash", f"lifetime oracle internal error: "
