@@ -4,7 +4,7 @@
 # hand loop with the stage breakdown, gates vs spins, cold time to first failure;
 # pre-fix's throughput last), the user-code example on CUDA and vLLM's packed-tensor
 # weight sync with a gate.
-# Usage, from the repository root: PYTHONPATH=. bash bench/gpu.sh OUTDIR [VLLM_TREES]
+# Usage, from the repository root: bash bench/gpu.sh OUTDIR [VLLM_TREES]
 # VLLM_TREES holds vLLM source trees per version (VLLM_TREES/0.34.0/vllm/...); a node
 # without network cannot fetch a wheel. Everything is packed into OUTDIR/all.tgz after
 # each step; OUTDIR/summary.txt has the lines that matter.
@@ -12,8 +12,10 @@ set -uo pipefail
 out=${1:?usage: bench/gpu.sh OUTDIR [VLLM_TREES]}
 trees=${2:-}
 w="$out/work"; mkdir -p "$w"
-py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.}
+# The project's own environment (the Makefile's bootstrap): its pytest plugin is installed.
+make -s .venv/.ready > /dev/null || exit 1
+py=.venv/bin/python
+export PYTHONUNBUFFERED=1
 start=$(date +%s)
 pack() { tar czf "$out/all.tgz" -C "$w" . ; }
 say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
@@ -39,10 +41,6 @@ timeout 300 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
     --ff-examples 1000 --ff-budget 20 --shrink-budget 20 --timeout 30 --out "$w/bench" \
     > "$w/bench.log" 2>&1
 say "bench: exit $?"; cat "$w/bench/bench.md" 2>/dev/null | head -60 | tee -a "$out/summary.txt"
-
-timeout 60 "$py" -m pytest -q -p no:cacheprovider examples/test_user_code.py \
-    --streamfuzz-device cuda > "$w/user-code.log" 2>&1
-say "examples/test_user_code.py on cuda: exit $? ($(tail -1 "$w/user-code.log"))"
 
 if [ -n "$trees" ] && [ -d "$trees/0.34.0" ]; then
   timeout 60 "$py" -m fuzz run --target vllm-weights --upstream "$trees/0.34.0" --device cuda \

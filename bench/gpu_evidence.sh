@@ -2,7 +2,7 @@
 # The GPU node's three commands from a fresh copy, as the README gives them, in one
 # bounded command (about 9 minutes), each log written as it goes:
 #   make fuzz (through the Makefile's bootstrap), make test (GPU tests running),
-#   make soak BUDGET=2m.
+#   the user-code example on CUDA, make soak BUDGET=2m.
 # Usage, from the repository root of a fresh copy: bash bench/gpu_evidence.sh OUTDIR
 set -u
 out=${1:?usage: bench/gpu_evidence.sh OUTDIR}
@@ -25,6 +25,10 @@ say "make fuzz: exit $?"; grep -A5 '^streamfuzz on' "$w/fuzz.log" | tee -a "$out
 timeout 330 make test > "$w/test.log" 2>&1
 say "make test: exit $? ($(tail -1 "$w/test.log"))"
 grep -E '^(FAILED|ERROR)' "$w/test.log" | tee -a "$out/summary.txt"
+
+timeout 60 .venv/bin/python -m pytest -q -p no:cacheprovider examples/test_user_code.py \
+    --streamfuzz-device cuda > "$w/user-code.log" 2>&1
+say "examples/test_user_code.py on cuda: exit $? ($(tail -1 "$w/user-code.log"))"
 
 timeout 170 make soak BUDGET=2m SOAK_OUT="$w/soak" > "$w/soak.log" 2>&1
 say "make soak BUDGET=2m: exit $?"; tail -6 "$w/soak.log" | tee -a "$out/summary.txt"
