@@ -353,6 +353,34 @@ def _unsimulated(module: Any, simulated: frozenset[str]) -> dict[str, Any]:
     return out
 
 
+def _nvtx_patches() -> dict[str, Any]:
+    """NVTX ranges and marks annotate a profile and order nothing: here they do
+    nothing, keeping only the nesting depth that ``range_push``/``range_pop`` return."""
+    depth = [0]
+
+    def range_push(msg: str) -> int:
+        depth[0] += 1
+        return depth[0] - 1
+
+    def range_pop() -> int:
+        if depth[0] == 0:
+            return -1
+        depth[0] -= 1
+        return depth[0]
+
+    @contextlib.contextmanager
+    def nvtx_range(msg: str, *args: Any, **kwargs: Any) -> Iterator[None]:
+        range_push(msg)
+        try:
+            yield
+        finally:
+            range_pop()
+
+    return {"range_push": range_push, "range_pop": range_pop, "range": nvtx_range,
+            "range_start": lambda msg: 0, "range_end": lambda range_id: None,
+            "mark": lambda msg: None}
+
+
 @functools.cache
 def _cuda_graphs() -> dict[str, Any]:
     return {name: _not_simulated(f"torch.cuda.graphs.{name}")
@@ -385,6 +413,7 @@ def session(api: Any) -> Iterator[Memory]:
         stack.enter_context(_patched(torch.cuda, cuda))
         stack.enter_context(_patched(torch.accelerator, accel))
         stack.enter_context(_patched(torch.cuda.graphs, _cuda_graphs()))
+        stack.enter_context(_patched(torch.cuda.nvtx, _nvtx_patches()))
         stack.enter_context(_patched(torch, {"Event": _torch_event}))
         stack.enter_context(_DeviceMode(memory))
         yield memory

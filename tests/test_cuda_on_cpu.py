@@ -73,6 +73,19 @@ def test_torch_cuda_and_accelerator_run_on_the_simulated_streams():
             "record_stream"} <= set(seen)
 
 
+def test_nvtx_annotations_run_and_order_nothing():
+    # Engine code wraps its stream work in NVTX ranges; a CPU-only torch raises
+    # for them, the simulation lets them through as the annotations they are.
+    api = SimStreams()
+    with api.session():
+        assert torch.cuda.nvtx.range_push("outer") == 0
+        assert torch.cuda.nvtx.range_push("inner") == 1
+        assert torch.cuda.nvtx.range_pop() == 1 and torch.cuda.nvtx.range_pop() == 0
+        with torch.cuda.nvtx.range("block %d", 1):
+            torch.cuda.nvtx.mark("here")
+            torch.cuda.nvtx.range_end(torch.cuda.nvtx.range_start("r"))
+
+
 def test_what_is_not_simulated_says_so_in_one_line():
     api = SimStreams()
     with api.session():
@@ -87,13 +100,13 @@ def test_what_is_not_simulated_says_so_in_one_line():
 
 def test_every_patch_is_restored_after_the_session_even_on_error():
     cuda, accel = _names(torch.cuda), _names(torch.accelerator)
-    graphs = _names(torch.cuda.graphs)
+    graphs, nvtx = _names(torch.cuda.graphs), _names(torch.cuda.nvtx)
     real_gpu = torch.cuda.is_available()
     with pytest.raises(ZeroDivisionError), SimStreams().session():
         assert torch.cuda.is_available()
         raise ZeroDivisionError
     assert _names(torch.cuda) == cuda and _names(torch.accelerator) == accel
-    assert _names(torch.cuda.graphs) == graphs
+    assert _names(torch.cuda.graphs) == graphs and _names(torch.cuda.nvtx) == nvtx
     assert torch.cuda.is_available() == real_gpu
     if not real_gpu:
         with pytest.raises((RuntimeError, AssertionError)):  # torch's own "not compiled" error
