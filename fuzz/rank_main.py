@@ -15,11 +15,17 @@ import pickle
 import queue
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
 import traceback
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import (
+    AuthenticationError,
+    Connection,
+    answer_challenge,
+    deliver_challenge,
+)
 from typing import Any, NoReturn
 
 import torch
@@ -214,11 +220,73 @@ def _connect(address: str, authkey: bytes) -> Connection:
     deadline = time.monotonic() + patience
     while True:
         try:
-            return Client((host, int(port)), authkey=authkey)
+            sock = socket.create_connection((host, int(port)))
+            if sock.getsockname() == sock.getpeername():
+                # A connect to a free port of this host's own range can meet
+                # itself (TCP simultaneous open): nobody listens there yet.
+                sock.close()
+                raise ConnectionRefusedError(f"{address}: nobody listens there yet")
         except (ConnectionRefusedError, FileNotFoundError, TimeoutError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
+            continue
+        # A spare world's ranks wait in the handshake until the driver takes
+        # that world into service, however long; they die with their driver.
+        return _handshake(sock, authkey, address,
+                          None if spawned else float(os.environ.get(
+                              "STREAMFUZZ_HANDSHAKE_TIMEOUT", HANDSHAKE_S)))
+
+
+HANDSHAKE_S = 60.0
+"""The most an external rank waits, once connected, for the driver's half of
+the handshake. A driver answers at once; a listener that is not a streamfuzz
+driver (a wrong STREAMFUZZ_DRIVER) may never answer at all."""
+
+
+class HandshakeError(RuntimeError):
+    """The listener at STREAMFUZZ_DRIVER is not a driver this rank can serve."""
+
+
+def _handshake(sock: socket.socket, authkey: bytes, address: str,
+               seconds: float | None) -> Connection:
+    """``multiprocessing.connection.Client``'s handshake, bounded by ``seconds``.
+
+    The bound is the socket's own receive and send timeouts (SO_RCVTIMEO,
+    SO_SNDTIMEO): the connection reads and writes the raw descriptor, which
+    Python's socket timeouts do not reach. Cleared once the driver answered.
+    """
+    if seconds is not None:
+        _io_timeouts(sock, seconds)
+    conn = Connection(sock.detach())
+    try:
+        answer_challenge(conn, authkey)
+        deliver_challenge(conn, authkey)
+    except AuthenticationError:
+        conn.close()
+        raise HandshakeError(f"the driver at {address} refused this rank's key: "
+                             "STREAMFUZZ_AUTHKEY must be the driver's") from None
+    except (BlockingIOError, TimeoutError):
+        conn.close()
+        raise HandshakeError(f"{address} took the connection but gave no streamfuzz "
+                             f"handshake within {seconds:g}s: is STREAMFUZZ_DRIVER the "
+                             "address of `python -m fuzz soak --listen`?") from None
+    except (AssertionError, EOFError, OSError) as exc:
+        conn.close()
+        raise HandshakeError(f"{address} is not a streamfuzz driver (the handshake "
+                             f"failed: {type(exc).__name__})") from None
+    if seconds is not None:
+        with socket.socket(fileno=os.dup(conn.fileno())) as view:
+            _io_timeouts(view, 0.0)
+    return conn
+
+
+def _io_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Kernel-level receive and send timeouts on ``sock`` (0: none)."""
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, opt, value)
 
 
 def _env(device: torch.device, group: Any) -> RankEnv:
@@ -232,7 +300,7 @@ _DRIVER_GONE = 4
 
 LEAVE_S = 20.0
 """The most a rank told to stop may take to end. Past it the rank writes every
-thread's stack to its output and exits with status 1: a teardown that blocks
+thread's stack where SIGUSR1's go and exits with status 1: a teardown that blocks
 (a collective whose peer is gone, the process group's shutdown) must not keep a
 launcher such as torchrun waiting forever."""
 
@@ -276,8 +344,9 @@ class _DriverLink:
 
 def _end_within(seconds: float) -> None:
     """faulthandler's watchdog is a C thread: it fires while the main thread
-    holds the GIL in a blocking call, and during the interpreter's own exit."""
-    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+    holds the GIL in a blocking call, and during the interpreter's own exit.
+    Its stacks go where SIGUSR1's go (STREAMFUZZ_STACKS, else stderr)."""
+    faulthandler.dump_traceback_later(seconds, exit=True, file=_STACKS or sys.stderr)
 
 
 def _leave(conn: Connection, status: int, destroy: bool) -> NoReturn:
@@ -334,7 +403,11 @@ _HANDLERS = {Run: _Serving.on_run, Stats: _Serving.on_stats, Stop: _Serving.on_s
 
 def serve(device_kind: str, address: str, authkey: bytes) -> NoReturn:
     device, group, info = _setup(device_kind)
-    conn = _connect(address, authkey)
+    try:
+        conn = _connect(address, authkey)
+    except HandshakeError as exc:
+        print(f"streamfuzz rank {info.rank}: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)  # not the interpreter's exit: the process group's teardown can block
     conn.send(Hello(info))
     external = not os.environ.get("STREAMFUZZ_PARENT")
     link = _DriverLink(conn, external)

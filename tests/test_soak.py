@@ -338,16 +338,21 @@ def test_external_ranks_stuck_in_an_example_end_once_told_to_stop(tmp_path):
     while its ranks are stuck in that example: one sleeps, the other waits for
     it in a collective. Ranks that torchrun started cannot be killed by the
     driver, so they must end by themselves, within ``LEAVE_S``, with their
-    stacks in their output; otherwise torchrun waits for them forever."""
+    stacks where SIGUSR1's go: STREAMFUZZ_STACKS (rank 0 here), else their
+    output (rank 1); otherwise torchrun waits for them forever."""
     port, master, key = _free_port(), _free_port(), os.urandom(8)
     env = dict(_env(), STREAMFUZZ_DRIVER=f"127.0.0.1:{port}", STREAMFUZZ_AUTHKEY=key.hex(),
                STREAMFUZZ_DEVICE="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master),
                WORLD_SIZE="2")
     env.pop("STREAMFUZZ_PARENT", None)  # started by someone else, as torchrun does
+    env.pop("STREAMFUZZ_STACKS", None)
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
+    stacks = tmp_path / "rank0.stacks"
     ranks = [subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, stdout=log.open("w"),
                               stderr=subprocess.STDOUT,
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r),
+                                       **({"STREAMFUZZ_STACKS": str(stacks)} if r == 0
+                                          else {})))
              for r, log in enumerate(logs)]
     try:
         with RankPool(2, "cpu", timeout=300, listen=("127.0.0.1", port), authkey=key) as pool:
@@ -364,9 +369,63 @@ def test_external_ranks_stuck_in_an_example_end_once_told_to_stop(tmp_path):
             p.kill()
             p.wait()
     assert codes == [1, 1], codes  # the stuck example never finished: not a clean exit
-    for log in logs:
-        text = log.read_text()
+    for text in (stacks.read_text(), logs[1].read_text()):
         assert "Timeout (0:00:" in text and "in serve" in text, text[-3000:]
+    assert "Timeout (0:00:" not in logs[0].read_text()
+
+
+class _SilentListener:
+    """A port that takes connections (the kernel's backlog) and never says a word."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self):
+        self.sock.close()
+
+
+class _OtherKeyListener:
+    """A real driver-side listener with another key, accepting on a thread."""
+
+    def __init__(self):
+        from multiprocessing.connection import Listener
+
+        self.listener = Listener(("127.0.0.1", 0), authkey=b"another key")
+        self.address = "{}:{}".format(*self.listener.address)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        with contextlib.suppress(Exception):
+            self.listener.accept()
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.mark.parametrize("listener, says", [
+    (_SilentListener, "gave no streamfuzz handshake within 2s"),
+    (_OtherKeyListener, "refused this rank's key")])
+def test_an_external_rank_pointed_at_a_wrong_listener_ends_with_one_line(listener, says):
+    """A rank whose STREAMFUZZ_DRIVER is not the driver's (another program that
+    never answers, or a driver with another key) ends with one line and
+    status 2 instead of waiting forever in the handshake."""
+    other = listener()
+    env = dict(_env(), STREAMFUZZ_DRIVER=other.address, STREAMFUZZ_AUTHKEY="00ff",
+               STREAMFUZZ_DEVICE="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", STREAMFUZZ_HANDSHAKE_TIMEOUT="2")
+    env.pop("STREAMFUZZ_PARENT", None)
+    rank = subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = rank.communicate(timeout=300)
+    finally:
+        rank.kill()
+        other.close()
+    assert rank.returncode == 2, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("streamfuzz rank")]
+    assert len(lines) == 1 and says in lines[0], err
+    assert "Traceback" not in err, err
 
 
 @pytest.mark.slow
