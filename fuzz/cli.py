@@ -372,8 +372,6 @@ class _Progress:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fuzz import driver
-
     names = _with_upstream(args.target, args.upstream)
     for name in names:
         targets.check_importable(name)
@@ -389,29 +387,19 @@ def _run(args: argparse.Namespace) -> int:
         up = targets.upstream_of(name)
         if up is not None:
             print(f"{name}: {up.describe()}")
-    results = []
-    interrupted = False
-    with RankPool(world, device, timeout=args.timeout) as pool:
-        for name in names:
-            progress = _Progress(name)
-            try:
-                res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
-                                  seed=args.seed, budget_s=args.budget,
-                                  shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                                  progress=progress, options=options,
-                                  strategy=_strategy(name, world, args.weight_scale))
-            except driver.Interrupted as exc:  # before anything was found in this target
-                res = exc.result
-            except KeyboardInterrupt:  # outside the examples: nothing ran in this target
-                res = driver.CampaignResult(target=name, interrupted=True)
-            finally:
-                progress.done()
-            results.append(res)
-            _print_result(res)
-            if res.interrupted:
-                interrupted = True
-                break
-        restarts = pool.restarts
+    results: list[Any] = []
+    pool = RankPool(world, device, timeout=args.timeout)
+    try:
+        try:
+            pool.start()
+        except KeyboardInterrupt:  # before any target ran: the report says so
+            interrupted = True
+            print(f"interrupted while the {world} ranks were starting: no target ran")
+        else:
+            interrupted = _fuzz_each(pool, names, args, settings, options, world, results)
+    finally:
+        pool.close()
+    restarts = pool.restarts
     if results:
         _print_table(results, device, world)
     if args.report:
@@ -422,6 +410,32 @@ def _run(args: argparse.Namespace) -> int:
               + (f"; report in {args.report}" if args.report else ""), file=sys.stderr)
         return 130
     return 1 if any(r.failure for r in results) else 0
+
+
+def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, settings: Any,
+               options: RunOptions, world: int, results: list[Any]) -> bool:
+    """Fuzz each target in turn, appending to ``results``; True once Ctrl-C ended it."""
+    from fuzz import driver
+
+    for name in names:
+        progress = _Progress(name)
+        try:
+            res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
+                              seed=args.seed, budget_s=args.budget,
+                              shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
+                              progress=progress, options=options,
+                              strategy=_strategy(name, world, args.weight_scale))
+        except driver.Interrupted as exc:  # before anything was found in this target
+            res = exc.result
+        except KeyboardInterrupt:  # outside the examples: nothing ran in this target
+            res = driver.CampaignResult(target=name, interrupted=True)
+        finally:
+            progress.done()
+        results.append(res)
+        _print_result(res)
+        if res.interrupted:
+            return True
+    return False
 
 
 def _with_upstream(names: list[str] | None, source: str | None) -> list[str]:

@@ -354,7 +354,11 @@ class RankPool:
 
     # -- lifecycle ---------------------------------------------------------
     def __enter__(self) -> RankPool:
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # __exit__ will not run: remove the logs here
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

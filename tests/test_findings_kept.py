@@ -5,14 +5,16 @@ answers), never on speed."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from hypothesis import strategies as st
 
-from fuzz import cli, corpus, driver, profiles
+from fuzz import cli, corpus, driver, profiles, ranks
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario, Step
 
@@ -144,3 +146,30 @@ def test_ctrl_c_before_any_finding_reports_what_ran(tmp_path, monkeypatch, capsy
                                                                            True)
     assert data["examples"] == 8
     assert not list(tmp_path.glob(".r.json*"))  # written atomically, no temp file left
+
+
+def test_ctrl_c_while_the_ranks_start_reports_that_no_target_ran(tmp_path, monkeypatch, capsys):
+    """A real SIGINT once the ranks are spawned and the driver waits for them:
+    the report is written (no target ran), the ranks and their logs are gone."""
+    real = ranks._World.accept
+    seen = []
+
+    def accept(self, world_size, timeout):
+        seen.append((list(self.procs), self.logs[0].parent))
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return real(self, world_size, timeout)
+
+    monkeypatch.setattr(ranks._World, "accept", accept)
+    report = tmp_path / "r.json"
+    rc = cli.main(["run", "--device", "cpu", "--target", "main-gather", "--seed", "1",
+                   "--profile", "ci", "--corpus", str(tmp_path / "corpus"),
+                   "--report", str(report)])
+    out, err = capsys.readouterr()
+    assert rc == 130
+    assert "interrupted while the 2 ranks were starting: no target ran" in out
+    assert "streamfuzz: interrupted" in err and f"report in {report}" in err
+    data = json.loads(report.read_text())
+    assert data["interrupted"] and data["examples"] == 0
+    assert data["failures"] == [] and data["targets"] == [] and data["target"] == []
+    ((procs, logdir),) = seen
+    assert all(p.poll() is not None for p in procs) and not logdir.exists()
