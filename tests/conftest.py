@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from fuzz import profiles
@@ -34,3 +36,13 @@ def rank_oracles(monkeypatch):
 
     monkeypatch.setattr(RankPool, "run", run)
     return seen
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt in this process, as at a terminal. A test
+    started from a job that ignores SIGINT (a shell's background job, some CI
+    runners) inherits SIG_IGN, and Python then installs no handler of its own."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

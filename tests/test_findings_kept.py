@@ -148,7 +148,8 @@ def test_ctrl_c_before_any_finding_reports_what_ran(tmp_path, monkeypatch, capsy
     assert not list(tmp_path.glob(".r.json*"))  # written atomically, no temp file left
 
 
-def test_ctrl_c_while_the_ranks_start_reports_that_no_target_ran(tmp_path, monkeypatch, capsys):
+def test_ctrl_c_while_the_ranks_start_reports_that_no_target_ran(tmp_path, monkeypatch, capsys,
+                                                                 sigint_raises):
     """A real SIGINT once the ranks are spawned and the driver waits for them:
     the report is written (no target ran), the ranks and their logs are gone."""
     real = ranks._World.accept

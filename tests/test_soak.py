@@ -333,7 +333,7 @@ def test_ranks_launched_by_torchrun(tmp_path, target, lost):
         assert ranks.returncode == 0, ranks_out[-2000:]
 
 
-def test_external_ranks_stuck_in_an_example_end_once_told_to_stop(tmp_path):
+def test_external_ranks_stuck_in_an_example_end_once_told_to_stop(tmp_path, sigint_raises):
     """A driver interrupted mid-example (a second Ctrl-C) says stop and closes
     while its ranks are stuck in that example: one sleeps, the other waits for
     it in a collective. Ranks that torchrun started cannot be killed by the
