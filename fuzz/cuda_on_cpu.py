@@ -97,9 +97,14 @@ class Memory:
     def classify(self, args: Any, out: Any) -> None:
         """Mark the storages an op made: the kind its call asked for, else
         device memory when any input is, else pageable host memory."""
-        fresh = [t for t in tensors_in(out) if not self.known(t)]
-        if not fresh:
-            return
+        if isinstance(out, torch.Tensor):  # most ops: one result
+            if self.known(out):
+                return
+            fresh = [out]
+        else:
+            fresh = [t for t in tensors_in(out) if not self.known(t)]
+            if not fresh:
+                return
         kind = self.making
         if kind is None:
             kind = DEVICE_KIND if any(self.is_device(t) for t in tensors_in(args)) else PAGEABLE
@@ -133,10 +138,11 @@ class _DeviceMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         stages.enter(stages.SIMULATION)
-        kwargs = kwargs or {}
         special = _METHODS.get(func)
         making = None
-        if special is None:
+        if not kwargs:
+            kwargs = {}
+        elif special is None:
             if "device" in kwargs and _is_cuda(kwargs["device"]):
                 kwargs = dict(kwargs, device="cpu")
                 making = DEVICE_KIND

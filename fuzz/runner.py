@@ -126,10 +126,10 @@ class _Run:
                 stages.enter(stages.LIFETIME)
                 findings = self.checker.finish() + findings
                 stages.leave()
-            stages.enter(stages.VALUE)
-            sent = [(i, t.tolist()) for i, t in self.sent]
-            applied = [Applied(i, *[t.tolist() for t in ts]) for i, ts in self.applied]
-            stages.leave()
+            with _HarnessReads():
+                # The outputs, once the oracles are done: read as the harness's own.
+                sent = [(i, t.tolist()) for i, t in self.sent]
+                applied = [Applied(i, *[t.tolist() for t in ts]) for i, ts in self.applied]
             return DraftObservations(
                 rank=self.ctx.rank, held=tuple(sorted(self.held)),
                 oracles=tuple(self.options.oracle_names()), findings=tuple(findings),
@@ -282,3 +282,24 @@ class _Run:
                 kept.append(t)
             del t
         kept.clear()
+
+
+class _HarnessReads:
+    """The value oracle's reads of the outputs (``stages.VALUE``), outside every
+    torch-function and dispatch mode: once the oracles have judged the example,
+    routing each read through the simulation's and the oracles' bookkeeping
+    costs per op and changes no verdict."""
+
+    def __enter__(self) -> None:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        stages.enter(stages.VALUE)
+        self._modes = _disable_current_modes()
+        self._modes.__enter__()
+        self._functions = torch._C.DisableTorchFunction()
+        self._functions.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._functions.__exit__(*exc)
+        self._modes.__exit__(*exc)
+        stages.leave()

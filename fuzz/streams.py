@@ -354,24 +354,28 @@ class _SimDispatch(DispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if func is torch.ops.aten.record_stream.default:
-            self.api.emit("record_stream", args[0], self.api.by_id(args[1].stream_id))
+        api = self.api
+        if func is _RECORD_STREAM:
+            api.emit("record_stream", args[0], api.by_id(args[1].stream_id))
             return None
         stages.enter(stages.SIMULATION)
         try:
             if func.namespace == "c10d":
                 stages.enter(stages.COLLECTIVES)
-                out = _collective(func, args, kwargs, self.api.sending)
+                out = _collective(func, args, kwargs, api.sending)
             else:
                 stages.enter(stages.RUNNER)
                 out = func(*args, **kwargs)
         finally:
             stages.leave()
-        self.api.memory.classify(args, out)
+        api.memory.classify(args, out)
         stages.leave()
-        if self.api.listeners:
-            self.api.emit("op", func, args, kwargs, out, self.api.current_stream())
+        if api.listeners:
+            api.emit("op", func, args, kwargs, out, api._current)
         return out
+
+
+_RECORD_STREAM = torch.ops.aten.record_stream.default
 
 
 def _collective(func: Any, args: tuple, kwargs: dict, sending: list[Any]) -> Any:

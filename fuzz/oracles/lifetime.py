@@ -324,14 +324,19 @@ def _code_kind(code: Any) -> int:
 def frames_here(limit: int = 4) -> Frames:
     """The innermost frames of the program under test, as plain strings."""
     out: list[tuple[str, int, str]] = []
+    kinds = _CODE_KINDS
     f = sys._getframe(1)
-    while f is not None and len(out) < limit:
+    while f is not None:
         code = f.f_code
-        kind = _code_kind(code)
-        if kind == _RUNNER:
-            break
+        kind = kinds.get(code)  # asked at every op: the dict first, the decision once
+        if kind is None:
+            kind = _code_kind(code)
         if kind == _USER:
             out.append((code.co_filename, f.f_lineno, code.co_name))
+            if len(out) == limit:
+                break
+        elif kind == _RUNNER:
+            break
         f = f.f_back
     return tuple(out)
 
@@ -343,6 +348,18 @@ def tensors_in(x: Any) -> list[torch.Tensor]:
     if isinstance(x, (list, tuple)):
         return [t for v in x for t in tensors_in(v)]
     return []
+
+
+_NO_TENSORS: tuple = ()
+
+
+def _leaves(x: Any) -> Any:
+    """``tensors_in`` for the hot path: a tensor or a non-sequence without a list."""
+    if isinstance(x, torch.Tensor):
+        return (x,)
+    if isinstance(x, (list, tuple)):
+        return tensors_in(x)
+    return _NO_TENSORS
 
 
 _OPS: dict[Any, tuple[str, str, tuple[str, ...], tuple[bool, ...], bool]] = {}
@@ -392,6 +409,9 @@ class TensorTracker:
         self.device_type = device_type
         self.group_rank = my_group_rank
         self.names: dict[int, str] = {}
+        self._live: dict[int, int] = {}
+        """Each followed storage's weak reference as the raw handle ``poll`` tests,
+        in the model's order (polled at every op: one dict, no attribute lookups)."""
 
     @property
     def step(self) -> int | None:
@@ -430,16 +450,18 @@ class TensorTracker:
             info = self.model.allocate(key, ref, owner, tuple(t.shape), str(t.dtype).replace(
                 "torch.", ""), op, frames)
             info.name = self.names.pop(key, None)
+            self._live[key] = ref.cdata
 
     def poll(self, frames: Frames | None = None) -> None:
         """Report the storages freed since the last call."""
         # Called at every op: the weak references are tested directly, without
         # StorageWeakRef.expired's two Python calls per storage.
         expired = _expired
-        dead = [k for k, info in self.model.storages.items() if expired(info.ref.cdata)]
+        dead = [k for k, ref in self._live.items() if expired(ref)]
         if dead:
             frames = frames if frames is not None else frames_here()
             for k in dead:
+                del self._live[k]
                 self.model.free(k, frames)
 
     def name(self, t: torch.Tensor, name: str, s: Any) -> None:
@@ -483,10 +505,12 @@ class TensorTracker:
         if name.startswith("c10d::"):
             self._collective(func, args, kwargs, reads, writes, kinds)
         else:
-            positional = list(args) + [kwargs.get(n) for n in arg_names[len(args):]]
+            # Without keyword arguments the rest would all be None: no tensors.
+            positional = (list(args) + [kwargs.get(n) for n in arg_names[len(args):]]
+                          if kwargs else args)
             for i, arg in enumerate(positional):
                 write = i < len(arg_writes) and arg_writes[i]
-                for leaf in tensors_in(arg):
+                for leaf in _leaves(arg):
                     key, kind = self._classify(leaf)
                     kinds.add(kind)
                     if write and kind != DEVICE:
@@ -497,7 +521,7 @@ class TensorTracker:
             view = view_op
         fresh: list[tuple[torch.Tensor, int, str]] = []
         if not view:
-            for leaf in tensors_in(out):
+            for leaf in _leaves(out):
                 key, kind = self._classify(leaf)
                 if key is None or (key not in in_keys and key not in self.model.storages):
                     kinds.add(kind)
