@@ -470,7 +470,8 @@ class TensorTracker:
         if key is None:
             return
         self.poll()
-        self._ensure(t, key, s, "a host copy", frames_here(), kind)
+        if key not in self.model.storages:  # the frames only for a storage first seen here
+            self._ensure(t, key, s, "a host copy", frames_here(), kind)
         self.model.storages[key].name = name
 
     def record_stream(self, t: torch.Tensor, s: Any) -> None:
