@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
 
-from fuzz import cuda_on_cpu, stages
+from fuzz import cuda_on_cpu, stages, threads
 from fuzz.dispatch_mode import DispatchMode
 
 Listener = Callable[..., None]
@@ -88,7 +89,8 @@ class CudaStreams:
         torch.cuda.Stream = _Noted
         span = _GpuSpan(self) if stages.enabled else None
         try:
-            yield
+            with threads.modes_follow_threads():
+                yield
         finally:
             torch.cuda.Stream = real
             if span is not None:
@@ -244,7 +246,8 @@ class SimStreams:
     def __init__(self) -> None:
         self._next_id = itertools.count(1)
         self.main = SimStream._make(self, 0)
-        self._current = self.main
+        self._local = threading.local()
+        self._lock = threading.RLock()
         self.created: list[SimStream] = []
         self.listeners: list[Listener] = []
         self._by_id = {0: self.main}
@@ -269,6 +272,15 @@ class SimStreams:
             yield
         finally:
             self._current = before
+
+    @property
+    def _current(self) -> SimStream:
+        # Per thread, as CUDA's current stream: a new thread starts on the default one.
+        return getattr(self._local, "stream", self.main)
+
+    @_current.setter
+    def _current(self, s: SimStream) -> None:
+        self._local.stream = s
 
     def current_stream(self) -> SimStream:
         return self._current
@@ -301,8 +313,9 @@ class SimStreams:
         return f"side{s.stream_id}"
 
     def emit(self, what: str, *args: Any) -> None:
-        for listener in self.listeners:
-            listener(what, *args)
+        with self._lock:  # one event at a time, from whichever thread
+            for listener in self.listeners:
+                listener(what, *args)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -313,7 +326,7 @@ class SimStreams:
         _ACTIVE.append(self)
         ended = False
         try:
-            with cuda_on_cpu.session(self) as memory:
+            with cuda_on_cpu.session(self) as memory, threads.modes_follow_threads():
                 self.memory = memory
                 with _SimDispatch(self):
                     yield

@@ -6,6 +6,7 @@ that unmodified torch.cuda code runs on the CPU simulation.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import torch
@@ -133,3 +134,45 @@ class StagingBlockingCopy(PlainMainGather):
         with torch.cuda.stream(self.side):
             self.header = self.staging.to("cuda")
         return super().broadcast_drafts(draft_table, batch)
+
+
+class ThreadedSend(PlainMainGather):
+    """The broadcast runs in a worker thread, as an engine's sender thread would;
+    ``wait`` says whether the thread's stream waits for main's gather first."""
+
+    wait = True
+
+    def broadcast_drafts(self, draft_table, batch):  # noqa: ANN001, ANN201
+        if not any(batch.final):
+            return None
+        send = draft_table[batch.idx_mapping]
+        ready = torch.cuda.Event()
+        ready.record()
+        errors: list[BaseException] = []
+
+        def sender() -> None:
+            try:
+                # A new thread starts on the default stream, as in CUDA.
+                assert torch.cuda.current_stream() == torch.cuda.default_stream()
+                with torch.cuda.stream(self.side):
+                    if self.wait:
+                        self.side.wait_event(ready)
+                    for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected,
+                              send):
+                        t.record_stream(self.side)
+                        dist.broadcast(t, src=self.src, group=self.group)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                errors.append(exc)
+
+        worker = threading.Thread(target=sender)
+        worker.start()
+        worker.join()
+        if errors:
+            raise errors[0]
+        return send
+
+
+class ThreadedSendNoWait(ThreadedSend):
+    """The sender thread's stream never waits for main, which wrote ``send``."""
+
+    wait = False

@@ -32,9 +32,11 @@ seen by polling the weak references at every op and every stream call.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,8 +70,15 @@ _SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().par
 # Test runners around a checked block: everything outward of them is theirs too,
 # and a user's test file, which they call, is user code.
 _RUNNER_DIRS = _package_dirs("hypothesis", "_pytest", "pytest", "pluggy", "xdist", "execnet")
-_SKIP_FILES = ("contextlib.py", "streams.py", "cuda_on_cpu.py", "_python_dispatch.py",
-               "lifetime_cuda.py", "distributed_c10d.py", "c10d_logger.py", "_gpu_trace.py")
+# torch's by name (wherever that torch lives); the standard library's and this
+# package's by path, so that a user's own streams.py or threads.py stays theirs.
+_SKIP_FILES = ("_python_dispatch.py", "distributed_c10d.py", "c10d_logger.py",
+               "_gpu_trace.py")
+_FUZZ = Path(__file__).parent.parent
+_SKIP_PATHS = frozenset(
+    p for f in (contextlib.__file__, threading.__file__, _FUZZ / "streams.py",
+                _FUZZ / "cuda_on_cpu.py", _FUZZ / "threads.py")
+    for p in (str(f), str(Path(f).resolve())))
 # A mode's hook is the harness watching an op, never the code that issued it.
 _MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})
 # Ops that make the host wait for the current stream (a blocking copy to the host).
@@ -314,7 +323,8 @@ def _code_kind(code: Any) -> int:
         path = code.co_filename
         kind = (_RUNNER if path.startswith(_RUNNER_DIRS) else
                 _USER if (not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES)
-                          and code.co_name not in _MODE_HOOKS) else _SKIP)
+                          and path not in _SKIP_PATHS and code.co_name not in _MODE_HOOKS)
+                else _SKIP)
         if len(_CODE_KINDS) > 100_000:  # code made at run time, over and over
             _CODE_KINDS.clear()
         _CODE_KINDS[code] = kind

@@ -13,6 +13,7 @@ runs.
 
 from __future__ import annotations
 
+import threading
 import traceback
 from typing import Any
 
@@ -122,6 +123,7 @@ class CudaLifetimeChecker(TensorTracker):
         self._mode = _CudaDispatch(self)
         self._reads = _HostReads()
         self._error: str | None = None
+        self._lock = threading.RLock()
 
     def attach(self) -> CudaLifetimeChecker:
         global _active
@@ -144,7 +146,8 @@ class CudaLifetimeChecker(TensorTracker):
             return
         stages.enter(stages.LIFETIME)
         try:
-            with torch._C._DisableTorchDispatch():  # the checker's own ops are not the user's
+            # One event at a time from whichever thread; the checker's own ops are not the user's.
+            with self._lock, torch._C._DisableTorchDispatch():
                 fn(*args)
         except Exception as exc:
             self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
