@@ -270,3 +270,34 @@ def test_plain_torch_cuda_pre_fix_is_found_on_cuda(gpu_pool):
                         RunOptions(oracles={Oracle.LIFETIME}))
     assert not v.ok and v.first.kind == "lifetime" and "idx_mapping" in v.first.message, \
         v.summary()
+
+
+def test_a_race_made_in_a_thread_is_found_on_real_streams():
+    import threading
+
+    import streamfuzz
+
+    def copy_out(x, out, wait_for):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            if wait_for is not None:
+                side.wait_event(wait_for)
+            out.append(x.to("cpu", non_blocking=True))
+        side.synchronize()
+
+    for wait in (False, True):
+        with streamfuzz.checked(device="cuda", collect=True) as check:
+            x = torch.arange(1 << 16, device="cuda") * 2
+            ready = torch.cuda.Event()
+            ready.record()
+            out = []
+            worker = threading.Thread(target=copy_out, args=(x, out, ready if wait else None))
+            worker.start()
+            worker.join()
+            out[0].sum()
+        races = [f for f in check.findings if f.kind == "race"]
+        if wait:
+            assert check.findings == [], check.findings
+        else:
+            assert races and "unordered with main's write" in races[0].message, check.findings
+            assert "copy_out" in races[0].message
