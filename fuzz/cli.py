@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
                               f"{', '.join(targets.MUTANTS)}; the correct variants "
                               f"{', '.join(targets.VARIANTS)}")
     r.add_argument("--target", action="append", metavar="T",
-                   help="built-in name or package.module:attr; repeatable "
+                   help="built-in name, package.module:attr or path/to/file.py:attr; repeatable "
                         "(default: the three versions)")
     common(r)
     r.add_argument("--world-size", type=_positive, default=None,
@@ -238,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     u = sub.add_parser("mutate", help="remove each sync of a target in turn and fuzz it: "
                        "which syncs does the fuzzer catch missing?")
     u.add_argument("--target", required=True, metavar="T",
-                   help="built-in name or package.module:attr")
+                   help="built-in name, package.module:attr or path/to/file.py:attr")
     u.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     u.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds one example may take before it is a hang (default 60)")

@@ -59,8 +59,10 @@ class Entry:
 
 
 def target_dir(target: str) -> str:
-    """``pre-fix`` stays; ``pkg.mod:attr`` becomes ``pkg.mod-attr``."""
-    return re.sub(r"[^A-Za-z0-9._-]", "-", target)
+    """A file name for anything named after a target: ``pre-fix`` stays,
+    ``pkg.mod:attr`` becomes ``pkg.mod-attr``, ``./file.py:attr`` ``file.py-attr``
+    (never a hidden file)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", target).lstrip(".-") or "target"
 
 
 def save(corpus: Path, entry: Entry) -> Path:

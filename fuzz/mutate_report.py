@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from fuzz import corpus
@@ -73,7 +72,7 @@ def markdown(report: Report) -> str:
 def write(out: Path, report: Report) -> tuple[Path, Path]:
     """``out/<target>.json`` and ``.md``, each written atomically."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9._-]", "-", report.target)
+    stem = corpus.target_dir(report.target)
     json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
     corpus.write_json_atomic(json_path, report.to_dict())
     corpus.write_text_atomic(md_path, markdown(report))

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fuzz import protocols
@@ -207,7 +210,8 @@ def resolve(name: str) -> str:
     if ":" not in name:
         known = ", ".join(sorted(builtin) + [f"{f}@VERSION"
                                              for f in (*UPSTREAM, WEIGHTS_FAMILY)])
-        raise TargetError(f"unknown target {name!r}: use one of {known} or package.module:attr")
+        raise TargetError(f"unknown target {name!r}: use one of {known}, package.module:attr "
+                          f"or path/to/file.py:attr")
     return name
 
 
@@ -232,7 +236,9 @@ def load(name: str) -> Factory:
     spec = resolve(name)
     module_name, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = import_target_module(name, module_name)
+    except TargetError:
+        raise
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
             raise TargetError(f"target {name!r}: cannot import {module_name!r} ({exc})") from None
@@ -247,6 +253,31 @@ def load(name: str) -> Factory:
     if not callable(factory):
         raise TargetError(f"target {name!r}: {attr!r} is not callable")
     return factory
+
+
+def import_target_module(name: str, module_name: str) -> types.ModuleType:
+    """A target's module: a dotted name, or the path of a ``.py`` file.
+
+    A file is imported by its own name with its folder first on ``sys.path``,
+    as ``python file.py`` would run it: its imports of the files beside it work,
+    and the ranks, given the same target, import the same module.
+    """
+    if not module_name.endswith(".py"):
+        return importlib.import_module(module_name)
+    path = Path(module_name).resolve()
+    if not path.is_file():
+        raise TargetError(f"target {name!r}: no such file {module_name!r}")
+    if not path.stem.isidentifier():
+        raise TargetError(f"target {name!r}: {path.name!r} cannot be imported by its name; "
+                          f"rename it to a valid Python module name")
+    known = sys.modules.get(path.stem)
+    known_file = getattr(known, "__file__", None)
+    if known is not None and (known_file is None or Path(known_file).resolve() != path):
+        raise TargetError(f"target {name!r}: a module named {path.stem!r} is already imported "
+                          f"from {known_file or 'elsewhere'}; rename {path.name!r}")
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    return importlib.import_module(path.stem)
 
 
 def _import_failure(name: str, module_name: str, exc: BaseException) -> str:

@@ -14,8 +14,6 @@ the module file of its factory.
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import os
 import re
 import sys
@@ -27,7 +25,7 @@ from typing import Any
 
 from fuzz import sync_sites
 from fuzz.sync_sites import Site
-from fuzz.targets import Factory, TargetError, resolve, upstream_of
+from fuzz.targets import Factory, TargetError, import_target_module, resolve, upstream_of
 
 SEP = "#"
 HITS_ENV = "STREAMFUZZ_MUTANT_HITS"
@@ -63,7 +61,9 @@ def name(target: str, site: Site) -> str:
 
 def hit_file(mutant: str) -> str:
     """The file name a mutant's first reached site leaves in ``HITS_ENV``."""
-    return re.sub(r"[^A-Za-z0-9._-]", "-", mutant)
+    from fuzz import corpus
+
+    return corpus.target_dir(mutant)
 
 
 def source_of(target: str) -> Source:
@@ -74,7 +74,7 @@ def source_of(target: str) -> Source:
     spec = resolve(target)
     module_name, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = import_target_module(target, module_name)
     except ImportError as exc:
         raise TargetError(f"target {target!r}: cannot import {module_name!r} ({exc})") from None
     return module_source(module, attr)

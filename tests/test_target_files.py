@@ -1,0 +1,63 @@
+"""A target named by the path of its file: ``path/to/file.py:attr``."""
+
+import pytest
+
+from fuzz import corpus, driver, targets
+from fuzz.options import Oracle, RunOptions
+from fuzz.scenario import Scenario, Step
+
+_HANDLER = '''
+from sibling_{tag} import base
+
+
+def make(ctx):
+    return base(ctx)
+'''
+_SIBLING = '''
+from tests.cuda_handlers import PlainMainGather, PlainPreFix
+
+
+def base(ctx):
+    return {cls}(ctx)
+'''
+
+
+def _write(tmp_path, tag, cls):
+    (tmp_path / f"sibling_{tag}.py").write_text(_SIBLING.format(cls=cls))
+    path = tmp_path / f"handler_{tag}.py"
+    path.write_text(_HANDLER.format(tag=tag))
+    return path
+
+
+def _one_step():
+    step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
+                num_rejected=(0, 0))
+    return Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2, steps=(step,))
+
+
+def test_a_file_target_runs_on_the_ranks_with_its_sibling_imports(cpu_pool, tmp_path):
+    options = RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE})
+    bad = driver.evaluate(cpu_pool, f"{_write(tmp_path, 'bad', 'PlainPreFix')}:make",
+                          _one_step(), options)
+    assert not bad.ok and bad.first.kind == "lifetime", bad.summary()
+    good = driver.evaluate(cpu_pool, f"{_write(tmp_path, 'good', 'PlainMainGather')}:make",
+                           _one_step(), options)
+    assert good.ok, good.summary()
+
+
+@pytest.mark.parametrize(("file", "says"), [
+    ("missing.py", "no such file"),
+    ("my-handler.py", "rename it to a valid Python module name"),
+    ("json.py", "a module named 'json' is already imported"),
+])
+def test_a_file_target_that_cannot_load_says_why_in_one_line(tmp_path, file, says):
+    if file != "missing.py":
+        (tmp_path / file).write_text("def make(ctx):\n    return None\n")
+    with pytest.raises(targets.TargetError) as err:
+        targets.load(f"{tmp_path / file}:make")
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_file_target_names_no_hidden_corpus_folder():
+    assert corpus.target_dir("./handler.py:make") == "handler.py-make"
+    assert corpus.target_dir("pkg.mod:attr") == "pkg.mod-attr"
