@@ -324,6 +324,15 @@ class _DriverLink:
         threading.Thread(target=self._read, daemon=True, name="driver-link").start()
 
     def _read(self) -> None:
+        try:
+            self._read_all()
+        except BaseException as exc:  # the main thread waits on this thread: never die quietly
+            print(f"streamfuzz rank {os.environ.get('RANK', '?')}: a message from the driver "
+                  f"could not be read ({type(exc).__name__}: {str(exc)[:200]}); the driver and "
+                  "its ranks must run the same streamfuzz", file=sys.stderr, flush=True)
+            os._exit(2)
+
+    def _read_all(self) -> None:
         while True:
             try:
                 msg = pickle.loads(self.conn.recv_bytes())

@@ -428,6 +428,36 @@ def test_an_external_rank_pointed_at_a_wrong_listener_ends_with_one_line(listene
     assert "Traceback" not in err, err
 
 
+def test_an_external_rank_that_cannot_read_its_drivers_message_ends_with_one_line(tmp_path):
+    """A message the rank cannot unpickle (a driver of another streamfuzz) ends
+    the rank with one line and status 2; the thread that reads the driver must
+    not die quietly and leave the main thread waiting for it forever (torchrun
+    would then wait forever too)."""
+    from multiprocessing.connection import Listener
+
+    key = os.urandom(8)
+    with Listener(("127.0.0.1", 0), authkey=key) as listener:
+        env = dict(_env(), STREAMFUZZ_DRIVER="{}:{}".format(*listener.address),
+                   STREAMFUZZ_AUTHKEY=key.hex(), STREAMFUZZ_DEVICE="cpu",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="1",
+                   RANK="0", LOCAL_RANK="0")
+        env.pop("STREAMFUZZ_PARENT", None)
+        rank = subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            listener._listener._socket.settimeout(300)  # accept() has no timeout of its own
+            with listener.accept() as conn:
+                conn.recv()  # the rank's hello
+                conn.send_bytes(b"not a pickle of any message")
+                _, err = rank.communicate(timeout=300)
+        finally:
+            rank.kill()
+            rank.wait()
+    assert rank.returncode == 2, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("streamfuzz rank")]
+    assert len(lines) == 1 and "a message from the driver could not be read" in lines[0], err
+
+
 @pytest.mark.slow
 def test_thirty_minute_soak_memory_and_throughput_flat(tmp_path):
     out = tmp_path / "out"
