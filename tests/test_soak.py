@@ -270,31 +270,71 @@ def _free_port():
         return s.getsockname()[1]
 
 
+_TORCHRUN = ("import faulthandler, signal, sys; "
+             "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+             "from torch.distributed.run import main; sys.exit(main())")
+"""torchrun itself, answering SIGUSR1 with its stacks as the ranks do."""
+
+
 def _torchrun(port, authkey):
-    torchrun = Path(PY).with_name("torchrun")
-    cmd = [str(torchrun)] if torchrun.exists() else [PY, "-m", "torch.distributed.run"]
     env = dict(_env(), STREAMFUZZ_DRIVER=f"127.0.0.1:{port}", STREAMFUZZ_AUTHKEY=authkey,
                STREAMFUZZ_DEVICE="cpu")
-    return subprocess.Popen(cmd + ["--standalone", "--nproc-per-node", "2", "-m",
-                                   "fuzz.rank_main"], cwd=ROOT, env=env,
+    return subprocess.Popen([PY, "-c", _TORCHRUN, "--standalone", "--nproc-per-node", "2",
+                             "-m", "fuzz.rank_main"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _tree(pid):
+    """``pid`` and every process under it, each as ``(pid, "state command")``."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+            out.append((p, f"{state} {cmd}"))
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _pipe_writers(stream):
+    """Processes other than this one that hold the pipe behind ``stream``."""
+    pipe = f"pipe:[{os.fstat(stream.fileno()).st_ino}]"
+    holders = set()
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == pipe and int(fd.parts[2]) != os.getpid():
+                holders.add(int(fd.parts[2]))
+    return sorted(holders)
+
+
 def _ended(torchrun, timeout, driver_err):
-    """torchrun's output once it ends; if it does not, fail with where its ranks
-    are (SIGUSR1 makes a rank print every thread's stack)."""
+    """torchrun's output once it ends; if it does not, fail with where it and
+    its ranks are (SIGUSR1 makes each print every thread's stack), each
+    process's state, and who still holds its output open."""
     try:
         return torchrun.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
-        children = Path(f"/proc/{torchrun.pid}/task/{torchrun.pid}/children")
-        for pid in children.read_text().split() if children.exists() else ():
+        status = torchrun.poll()
+        procs = _tree(torchrun.pid)
+        for pid, _ in procs:
             with contextlib.suppress(OSError):
-                os.kill(int(pid), signal.SIGUSR1)
+                os.kill(pid, signal.SIGUSR1)
         time.sleep(3)
-        torchrun.kill()
-        out = torchrun.communicate()[0]
-        pytest.fail(f"torchrun's ranks did not end {timeout}s after the driver did\n"
-                    f"driver:\n{driver_err[-2000:]}\nranks:\n{out[-6000:]}")
+        holders = _pipe_writers(torchrun.stdout)
+        for pid, _ in reversed(procs):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            out = torchrun.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            out = "(the output stayed open)"
+        table = "\n".join(f"  {pid} {what}" for pid, what in procs)
+        state = "alive" if status is None else f"exited {status}"
+        pytest.fail(f"torchrun's ranks did not end {timeout}s after the driver did (torchrun "
+                    f"{state}; its output held open by {holders})\nprocesses:\n{table}\n"
+                    f"driver:\n{driver_err[-2000:]}\nranks:\n{out[-8000:]}")
 
 
 @pytest.mark.parametrize("target, lost", [("main-gather", None),
