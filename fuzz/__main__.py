@@ -11,6 +11,9 @@ which means "a failure was found"."""
 
 def main() -> int:
     try:
+        from fuzz import zygote
+
+        zygote.prestart(sys.argv[1:])  # CPU ranks' torch import, beside ours
         from fuzz.cli import main as cli_main
     except Exception:
         traceback.print_exc()

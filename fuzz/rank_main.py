@@ -443,6 +443,7 @@ def main() -> int:
         return 2
     _die_with_driver()
     _dump_stacks_on_signal()
+    stages.from_env()
     authkey = bytes.fromhex(os.environ.get("STREAMFUZZ_AUTHKEY", "")) or b"streamfuzz"
     return serve(os.environ.get("STREAMFUZZ_DEVICE", "cpu"), address, authkey)
 

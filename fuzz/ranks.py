@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import messages, stages
+from fuzz import messages, stages, zygote
 from fuzz.messages import (
     Done,
     Hello,
@@ -39,6 +39,7 @@ from fuzz.messages import (
 )
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.verdict import Failure
+from fuzz.zygote import ForkedRank, Zygote, ZygoteError
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -193,7 +194,7 @@ class _World:
 
     def __init__(self, pool: RankPool, generation: int) -> None:
         self.generation = generation
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | ForkedRank] = []
         self.conns: list[Connection] = []
         self.info: list[RankInfo] = []
         self.logs: list[Path] = []
@@ -220,13 +221,29 @@ class _World:
         if pool.device == "cpu":
             base.setdefault("GLOO_SOCKET_IFNAME", "lo")
         pool.logdir.mkdir(parents=True, exist_ok=True)  # a closed pool started again
+        envs = []
         for rank in range(pool.world_size):
             log = pool.logdir / f"rank{rank}.{generation}.log"
             stacks = log.with_suffix(".stacks")
-            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank),
-                       STREAMFUZZ_STACKS=str(stacks))
+            envs.append(dict(base, RANK=str(rank), LOCAL_RANK=str(rank),
+                             STREAMFUZZ_STACKS=str(stacks)))
             self.logs.append(log)
             self.stacks.append(stacks)
+            log.write_bytes(b"")
+        forker = pool._zygote_for_world()
+        if forker is not None:
+            try:
+                for env, log in zip(envs, self.logs):
+                    self.procs.append(forker.fork(
+                        dict(env, STREAMFUZZ_PARENT=str(forker.proc.pid)), log,
+                        pool.startup_timeout))
+                return
+            except ZygoteError:
+                for p in self.procs:  # spawn the whole world instead
+                    p.kill()
+                    p.wait()
+                self.procs = []
+        for env, log in zip(envs, self.logs):
             with open(log, "wb") as fh:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "fuzz.rank_main"], env=env, stdout=fh,
@@ -350,6 +367,7 @@ class RankPool:
         self._generation = 0
         self._world: _World | None = None
         self._spare: _World | None = None
+        self._zygote: Zygote | None = None
         self._eid = 0
 
     # -- lifecycle ---------------------------------------------------------
@@ -367,6 +385,18 @@ class RankPool:
     def _new_world(self) -> _World:
         self._generation += 1
         return _World(self, self._generation)
+
+    def _zygote_for_world(self) -> Zygote | None:
+        """The zygote this pool forks CPU ranks from (started on first use, or
+        the one ``python -m fuzz run`` started early); None: spawn them."""
+        if self.device != "cpu" or self.external or not zygote.enabled():
+            return None
+        if self._zygote is None:
+            env = dict(os.environ, **self.extra_env)
+            self._zygote = zygote.adopt(env) or Zygote(env, self.logdir / "zygote.log")
+        if self._zygote.broken or not self._zygote.alive:
+            return None
+        return self._zygote
 
     def start(self) -> None:
         world = self._spare or self._new_world()
@@ -419,6 +449,9 @@ class RankPool:
             if w is not None:
                 w.stop() if w.conns else w.kill()
         self._world = self._spare = None
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
         shutil.rmtree(self.logdir, ignore_errors=True)
 
     @property
@@ -433,7 +466,7 @@ class RankPool:
         return self._world.conns if self._world else []
 
     @property
-    def _procs(self) -> list[subprocess.Popen]:
+    def _procs(self) -> list[subprocess.Popen | ForkedRank]:
         return self._world.procs if self._world else []
 
     @property

@@ -131,5 +131,12 @@ def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
 
 
-if os.environ.get(ENV) == "1":
-    enable(IDLE)
+def from_env() -> None:
+    """Count from now when ``ENV`` says so: at import, and again as a rank
+    starts (a forked one imported this module in another process, earlier)."""
+    if os.environ.get(ENV) == "1":
+        _totals.clear()
+        enable(IDLE)
+
+
+from_env()

@@ -1,0 +1,358 @@
+"""CPU ranks forked from one process that has imported torch once.
+
+A rank's cold start is mostly ``import torch``. Spawned, every rank pays it at
+once, each on a core of its own or, on a small host, fighting the others and
+the driver for one. A zygote (``python -m fuzz.zygote``) imports torch and the
+rank's modules once, before any thread or device exists, then forks each rank
+on request: the ranks of a world start together, a replacement world starts
+in milliseconds, and ``python -m fuzz run`` starts its zygote before its own
+imports, so the two overlap.
+
+CPU only: a CUDA rank is spawned as before (a process that has touched CUDA
+cannot be forked, and a GPU node has cores to spare). Anything wrong with the
+zygote (it cannot start, dies, or does not answer) makes the pool spawn its
+ranks instead; ``STREAMFUZZ_ZYGOTE=0`` always does.
+
+The driver side imports no torch. Requests and replies are JSON lines on the
+zygote's stdin and stdout: ``{"env", "cwd", "log"}`` in, ``{"ready"}`` once,
+``{"pid"}`` per fork and ``{"exit", "code"}`` per rank that ended (the zygote
+is the ranks' parent, so it reaps them and says how each ended).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ENV = "STREAMFUZZ_ZYGOTE"
+"""Set to 0 to spawn every rank (the zygote's off switch)."""
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class ZygoteError(RuntimeError):
+    """The zygote cannot fork a rank now; the caller spawns one instead."""
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+class Zygote:
+    """The driver's handle on one zygote process (started at once, ready later)."""
+
+    def __init__(self, env: dict[str, str], log: Path | None = None) -> None:
+        """``env``: what the zygote imports under (the ranks get their own at fork)."""
+        env = _own_env(env)
+        self.env_key = _key(env)
+        err = open(log, "wb") if log else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fuzz.zygote"], env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+        finally:
+            if log:
+                err.close()
+        self._buf = b""
+        self._ready = False
+        self.codes: dict[int, int] = {}
+        self.broken: str | None = None
+
+    def fork(self, env: dict[str, str], log: Path, timeout: float) -> ForkedRank:
+        """One rank with ``env``, output to ``log``; waits up to ``timeout`` for
+        the zygote to be ready. Raises ZygoteError when it cannot."""
+        if self.broken:
+            raise ZygoteError(self.broken)
+        deadline = time.monotonic() + timeout
+        request = {"env": env, "cwd": os.getcwd(), "log": str(log)}
+        try:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError as exc:
+            self._break(f"the zygote is gone ({exc})")
+        while True:
+            for msg in self._read(max(0.0, deadline - time.monotonic())):
+                if "pid" in msg:
+                    return ForkedRank(self, msg["pid"])
+                if "error" in msg:
+                    raise ZygoteError(msg["error"])
+            if time.monotonic() >= deadline:
+                self._break(f"the zygote did not fork a rank within {timeout:.0f}s")
+
+    def _break(self, why: str) -> None:
+        self.broken = why
+        self.close()
+        raise ZygoteError(why)
+
+    def _read(self, timeout: float) -> list[dict[str, Any]]:
+        """The messages that arrive within ``timeout`` (exit codes recorded)."""
+        if self.proc.stdout is None or self.proc.stdout.closed:
+            return []
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return []
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.broken = self.broken or "the zygote exited"
+            self.proc.stdout.close()
+            return []
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue  # not ours: something the zygote's imports printed
+            if "exit" in msg:
+                self.codes[msg["exit"]] = msg["code"]
+            else:
+                out.append(msg)
+        return out
+
+    def reap(self, timeout: float = 0.0) -> None:
+        """Take in what the zygote has said so far (at most ``timeout`` waiting)."""
+        self._read(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None and not (self.proc.stdout is None
+                                                 or self.proc.stdout.closed)
+
+    def close(self) -> None:
+        """End the zygote (ranks it forked die with it)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None and not f.closed:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+
+def _own_env(env: dict[str, str]) -> dict[str, str]:
+    env = dict(env, PYTHONUNBUFFERED="1", STREAMFUZZ_PARENT=str(os.getpid()))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """What imports may depend on: the environment less streamfuzz's own
+    variables, which a rank reads when it runs (each rank gets its own)."""
+    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith("STREAMFUZZ_")))
+
+
+class ForkedRank:
+    """A forked rank, seen as the pool sees a ``subprocess.Popen``: ``pid``,
+    ``returncode``, ``poll()``, ``wait(timeout)``, ``kill()``."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote, self.pid = zygote, pid
+        self.returncode: int | None = None
+
+    def poll(self, timeout: float = 0.0) -> int | None:
+        if self.returncode is None:
+            self.zygote.reap(timeout)
+            code = self.zygote.codes.get(self.pid)
+            if code is None and not self.zygote.alive and not _exists(self.pid):
+                code = -signal.SIGKILL  # it died with its zygote
+            self.returncode = code
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout or 0.0)
+            self.poll(left)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_early: Zygote | None = None
+
+
+def prestart(argv: list[str]) -> None:
+    """Start a zygote now for a ``run`` that may use CPU ranks, before the
+    driver's own imports; the first CPU pool of that environment adopts it."""
+    global _early
+    if (not enabled() or not argv or argv[0] != "run" or "-h" in argv or "--help" in argv
+            or not sys.platform.startswith("linux")):
+        return
+    device = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--device"), None)
+    device = next((a.split("=", 1)[1] for a in argv if a.startswith("--device=")), device)
+    if device == "cuda":
+        return
+    try:
+        _early = Zygote(dict(os.environ))
+    except OSError:
+        _early = None
+    else:
+        import atexit
+
+        atexit.register(_discard)
+
+
+def adopt(env: dict[str, str]) -> Zygote | None:
+    """The prestarted zygote, when it imported under ``env`` (else it is ended)."""
+    global _early
+    z, _early = _early, None
+    if z is None:
+        return None
+    if _key(_own_env(env)) != z.env_key or not z.alive:
+        z.close()
+        return None
+    return z
+
+
+def _discard() -> None:
+    global _early
+    if _early is not None:
+        _early.close()
+        _early = None
+
+
+# -- the zygote process ------------------------------------------------------
+
+def _serve() -> int:
+    _die_with_parent()
+    # Everything a rank imports before its first example, before any fork. The
+    # cyclic collector would scan the import's objects again and again (about
+    # a tenth of it); frozen, they are never scanned in the ranks either, nor
+    # copied on write by a scan.
+    gc.disable()
+    import fuzz.rank_main as rank_main
+    import fuzz.targets.mutants  # noqa: F401
+    import fuzz.targets.pp_draft  # noqa: F401
+
+    gc.freeze()
+
+    start_cwd = os.getcwd()
+    out = sys.stdout.fileno()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+
+    def say(msg: dict[str, Any]) -> None:
+        os.write(out, json.dumps(msg).encode() + b"\n")
+
+    say({"ready": os.getpid()})
+    buf = b""
+    inp = sys.stdin.fileno()
+    while True:
+        try:
+            ready, _, _ = select.select([inp, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        for pid in list(children):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if done:
+                children.discard(pid)
+                say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        if inp not in ready:
+            continue
+        chunk = os.read(inp, 65536)
+        if not chunk:  # the driver closed its end: the ranks go with us
+            return 0
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _rank(rank_main, req, (inp, out, wake_r, wake_w), start_cwd)
+            children.add(pid)
+            say({"pid": pid})
+
+
+def _rank(rank_main: Any, req: dict[str, Any], fds: tuple[int, ...], start_cwd: str) -> None:
+    """In the forked child: become a rank as a spawned one would be, then exit."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        gc.enable()
+        os.setsid()
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        for fd in {log, null, *fds} - {0, 1, 2}:
+            os.close(fd)
+        if req["cwd"] != start_cwd:
+            os.chdir(req["cwd"])
+            if sys.path and sys.path[0] == start_cwd:  # what ``python -m`` puts first
+                sys.path[0] = req["cwd"]
+        os.environ.clear()
+        os.environ.update(req["env"])
+        code = rank_main.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _die_with_parent() -> None:
+    """A zygote whose driver died (even by -9) goes too, and its ranks with it."""
+    parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent and os.getppid() != parent:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(_serve())

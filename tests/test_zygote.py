@@ -1,0 +1,110 @@
+"""CPU ranks forked from a zygote: who their parent is, replacements, and the
+fallback to spawned ranks when the zygote is off, gone or never started."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fuzz import driver, zygote
+from fuzz.ranks import RankPool
+from fuzz.scenario import Scenario, Step
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_STEP = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0))
+_SCN = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP,))
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pids: list[int], within: float = 60.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{p}").exists() and _state(p) != "Z" for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_ranks_and_their_replacements_are_forked_from_one_zygote():
+    with RankPool(2, "cpu", timeout=60.0) as pool:
+        forker = pool._zygote
+        assert forker is not None and forker.alive
+        first = pool.pids
+        assert [_parent(p) for p in first] == [forker.proc.pid] * 2
+        assert driver.evaluate(pool, "main-gather", _SCN).ok
+        pool.restart()
+        assert set(pool.pids).isdisjoint(first)
+        assert [_parent(p) for p in pool.pids] == [forker.proc.pid] * 2
+        assert driver.evaluate(pool, "main-gather", _SCN).ok
+        zpid = forker.proc.pid
+    assert _gone([zpid])
+
+
+def test_a_zygote_killed_under_a_world_costs_one_crash_then_ranks_are_spawned():
+    with RankPool(2, "cpu", timeout=60.0) as pool:
+        os.killpg(pool._zygote.proc.pid, signal.SIGKILL)
+        assert _gone(pool.pids)  # its ranks die with it
+        out = pool.run("main-gather", _SCN)
+        assert out.failure is not None and out.failure.kind == "crash"
+        assert "killed by SIGKILL" in out.failure.message
+        assert pool.restarts == 1
+        assert [_parent(p) for p in pool.pids] == [os.getpid()] * 2
+        assert driver.evaluate(pool, "main-gather", _SCN).ok
+
+
+def test_the_off_switch_spawns_every_rank(monkeypatch):
+    monkeypatch.setenv(zygote.ENV, "0")
+    with RankPool(2, "cpu", timeout=60.0) as pool:
+        assert pool._zygote is None
+        assert [_parent(p) for p in pool.pids] == [os.getpid()] * 2
+        assert driver.evaluate(pool, "main-gather", _SCN).ok
+
+
+def test_a_run_starts_its_zygote_early_and_its_pool_adopts_it_only_if_the_env_matches(
+        monkeypatch):
+    for argv in (["run", "--device", "cuda"], ["run", "--device=cuda"], ["run", "--help"],
+                 ["replay", "x.json"], []):
+        zygote.prestart(argv)
+        assert zygote._early is None, argv
+    zygote.prestart(["run", "--target", "pre-fix", "--device", "cpu"])
+    early = zygote._early
+    assert early is not None
+    try:
+        assert zygote.adopt(dict(os.environ, STREAMFUZZ_ANYTHING="x")) is early
+        zygote._early = early
+        assert zygote.adopt(dict(os.environ, OMP_NUM_THREADS="7")) is None
+        assert zygote._early is None and not early.alive
+    finally:
+        early.close()
+
+
+def test_a_driver_killed_with_9_takes_its_zygote_and_ranks_with_it(tmp_path):
+    code = ("import os, sys; from fuzz.ranks import RankPool\n"
+            "pool = RankPool(2, 'cpu', timeout=60.0); pool.start()\n"
+            "print(pool._zygote.proc.pid, *pool.pids, flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 3 and all(Path(f"/proc/{p}").exists() for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _gone(pids)
