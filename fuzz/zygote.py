@@ -29,13 +29,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the driver imports this first thing: only what it must
+    from pathlib import Path
+    from typing import Any
 
 ENV = "STREAMFUZZ_ZYGOTE"
 """Set to 0 to spawn every rank (the zygote's off switch)."""
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 class ZygoteError(RuntimeError):
@@ -149,7 +152,7 @@ class Zygote:
 
 def _own_env(env: dict[str, str]) -> dict[str, str]:
     env = dict(env, PYTHONUNBUFFERED="1", STREAMFUZZ_PARENT=str(os.getpid()))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
     return env
 
 
