@@ -57,7 +57,12 @@ class Outcome:
 
 
 def probe_gpus() -> int:
-    """Count GPUs in a throwaway process, so the driver itself never loads CUDA."""
+    """Count GPUs in another process, so the driver itself never loads CUDA: the
+    zygote ``python -m fuzz run`` started early where there is one, else a
+    throwaway process."""
+    gpus = zygote.early_gpus()
+    if gpus is not None:
+        return gpus
     code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -72,10 +72,14 @@ class Zygote:
     def fork(self, env: dict[str, str], log: Path, timeout: float) -> ForkedRank:
         """One rank with ``env``, output to ``log``; waits up to ``timeout`` for
         the zygote to be ready. Raises ZygoteError when it cannot."""
+        request = {"env": env, "cwd": os.getcwd(), "log": str(log)}
+        return ForkedRank(self, self.ask(request, "pid", timeout))
+
+    def ask(self, request: dict[str, Any], key: str, timeout: float) -> Any:
+        """Send ``request``; the answer's ``key``, within ``timeout`` or ZygoteError."""
         if self.broken:
             raise ZygoteError(self.broken)
         deadline = time.monotonic() + timeout
-        request = {"env": env, "cwd": os.getcwd(), "log": str(log)}
         try:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
@@ -83,12 +87,12 @@ class Zygote:
             self._break(f"the zygote is gone ({exc})")
         while True:
             for msg in self._read(max(0.0, deadline - time.monotonic())):
-                if "pid" in msg:
-                    return ForkedRank(self, msg["pid"])
-                if "error" in msg:
-                    raise ZygoteError(msg["error"])
+                if key in msg:
+                    return msg[key]
+            if self.broken:
+                self._break(self.broken)
             if time.monotonic() >= deadline:
-                self._break(f"the zygote did not fork a rank within {timeout:.0f}s")
+                self._break(f"the zygote did not answer within {timeout:.0f}s")
 
     def _break(self, why: str) -> None:
         self.broken = why
@@ -229,6 +233,24 @@ def prestart(argv: list[str]) -> None:
         atexit.register(_discard)
 
 
+def early_gpus(timeout: float = 120.0) -> int | None:
+    """GPUs visible, counted by the prestarted zygote (it has imported torch
+    already); None without one. A zygote that saw a GPU has touched CUDA: it
+    exits, and forks nothing."""
+    global _early
+    z = _early
+    if z is None:
+        return None
+    try:
+        gpus = z.ask({"probe": True}, "gpus", timeout)
+    except ZygoteError:
+        gpus = None
+    if gpus != 0:
+        _early = None
+        z.close()
+    return gpus
+
+
 def adopt(env: dict[str, str]) -> Zygote | None:
     """The prestarted zygote, when it imported under ``env`` (else it is ended)."""
     global _early
@@ -301,6 +323,14 @@ def _serve() -> int:
         *lines, buf = buf.split(b"\n")
         for line in lines:
             req = json.loads(line)
+            if "probe" in req:
+                import torch
+
+                gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+                say({"gpus": gpus})
+                if gpus:
+                    return 0
+                continue
             pid = os.fork()
             if pid == 0:
                 _rank(rank_main, req, (inp, out, wake_r, wake_w), start_cwd)

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz import driver, zygote
+from fuzz import driver, ranks, zygote
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario, Step
 
@@ -85,6 +85,15 @@ def test_a_run_starts_its_zygote_early_and_its_pool_adopts_it_only_if_the_env_ma
     early = zygote._early
     assert early is not None
     try:
+        # It answers the GPU probe (a throwaway process answers the same); having
+        # seen a GPU, it is gone (it touched CUDA), else it is kept for the pool.
+        gpus = ranks.probe_gpus()
+        kept, zygote._early = zygote._early, None
+        assert ranks.probe_gpus() == gpus  # a throwaway process counts the same
+        assert kept is (None if gpus else early)
+        if gpus:
+            return
+        zygote._early = early
         assert zygote.adopt(dict(os.environ, STREAMFUZZ_ANYTHING="x")) is early
         zygote._early = early
         assert zygote.adopt(dict(os.environ, OMP_NUM_THREADS="7")) is None
