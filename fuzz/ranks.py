@@ -243,11 +243,14 @@ class _World:
                         dict(env, STREAMFUZZ_PARENT=str(forker.proc.pid)), log,
                         pool.startup_timeout))
                 return
-            except ZygoteError:
-                for p in self.procs:  # spawn the whole world instead
+            except BaseException as exc:
+                for p in self.procs:  # spawn the whole world instead (or give up)
                     p.kill()
                     p.wait()
                 self.procs = []
+                if not isinstance(exc, ZygoteError):
+                    self.listener.close()
+                    raise
         for env, log in zip(envs, self.logs):
             with open(log, "wb") as fh:
                 self.procs.append(subprocess.Popen(

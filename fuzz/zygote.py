@@ -46,7 +46,8 @@ class ZygoteError(RuntimeError):
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    """Fork CPU ranks? Not where it is switched off, nor off Linux (fork, /proc)."""
+    return os.environ.get(ENV, "1") != "0" and sys.platform.startswith("linux")
 
 
 class Zygote:
@@ -193,6 +194,8 @@ class ForkedRank:
         return self.returncode
 
     def kill(self) -> None:
+        if self.poll() is not None:  # reaped: the pid may be another process's now
+            return
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -200,13 +203,13 @@ class ForkedRank:
 
 
 def _exists(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie no longer does: an orphan's reaper
+    need not reap it at once, or ever, in a container without an init)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 _early: Zygote | None = None
@@ -216,8 +219,7 @@ def prestart(argv: list[str]) -> None:
     """Start a zygote now for a ``run`` that may use CPU ranks, before the
     driver's own imports; the first CPU pool of that environment adopts it."""
     global _early
-    if (not enabled() or not argv or argv[0] != "run" or "-h" in argv or "--help" in argv
-            or not sys.platform.startswith("linux")):
+    if not enabled() or not argv or argv[0] != "run" or "-h" in argv or "--help" in argv:
         return
     device = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--device"), None)
     device = next((a.split("=", 1)[1] for a in argv if a.startswith("--device=")), device)
