@@ -218,11 +218,14 @@ def breakdown(device: str, world: int, target: str, examples: int,
         with RankPool(world, device, timeout=timeout, env={stages.ENV: "1"}) as pool:
             driver.fuzz(pool, target, _settings(True), max_examples=warmup_examples, seed=99,
                         options=options, stop_on_failure=False)
+            pids = [os.getpid(), *pool.pids]
             ranks_before, before = pool.stage_totals(), stages.totals()
+            cpu_before = [thread_cpu(p) for p in pids]
             start = time.perf_counter()
             fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=0,
                              options=options, stop_on_failure=False)
             wall = time.perf_counter() - start
+            cpu_after = [thread_cpu(p) for p in pids]
             after, ranks_after = stages.totals(), pool.stage_totals()
     finally:
         stages.disable()
@@ -236,7 +239,32 @@ def breakdown(device: str, world: int, target: str, examples: int,
         "driver": per_example(stages.since(before, after)),
         "ranks": [per_example(stages.since(b or {}, a or {}))
                   for b, a in zip(ranks_before, ranks_after)],
+        "cpu_threads": [per_example(stages.since(b, a))
+                        for b, a in zip(cpu_before, cpu_after)],
     }
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each of a process's threads, summed by thread name
+    (Linux ``/proc``; empty elsewhere). The stage counters are wall clock; this
+    says which threads burn the cores a busy host shares (gloo's own threads
+    among them)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                text = fh.read()
+        except OSError:
+            continue  # a thread that ended
+        name = text[text.find("(") + 1:text.rfind(")")]
+        fields = text[text.rfind(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 STREAMS_FORM = {name: f"fuzz.targets.pp_draft_streams:{name.replace('-', '_')}"
@@ -491,6 +519,9 @@ def markdown(report: dict[str, Any]) -> str:
             lines += ["", f"Where the time goes (ms per example, stage counters, "
                       f"{breakdowns[0]['examples']} examples of seed 0):", ""]
             lines += stages_report.table(breakdowns)
+            cpu = stages_report.cpu_table(breakdowns)
+            if cpu:
+                lines += ["", "CPU ms per example by thread (the same run; `/proc`):", ""] + cpu
         if r["device"] == "cpu":
             lines += ["", "Detection with gates and spins: not on CPU, whose streams are "
                       "simulated (a race never shows in the values there; the lifetime "

@@ -46,6 +46,21 @@ def table(breakdowns: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def cpu_table(breakdowns: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: CPU ms per example of each process, total and by thread
+    name (the busiest first); empty when no breakdown measured it."""
+    lines = []
+    for b in breakdowns:
+        for i, threads in enumerate(b.get("cpu_threads") or []):
+            process = "driver" if i == 0 else f"rank {i - 1}"
+            busy = sorted(((v, k) for k, v in threads.items() if v >= 0.005), reverse=True)
+            detail = ", ".join(f"{k} {v:.2f}" for v, k in busy) or "-"
+            lines.append(f"| {b['target']} | {process} | {sum(threads.values()):.2f} | {detail} |")
+    if not lines:
+        return []
+    return ["| target | process | CPU ms/ex | by thread |", "|---|---|---|---|"] + lines
+
+
 def plot(path: Path, breakdowns: list[dict[str, Any]], title: str) -> bool:
     """The stacked bars as a PNG at ``path``; False when matplotlib is missing."""
     try:

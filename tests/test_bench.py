@@ -55,6 +55,8 @@ def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path, rank_orac
     for ms in b["ranks"]:
         assert {"runner", "simulation", "lifetime", "messages"} <= set(ms)
         assert "gpu" not in ms and "reuse" not in ms
+    # CPU time by thread, the driver's and each rank's: the ranks' threads ran.
+    assert len(b["cpu_threads"]) == 3 and sum(b["cpu_threads"][1].values()) > 0
     assert (tmp_path / "stages-cpu.png").stat().st_size > 0
     assert "| target | process | wall ms/ex |" in md_path.read_text()
     header = next(ln for ln in md_path.read_text().splitlines() if ln.startswith("| target |"))
