@@ -283,7 +283,13 @@ def _serve() -> int:
     gc.disable()
     import fuzz.rank_main as rank_main
     import fuzz.targets.mutants  # noqa: F401
+    import fuzz.targets.mutated  # noqa: F401
     import fuzz.targets.pp_draft  # noqa: F401
+
+    try:  # what torch imports as a dispatch mode is first entered
+        import torch._subclasses.schema_check_mode  # noqa: F401
+    except ImportError:
+        pass
 
     gc.freeze()
 
