@@ -15,6 +15,9 @@ def main() -> int:
 
         zygote.prestart(sys.argv[1:])  # CPU ranks' torch import, beside ours
         from fuzz.cli import main as cli_main
+    except KeyboardInterrupt:  # Ctrl-C while importing: as after, not a traceback
+        print("streamfuzz: interrupted", file=sys.stderr)
+        return 130
     except Exception:
         traceback.print_exc()
         print(f"streamfuzz: crashed while starting (exit {EXIT_CRASH}); nothing was fuzzed",

@@ -117,3 +117,15 @@ def test_a_driver_killed_with_9_takes_its_zygote_and_ranks_with_it(tmp_path):
         proc.kill()
         proc.wait()
     assert _gone(pids)
+
+
+def test_ctrl_c_while_the_command_line_starts_is_exit_130_and_one_line(monkeypatch, capsys):
+    from fuzz import __main__ as entry
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zygote, "prestart", interrupted)
+    monkeypatch.setattr(sys, "argv", ["streamfuzz", "run", "--device", "cpu"])
+    assert entry.main() == 130
+    assert capsys.readouterr().err == "streamfuzz: interrupted\n"
