@@ -273,17 +273,8 @@ def test_plain_torch_cuda_pre_fix_is_found_on_cuda(gpu_pool):
 
 
 def test_a_race_made_in_a_thread_is_found_on_real_streams():
-    import threading
-
     import streamfuzz
-
-    def copy_out(x, out, wait_for):
-        side = torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            if wait_for is not None:
-                side.wait_event(wait_for)
-            out.append(x.to("cpu", non_blocking=True))
-        side.synchronize()
+    from tests.test_threads import _copy_out_of, _in_thread
 
     for wait in (False, True):
         with streamfuzz.checked(device="cuda", collect=True) as check:
@@ -291,13 +282,11 @@ def test_a_race_made_in_a_thread_is_found_on_real_streams():
             ready = torch.cuda.Event()
             ready.record()
             out = []
-            worker = threading.Thread(target=copy_out, args=(x, out, ready if wait else None))
-            worker.start()
-            worker.join()
+            _in_thread(lambda: _copy_out_of(x, out, ready if wait else None))  # noqa: B023
             out[0].sum()
         races = [f for f in check.findings if f.kind == "race"]
         if wait:
             assert check.findings == [], check.findings
         else:
             assert races and "unordered with main's write" in races[0].message, check.findings
-            assert "copy_out" in races[0].message
+            assert "_copy_out_of" in races[0].message
