@@ -23,6 +23,12 @@ class DispatchMode(TorchDispatchMode):
         return False
 
 
+def unobserved() -> torch._C._DisableTorchDispatch:
+    """The harness's own ops (a gate opened, a checker classifying a tensor),
+    hidden from every dispatch mode: they are no access by the code under test."""
+    return torch._C._DisableTorchDispatch()
+
+
 class _Nothing(DispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         return func(*args, **(kwargs or {}))

@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from fuzz.dispatch_mode import unobserved
+
 DEFAULT_BOUND_MS = 200.0
 _SLOTS = 1024
 _RELEASED, _TIMED_OUT = 1, 2
@@ -137,12 +139,6 @@ class _Waits:
         self._held.clear()
 
 
-def _unobserved() -> Any:
-    """The harness's own ops, hidden from an oracle's dispatch mode: opening a
-    gate is not an access by the code under test."""
-    return torch._C._DisableTorchDispatch()
-
-
 class Gate:
     """One held stream. Open it once, from the host or from a stream."""
 
@@ -154,7 +150,7 @@ class Gate:
 
     def release(self) -> None:
         """Open now, from the host: the held stream resumes within microseconds."""
-        with _unobserved():
+        with unobserved():
             self._pool._flags[self.slot, 0] = 1
         self.opened = True
         with self._pool._lock:
@@ -164,7 +160,7 @@ class Gate:
         """Open when ``stream`` reaches this point: a 4-byte copy queued on it."""
         with self._pool._lock:
             self._pool._waits.opened_after(self, stream.cuda_stream)
-        with torch.cuda.stream(stream), _unobserved():
+        with torch.cuda.stream(stream), unobserved():
             self._pool._flag_views[self.slot].copy_(self._pool._one, non_blocking=True)
         self.opened = True
 
@@ -261,7 +257,7 @@ class Gates:
     def reset(self) -> None:
         """Clear the used slots; only once every gate's stream has been synchronized."""
         if self._next:
-            with _unobserved():
+            with unobserved():
                 self._slots[: self._next].zero_()
             self._next = 0
         with self._lock:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from fuzz import stages
-from fuzz.dispatch_mode import DispatchMode
+from fuzz.dispatch_mode import DispatchMode, unobserved
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
 from fuzz.verdict import Failure
 
@@ -147,7 +147,7 @@ class CudaLifetimeChecker(TensorTracker):
         stages.enter(stages.LIFETIME)
         try:
             # One event at a time from whichever thread; the checker's own ops are not the user's.
-            with self._lock, torch._C._DisableTorchDispatch():
+            with self._lock, unobserved():
                 fn(*args)
         except Exception as exc:
             self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
