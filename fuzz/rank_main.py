@@ -41,6 +41,7 @@ from fuzz.runner import run_scenario
 from fuzz.scenario import Scenario
 from fuzz.streams import CudaStreams, SimStreams
 from fuzz.targets import TargetContext
+from fuzz.zygote import die_with_parent
 
 
 def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
@@ -192,22 +193,6 @@ def _dump_stacks_on_signal() -> None:
 
 
 _STACKS: Any = None
-
-
-def _die_with_driver() -> None:
-    """A rank the driver spawned must not outlive it (a driver killed with -9
-    would otherwise leave a spare world waiting forever)."""
-    parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(0)
 
 
 def _connect(address: str, authkey: bytes) -> Connection:
@@ -441,7 +426,7 @@ def main() -> int:
         print("streamfuzz rank: STREAMFUZZ_DRIVER=host:port is not set; start ranks through "
               "`python -m fuzz run` or pass it to torchrun's environment", file=sys.stderr)
         return 2
-    _die_with_driver()
+    die_with_parent()
     _dump_stacks_on_signal()
     stages.from_env()
     authkey = bytes.fromhex(os.environ.get("STREAMFUZZ_AUTHKEY", "")) or b"streamfuzz"

@@ -275,7 +275,7 @@ def _discard() -> None:
 # -- the zygote process ------------------------------------------------------
 
 def _serve() -> int:
-    _die_with_parent()
+    die_with_parent()
     # Everything a rank imports before its first example, before any fork. The
     # cyclic collector would scan the import's objects again and again (about
     # a tenth of it); frozen, they are never scanned in the ranks either, nor
@@ -382,16 +382,20 @@ def _rank(rank_main: Any, req: dict[str, Any], fds: tuple[int, ...], start_cwd: 
             os._exit(code)
 
 
-def _die_with_parent() -> None:
-    """A zygote whose driver died (even by -9) goes too, and its ranks with it."""
+def die_with_parent() -> None:
+    """A process the driver started (a spawned rank, the zygote, through it a
+    forked rank) must not outlive its parent, ``STREAMFUZZ_PARENT``: a driver
+    killed with -9 would otherwise leave a spare world waiting forever."""
     parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
+    if not parent or not sys.platform.startswith("linux"):
+        return
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if parent and os.getppid() != parent:
+    if os.getppid() != parent:  # it died before prctl took effect
         os._exit(0)
 
 
