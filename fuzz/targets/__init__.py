@@ -22,7 +22,6 @@ import contextlib
 import importlib
 import sys
 import traceback
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,12 +234,11 @@ def load(name: str) -> Factory:
         return vllm_pp.factory(up)
     spec = resolve(name)
     module_name, _, attr = spec.partition(":")
+    importable = import_name(name, module_name)
     try:
-        module = import_target_module(name, module_name)
-    except TargetError:
-        raise
+        module = importlib.import_module(importable)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+        if exc.name is not None and (importable + ".").startswith(exc.name + "."):
             raise TargetError(f"target {name!r}: cannot import {module_name!r} ({exc})") from None
         raise TargetError(_import_failure(name, module_name, exc)) from None
     except Exception as exc:  # the module itself is broken: say where
@@ -255,15 +253,14 @@ def load(name: str) -> Factory:
     return factory
 
 
-def import_target_module(name: str, module_name: str) -> types.ModuleType:
-    """A target's module: a dotted name, or the path of a ``.py`` file.
-
-    A file is imported by its own name with its folder first on ``sys.path``,
+def import_name(name: str, module_name: str) -> str:
+    """What to import a target's module by: a dotted name as it is; for the path
+    of a ``.py`` file, its own name, with its folder put first on ``sys.path``,
     as ``python file.py`` would run it: its imports of the files beside it work,
     and the ranks, given the same target, import the same module.
     """
     if not module_name.endswith(".py"):
-        return importlib.import_module(module_name)
+        return module_name
     path = Path(module_name).resolve()
     if not path.is_file():
         raise TargetError(f"target {name!r}: no such file {module_name!r}")
@@ -277,7 +274,7 @@ def import_target_module(name: str, module_name: str) -> types.ModuleType:
                           f"from {known_file or 'elsewhere'}; rename {path.name!r}")
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
-    return importlib.import_module(path.stem)
+    return path.stem
 
 
 def _import_failure(name: str, module_name: str, exc: BaseException) -> str:

@@ -14,6 +14,7 @@ the module file of its factory.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import re
 import sys
@@ -23,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fuzz import sync_sites
+from fuzz import corpus, sync_sites
 from fuzz.sync_sites import Site
-from fuzz.targets import Factory, TargetError, import_target_module, resolve, upstream_of
+from fuzz.targets import Factory, TargetError, import_name, resolve, upstream_of
 
 SEP = "#"
 HITS_ENV = "STREAMFUZZ_MUTANT_HITS"
@@ -61,8 +62,6 @@ def name(target: str, site: Site) -> str:
 
 def hit_file(mutant: str) -> str:
     """The file name a mutant's first reached site leaves in ``HITS_ENV``."""
-    from fuzz import corpus
-
     return corpus.target_dir(mutant)
 
 
@@ -74,7 +73,7 @@ def source_of(target: str) -> Source:
     spec = resolve(target)
     module_name, _, attr = spec.partition(":")
     try:
-        module = import_target_module(target, module_name)
+        module = importlib.import_module(import_name(target, module_name))
     except ImportError as exc:
         raise TargetError(f"target {target!r}: cannot import {module_name!r} ({exc})") from None
     return module_source(module, attr)
