@@ -4,7 +4,7 @@ import pytest
 
 from fuzz import corpus, driver, targets
 from fuzz.options import Oracle, RunOptions
-from fuzz.scenario import Scenario, Step
+from tests.test_cuda_on_cpu import _one_step
 
 _HANDLER = '''
 from sibling_{tag} import base
@@ -28,11 +28,6 @@ def _write(tmp_path, tag, cls):
     path.write_text(_HANDLER.format(tag=tag))
     return path
 
-
-def _one_step():
-    step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
-                num_rejected=(0, 0))
-    return Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2, steps=(step,))
 
 
 def test_a_file_target_runs_on_the_ranks_with_its_sibling_imports(cpu_pool, tmp_path):

@@ -7,8 +7,8 @@ import torch
 import streamfuzz
 from fuzz import driver
 from fuzz.options import Oracle, RunOptions
-from fuzz.scenario import Scenario, Step
 from fuzz.streams import SimStreams
+from tests.test_cuda_on_cpu import _one_step
 
 LIFETIME = RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE})
 
@@ -73,11 +73,6 @@ def test_thread_start_is_restored_after_the_example():
         assert threading.Thread.start is not start
     assert threading.Thread.start is start
 
-
-def _one_step():
-    step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
-                num_rejected=(0, 0))
-    return Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2, steps=(step,))
 
 
 def test_a_handler_that_broadcasts_from_a_thread_is_checked(cpu_pool):
