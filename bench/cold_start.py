@@ -1,0 +1,118 @@
+"""Where a cold start goes, phase by phase, each in a fresh interpreter.
+
+``fuzz.bench`` measures a cold start end to end (process start to the first
+failure). This splits it: the interpreter alone, ``import torch``, the
+driver's and the rank's module imports, the device's first use, the gate
+kernel's compile (empty and warm Triton cache) and a one-rank process group.
+Each phase is a subprocess timed from before it is spawned, median of
+``--repeat`` runs; ``-X importtime``'s heaviest modules for the driver and the
+rank come last.
+
+    PYTHONPATH=. python bench/cold_start.py --device cuda --out reports/cold-start
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_PG = ("import os, torch, torch.distributed as dist\n"
+       "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(29000 + os.getpid() % 1000),"
+       " RANK='0', WORLD_SIZE='1')\n"
+       "dev = torch.device({dev!r}, 0) if {dev!r} == 'cuda' else torch.device('cpu')\n"
+       "if dev.type == 'cuda': torch.cuda.set_device(dev)\n"
+       "dist.init_process_group('nccl' if dev.type == 'cuda' else 'gloo',"
+       " **({{'device_id': dev}} if dev.type == 'cuda' else {{}}))\n"
+       "t = torch.zeros(1, device=dev); dist.broadcast(t, 0)\n"
+       "dist.destroy_process_group()\n")
+
+_GATES = ("import torch\nfrom fuzz.gates import Gates\n"
+          "Gates.create(torch.device('cuda', 0))\n")
+
+_PG_BESIDE_GATES = ("import threading, torch\nfrom fuzz.gates import Gates\n"
+                    "def g():\n"
+                    "    torch.cuda.set_device(0); Gates.create(torch.device('cuda', 0))\n"
+                    "t = threading.Thread(target=g); t.start()\n"
+                    + _PG.format(dev="cuda") + "t.join()\n")
+"""Does the gate compile overlap the process group's start (both release the GIL)?"""
+
+
+def _phases(device: str) -> dict[str, str]:
+    out = {
+        "interpreter": "pass",
+        "import torch": "import torch",
+        "import driver (fuzz.cli)": "import fuzz.cli, sys; assert 'torch' not in sys.modules",
+        "import rank (fuzz.rank_main)": "import fuzz.rank_main",
+        "first device tensor": f"import torch; torch.zeros(1, device={device!r})",
+        "process group + broadcast": _PG.format(dev=device),
+    }
+    if device == "cuda":
+        out["gates, empty Triton cache"] = _GATES
+        out["gates, warm Triton cache"] = _GATES
+        out["process group beside gates (thread), empty Triton cache"] = _PG_BESIDE_GATES
+    return out
+
+
+def _time(code: str, env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def _heaviest(module: str, env: dict[str, str], top: int = 15) -> list[tuple[int, str]]:
+    """``-X importtime``'s top ``top`` modules by cumulative microseconds."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"],
+                       env=env, capture_output=True, text=True, check=True)
+    rows = []
+    for line in r.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _, cum, name = line[len("import time:"):].split("|")
+        rows.append((int(cum), name.rstrip()))
+    return sorted(rows, reverse=True)[:top]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+    result: dict[str, object] = {"device": args.device, "python": sys.executable, "phases": {}}
+    with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
+        for name, code in _phases(args.device).items():
+            runs = []
+            for i in range(args.repeat):
+                e = dict(env)
+                if "Triton" in name:
+                    cache = Path(tmp) / ("warm" if "warm" in name else f"empty{len(runs)}{name}")
+                    e["TRITON_CACHE_DIR"] = str(cache)
+                    if "warm" in name and i == 0:
+                        _time(code, e)  # fill it
+                runs.append(_time(code, e))
+            result["phases"][name] = {"median_s": statistics.median(runs), "runs": runs}
+            print(f"{name:32s} {statistics.median(runs):6.2f} s  "
+                  f"({', '.join(f'{r:.2f}' for r in runs)})", flush=True)
+    for module in ("fuzz.cli", "fuzz.rank_main"):
+        rows = _heaviest(module, env)
+        result[f"importtime {module}"] = rows
+        print(f"\n-X importtime, import {module}: heaviest (cumulative ms)")
+        for us, name in rows:
+            print(f"  {us / 1000:8.1f}  {name}")
+    (args.out / "cold_start.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
