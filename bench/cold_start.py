@@ -39,8 +39,8 @@ _GATES = ("import torch\nfrom fuzz.gates import Gates\n"
 _PG_BESIDE_GATES = ("import threading, torch\nfrom fuzz.gates import Gates\n"
                     "def g():\n"
                     "    torch.cuda.set_device(0); Gates.create(torch.device('cuda', 0))\n"
-                    "t = threading.Thread(target=g); t.start()\n"
-                    + _PG.format(dev="cuda") + "t.join()\n")
+                    "th = threading.Thread(target=g); th.start()\n"
+                    + _PG.format(dev="cuda") + "th.join()\n")
 """Does the gate compile overlap the process group's start (both release the GIL)?"""
 
 

@@ -395,14 +395,14 @@ class RankPool:
         return _World(self, self._generation)
 
     def _zygote_for_world(self) -> Zygote | None:
-        """The zygote this pool forks CPU ranks from (started on first use, or
+        """The zygote this pool forks ranks from (started on first use, or
         the one ``python -m fuzz run`` started early); None: spawn them."""
-        if self.device != "cpu" or self.external or not zygote.enabled():
+        if self.external or not zygote.enabled():
             return None
         if self._zygote is None:
             env = dict(os.environ, **self.extra_env)
             self._zygote = zygote.adopt(env) or Zygote(env, self.logdir / "zygote.log")
-        if self._zygote.broken or not self._zygote.alive:
+        if self._zygote.broken or not self._zygote.alive or not self._zygote.forks:
             return None
         return self._zygote
 

@@ -1,4 +1,4 @@
-"""CPU ranks forked from one process that has imported torch once.
+"""Ranks forked from one process that has imported torch once.
 
 A rank's cold start is mostly ``import torch``. Spawned, every rank pays it at
 once, each on a core of its own or, on a small host, fighting the others and
@@ -8,15 +8,19 @@ on request: the ranks of a world start together, a replacement world starts
 in milliseconds, and ``python -m fuzz run`` starts its zygote before its own
 imports, so the two overlap.
 
-CPU only: a CUDA rank is spawned as before (a process that has touched CUDA
-cannot be forked, and a GPU node has cores to spare). Anything wrong with the
-zygote (it cannot start, dies, or does not answer) makes the pool spawn its
-ranks instead; ``STREAMFUZZ_ZYGOTE=0`` always does.
+CUDA ranks are forked too, as long as the zygote itself never touches CUDA (a
+process that has cannot fork one that uses it): it counts GPUs through NVML,
+as torch's own fork-safe check does, and each forked rank starts CUDA for
+itself. Where NVML cannot count, the zygote counts through CUDA, says so, and
+ends once it has seen a GPU. Anything wrong with the zygote (it cannot start,
+dies, or does not answer) makes the pool spawn its ranks instead;
+``STREAMFUZZ_ZYGOTE=0`` always does.
 
 The driver side imports no torch. Requests and replies are JSON lines on the
 zygote's stdin and stdout: ``{"env", "cwd", "log"}`` in, ``{"ready"}`` once,
-``{"pid"}`` per fork and ``{"exit", "code"}`` per rank that ended (the zygote
-is the ranks' parent, so it reaps them and says how each ended).
+``{"pid"}`` per fork, ``{"gpus", "forks"}`` per probe and ``{"exit", "code"}``
+per rank that ended (the zygote is the ranks' parent, so it reaps them and
+says how each ended).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ class ZygoteError(RuntimeError):
 
 
 def enabled() -> bool:
-    """Fork CPU ranks? Not where it is switched off, nor off Linux (fork, /proc)."""
+    """Fork ranks? Not where it is switched off, nor off Linux (fork, /proc)."""
     return os.environ.get(ENV, "1") != "0" and sys.platform.startswith("linux")
 
 
@@ -69,10 +73,14 @@ class Zygote:
         self._ready = False
         self.codes: dict[int, int] = {}
         self.broken: str | None = None
+        self.forks = True
+        """False once the zygote has touched CUDA: it cannot fork a rank then."""
 
     def fork(self, env: dict[str, str], log: Path, timeout: float) -> ForkedRank:
         """One rank with ``env``, output to ``log``; waits up to ``timeout`` for
         the zygote to be ready. Raises ZygoteError when it cannot."""
+        if not self.forks:
+            raise ZygoteError("the zygote has touched CUDA")
         request = {"env": env, "cwd": os.getcwd(), "log": str(log)}
         return ForkedRank(self, self.ask(request, "pid", timeout))
 
@@ -127,6 +135,7 @@ class Zygote:
             if "exit" in msg:
                 self.codes[msg["exit"]] = msg["code"]
             else:
+                self.forks = self.forks and msg.get("forks", True)
                 out.append(msg)
         return out
 
@@ -216,14 +225,10 @@ _early: Zygote | None = None
 
 
 def prestart(argv: list[str]) -> None:
-    """Start a zygote now for a ``run`` that may use CPU ranks, before the
-    driver's own imports; the first CPU pool of that environment adopts it."""
+    """Start a zygote now for a ``run``, before the driver's own imports; it
+    answers the GPU probe, and the first pool of that environment adopts it."""
     global _early
     if not enabled() or not argv or argv[0] != "run" or "-h" in argv or "--help" in argv:
-        return
-    device = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--device"), None)
-    device = next((a.split("=", 1)[1] for a in argv if a.startswith("--device=")), device)
-    if device == "cuda":
         return
     try:
         _early = Zygote(dict(os.environ))
@@ -237,8 +242,8 @@ def prestart(argv: list[str]) -> None:
 
 def early_gpus(timeout: float = 120.0) -> int | None:
     """GPUs visible, counted by the prestarted zygote (it has imported torch
-    already); None without one. A zygote that saw a GPU has touched CUDA: it
-    exits, and forks nothing."""
+    already); None without one. A zygote that had to touch CUDA to count them
+    forks nothing more: it is ended."""
     global _early
     z = _early
     if z is None:
@@ -247,7 +252,7 @@ def early_gpus(timeout: float = 120.0) -> int | None:
         gpus = z.ask({"probe": True}, "gpus", timeout)
     except ZygoteError:
         gpus = None
-    if gpus != 0:
+    if gpus is None or not z.forks:
         _early = None
         z.close()
     return gpus
@@ -332,18 +337,46 @@ def _serve() -> int:
         for line in lines:
             req = json.loads(line)
             if "probe" in req:
-                import torch
-
-                gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-                say({"gpus": gpus})
-                if gpus:
+                gpus, forks = _count_gpus()
+                say({"gpus": gpus, "forks": forks})
+                if gpus and not forks:
                     return 0
+                if gpus:
+                    _import_gate_kernels()
                 continue
+            if req["env"].get("STREAMFUZZ_DEVICE") == "cuda":
+                _import_gate_kernels()
             pid = os.fork()
             if pid == 0:
                 _rank(rank_main, req, (inp, out, wake_r, wake_w), start_cwd)
             children.add(pid)
             say({"pid": pid})
+
+
+def _count_gpus() -> tuple[int, bool]:
+    """GPUs visible, and whether this process can still fork ranks: true
+    unless counting them took CUDA itself (NVML could not) and found one."""
+    import torch
+
+    if not torch.cuda._is_compiled():
+        return 0, True
+    try:
+        gpus = torch.cuda._device_count_nvml()  # torch's fork-safe count
+    except Exception:  # a torch without it, or an NVML that fails oddly
+        gpus = -1
+    if gpus >= 0:
+        return gpus, True
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus, gpus == 0  # no device started: CPU ranks still fork
+
+
+def _import_gate_kernels() -> None:
+    """Triton and the gate kernels, once, so that CUDA ranks fork with them
+    imported (importing touches no device)."""
+    try:
+        import fuzz._gate_kernel  # noqa: F401
+    except Exception:  # no Triton: the ranks say so themselves at start
+        pass
 
 
 def _rank(rank_main: Any, req: dict[str, Any], fds: tuple[int, ...], start_cwd: str) -> None:

@@ -10,6 +10,7 @@ from fuzz.bench import crafted
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool, probe_gpus
 from fuzz.scenario import Churn, Delay, Scenario, Step
+from tests.test_zygote import _parent
 
 GATES = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.GATE)
 """What a forced interleaving shows without the lifetime oracle, which would
@@ -158,6 +159,18 @@ def gpu_pool():
     with RankPool(1, "cuda", timeout=60.0) as pool:
         assert pool.info[0].gates.startswith("triton"), pool.info[0].gates
         yield pool
+
+
+def test_cuda_ranks_fork_from_a_zygote_that_never_started_cuda(gpu_pool):
+    # The fixture's rank made its gates (compiled beside NCCL's start) in a
+    # forked process: the zygote counted no GPU through CUDA.
+    forker = gpu_pool._zygote
+    assert forker is not None and forker.alive and forker.forks
+    assert [_parent(p) for p in gpu_pool.pids] == [forker.proc.pid]
+    first = gpu_pool.pids
+    gpu_pool.restart()
+    assert gpu_pool.pids != first and [_parent(p) for p in gpu_pool.pids] == [forker.proc.pid]
+    assert gpu_pool.info[0].gates.startswith("triton"), gpu_pool.info[0].gates
 
 
 def test_gates_force_the_pre_fix_reuse_every_time(gpu_pool):

@@ -1,5 +1,6 @@
-"""CPU ranks forked from a zygote: who their parent is, replacements, and the
-fallback to spawned ranks when the zygote is off, gone or never started."""
+"""Ranks forked from a zygote: who their parent is, replacements, the GPU
+count that keeps it fork-safe, and the fallback to spawned ranks when the
+zygote is off, gone or never started."""
 
 import os
 import signal
@@ -7,6 +8,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from fuzz import driver, ranks, zygote
 from fuzz.ranks import RankPool
@@ -77,20 +80,22 @@ def test_the_off_switch_spawns_every_rank(monkeypatch):
 
 def test_a_run_starts_its_zygote_early_and_its_pool_adopts_it_only_if_the_env_matches(
         monkeypatch):
-    for argv in (["run", "--device", "cuda"], ["run", "--device=cuda"], ["run", "--help"],
-                 ["replay", "x.json"], []):
+    for argv in (["run", "--help"], ["replay", "x.json"], []):
         zygote.prestart(argv)
         assert zygote._early is None, argv
+    zygote.prestart(["run", "--target", "pre-fix", "--device", "cuda"])
+    assert zygote._early is not None  # CUDA ranks fork from it too
+    zygote._discard()
     zygote.prestart(["run", "--target", "pre-fix", "--device", "cpu"])
     early = zygote._early
     assert early is not None
     try:
-        # It answers the GPU probe (a throwaway process answers the same); having
-        # seen a GPU, it is gone (it touched CUDA), else it is kept for the pool.
+        # It answers the GPU probe (a throwaway process answers the same) and is
+        # kept for the pool, unless it had to touch CUDA to count a GPU.
         gpus = ranks.probe_gpus()
         kept, zygote._early = zygote._early, None
         assert ranks.probe_gpus() == gpus  # a throwaway process counts the same
-        assert kept is (None if gpus else early)
+        assert kept is (early if early.forks else None)
         if gpus:
             return
         zygote._early = early
@@ -129,3 +134,23 @@ def test_ctrl_c_while_the_command_line_starts_is_exit_130_and_one_line(monkeypat
     monkeypatch.setattr(sys, "argv", ["streamfuzz", "run", "--device", "cpu"])
     assert entry.main() == 130
     assert capsys.readouterr().err == "streamfuzz: interrupted\n"
+
+
+@pytest.mark.parametrize(("compiled", "nvml", "cuda", "expect"), [
+    (False, 3, 3, (0, True)),  # a CPU build counts nothing, touches nothing
+    (True, 2, 2, (2, True)),  # NVML counts: CUDA untouched, CUDA ranks still fork
+    (True, 0, 0, (0, True)),
+    (True, -1, 1, (1, False)),  # NVML cannot: CUDA counted, and it is started now
+    (True, -1, 0, (0, True)),  # ... no device there: CPU ranks still fork
+])
+def test_the_gpu_count_says_whether_the_zygote_still_forks(monkeypatch, compiled, nvml, cuda,
+                                                             expect):
+    import torch
+
+    touched = []
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: compiled)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: nvml)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: touched.append(1) or cuda > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda)
+    assert zygote._count_gpus() == expect
+    assert bool(touched) == (compiled and nvml < 0)
