@@ -6,7 +6,10 @@ driver's and the rank's module imports, the device's first use, the gate
 kernel's compile (empty and warm Triton cache) and a one-rank process group.
 Each phase is a subprocess timed from before it is spawned, median of
 ``--repeat`` runs; ``-X importtime``'s heaviest modules for the driver and the
-rank come last.
+rank come next. Last, end to end: ``python -m fuzz run`` from process start to
+its first failure (``fuzz.bench.from_process_start``) for pre-fix and pr-fix,
+with ranks forked from the zygote and spawned (``STREAMFUZZ_ZYGOTE=0``),
+alternating.
 
     PYTHONPATH=. python bench/cold_start.py --device cuda --out reports/cold-start
 """
@@ -22,6 +25,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from fuzz.bench import from_process_start
+from fuzz.options import DEFAULT
 
 _PG = ("import os, torch, torch.distributed as dist\n"
        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(29000 + os.getpid() % 1000),"
@@ -83,7 +89,8 @@ def _heaviest(module: str, env: dict[str, str], top: int = 15) -> list[tuple[int
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each phase (default 3)")
+    p.add_argument("--seeds", type=int, default=3, help="end-to-end runs of each kind (default 3)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -111,6 +118,22 @@ def main() -> int:
         for us, name in rows:
             print(f"  {us / 1000:8.1f}  {name}")
     (args.out / "cold_start.json").write_text(json.dumps(result, indent=1))
+    print("\nfrom process start to the first failure (s), zygote / spawned:")
+    for target in ("pre-fix", "pr-fix"):
+        runs: dict[str, list[float | None]] = {"zygote": [], "spawned": []}
+        for seed in range(args.seeds):
+            for how in runs:
+                os.environ["STREAMFUZZ_ZYGOTE"] = "1" if how == "zygote" else "0"
+                r = from_process_start(args.device, 1 if args.device == "cuda" else 2,
+                                       target, seed, 200, 60.0, DEFAULT, 60.0)
+                runs[how].append(r["s"])
+        os.environ.pop("STREAMFUZZ_ZYGOTE")
+        result[f"from process start {target}"] = runs
+        print(f"  {target:8s} " + " / ".join(
+            f"{statistics.median([x for x in v if x is not None] or [float('nan')]):.2f} "
+            f"({', '.join('-' if x is None else f'{x:.2f}' for x in v)})" for v in runs.values()),
+            flush=True)
+        (args.out / "cold_start.json").write_text(json.dumps(result, indent=1))
     return 0
 
 
