@@ -25,13 +25,24 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from fuzz import stages
 from fuzz.dispatch_mode import DispatchMode
+from fuzz.oracles.lifetime import tensors_in
 from fuzz.verdict import Failure
 
 _SKIP = {torch.ops.aten.record_stream.default}
+
+_MAKES_BLOCKS: dict[Any, bool] = {}
+"""Per op overload: may its results be new blocks (not views, not in place)?
+Read from the schema once, not at every op."""
+
+
+def _makes_blocks(func: Any) -> bool:
+    made = _MAKES_BLOCKS.get(func)
+    if made is None:
+        made = _MAKES_BLOCKS[func] = all(r.alias_info is None for r in func._schema.returns)
+    return made
 
 
 class ReuseWatch:
@@ -102,13 +113,13 @@ class _Mode(DispatchMode):
         stream = torch.cuda.current_stream()
         w = self.watch
         if stream == w.main:
-            if any(r.alias_info is not None for r in func._schema.returns):
-                return  # a view or an in-place result: no new block
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    w.check(t, f"output of {func.__name__}")
+            if not w._used or not _makes_blocks(func):
+                return  # nothing off main to collide with, or a view / in-place result
+            for t in tensors_in(out):
+                w.check(t, f"output of {func.__name__}")
         else:
-            flat = tree_flatten((args, kwargs))[0]
-            used = [t for t in flat if isinstance(t, torch.Tensor) and t.is_cuda]
+            used = [t for t in tensors_in(args) if t.is_cuda]
+            if kwargs:
+                used += [t for t in tensors_in(list(kwargs.values())) if t.is_cuda]
             if used:
                 w._note(func.__name__, used, stream)
