@@ -378,11 +378,18 @@ def _run(args: argparse.Namespace) -> int:
     _check_dir(args.corpus, "--corpus")
     if args.report:
         _check_file(args.report, "--report")
-    device, gpus = _device(args.device)
+    options = _run_options(args)
+    try:
+        device, gpus = _device(args.device)
+    except KeyboardInterrupt:  # the GPU count waits for torch's import: the report says so
+        print("interrupted while counting GPUs: no target ran")
+        if args.report:
+            _write_report(args.report, [], args.device, args.world_size or 0, 0, options, True)
+        _say_interrupted(args, [])
+        return 130
     world = _world_size(device, gpus, args.world_size)
     corpus.sweep(args.corpus)
     settings = profiles.get(args.profile)
-    options = _run_options(args)
     for name in names:
         up = targets.upstream_of(name)
         if up is not None:
@@ -405,11 +412,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.report:
         _write_report(args.report, results, device, world, restarts, options, interrupted)
     if interrupted:
-        saved = [str(r.corpus_path) for r in results if r.corpus_path]
-        print("streamfuzz: interrupted" + (f"; saved {', '.join(saved)}" if saved else "")
-              + (f"; report in {args.report}" if args.report else ""), file=sys.stderr)
+        _say_interrupted(args, [str(r.corpus_path) for r in results if r.corpus_path])
         return 130
     return 1 if any(r.failure for r in results) else 0
+
+
+def _say_interrupted(args: argparse.Namespace, saved: list[str]) -> None:
+    print("streamfuzz: interrupted" + (f"; saved {', '.join(saved)}" if saved else "")
+          + (f"; report in {args.report}" if args.report else ""), file=sys.stderr)
 
 
 def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, settings: Any,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 from hypothesis import strategies as st
@@ -174,3 +175,26 @@ def test_ctrl_c_while_the_ranks_start_reports_that_no_target_ran(tmp_path, monke
     assert data["failures"] == [] and data["targets"] == [] and data["target"] == []
     ((procs, logdir),) = seen
     assert all(p.poll() is not None for p in procs) and not logdir.exists()
+
+
+def test_ctrl_c_while_gpus_are_counted_reports_that_no_target_ran(tmp_path, monkeypatch, capsys,
+                                                                  sigint_raises):
+    """``--device auto`` waits for the zygote's torch import to count GPUs: a
+    real SIGINT then still leaves a report (no target ran, nothing on disk lost)."""
+    def probe():
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        time.sleep(5)
+        return 0
+
+    monkeypatch.setattr(cli, "probe_gpus", probe)
+    report = tmp_path / "r.json"
+    rc = cli.main(["run", "--device", "auto", "--target", "main-gather", "--seed", "1",
+                   "--profile", "ci", "--corpus", str(tmp_path / "corpus"),
+                   "--report", str(report)])
+    out, err = capsys.readouterr()
+    assert rc == 130
+    assert "interrupted while counting GPUs: no target ran" in out
+    assert "streamfuzz: interrupted" in err and f"report in {report}" in err
+    data = json.loads(report.read_text())
+    assert data["interrupted"] and data["examples"] == 0 and data["device"] == "auto"
+    assert data["failures"] == [] and data["targets"] == []
