@@ -38,6 +38,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field, replace
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,15 @@ def _join(into: Clock, other: Clock) -> None:
             into[k] = v
 
 
-@dataclass
+def _unordered(last: dict[Any, Access], s: Any, point: Clock) -> Access | None:
+    """The first of another stream's last accesses not ordered before ``point``."""
+    for t, a in last.items():
+        if t != s and point.get(a.stream, 0) < a.time:
+            return a
+    return None
+
+
+@dataclass(slots=True)
 class Access:
     """One use of a storage: on which stream, at which point, by which op, from where."""
 
@@ -120,7 +129,7 @@ class Access:
     step: int | None
 
 
-@dataclass
+@dataclass(slots=True)
 class StorageInfo:
     """What the model knows of one live storage (never the storage itself)."""
 
@@ -220,18 +229,13 @@ class LifetimeModel:
         c = self._enqueue(s)
         now = Access(s, c[s], op, write, frames, self.step)
         if not info.raced:
-            for _other, prev in self._conflicts(info, s, write):
-                if not self._ordered(prev, c):
-                    info.raced = True
-                    self._race(info, prev, now)
-                    break
+            prev = _unordered(info.last_write, s, c)
+            if prev is None and write:
+                prev = _unordered(info.last_read, s, c)
+            if prev is not None:
+                info.raced = True
+                self._race(info, prev, now)
         (info.last_write if write else info.last_read)[s] = now
-
-    def _conflicts(self, info: StorageInfo, s: Any, write: bool) -> list[tuple[Any, Access]]:
-        out = [(t, a) for t, a in info.last_write.items() if t != s]
-        if write:
-            out += [(t, a) for t, a in info.last_read.items() if t != s]
-        return out
 
     def record_stream(self, key: int, s: Any) -> None:
         info = self.storages.get(key)
@@ -313,38 +317,39 @@ def _at(use: Access) -> str:
 
 
 _SKIP, _USER, _RUNNER = 0, 1, 2
-_CODE_KINDS: dict[Any, int] = {}
-"""Each code object's kind, decided once: frames are walked at every op."""
+_FILE_KINDS: dict[str, int] = {}
+"""Each source file's kind, decided once: frames are walked at every op. Keyed
+by file name, not by code object: a code object's hash is not cached (it is
+computed from its bytecode, constants and names at every lookup), a string's is."""
 
 
-def _code_kind(code: Any) -> int:
-    kind = _CODE_KINDS.get(code)
-    if kind is None:
-        path = code.co_filename
-        kind = (_RUNNER if path.startswith(_RUNNER_DIRS) else
-                _USER if (not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES)
-                          and path not in _SKIP_PATHS and code.co_name not in _MODE_HOOKS)
-                else _SKIP)
-        if len(_CODE_KINDS) > 100_000:  # code made at run time, over and over
-            _CODE_KINDS.clear()
-        _CODE_KINDS[code] = kind
+def _file_kind(path: str) -> int:
+    kind = (_RUNNER if path.startswith(_RUNNER_DIRS) else
+            _USER if (not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES)
+                      and path not in _SKIP_PATHS)
+            else _SKIP)
+    if len(_FILE_KINDS) > 100_000:  # code made at run time, each with a name of its own
+        _FILE_KINDS.clear()
+    _FILE_KINDS[path] = kind
     return kind
 
 
 def frames_here(limit: int = 4) -> Frames:
     """The innermost frames of the program under test, as plain strings."""
     out: list[tuple[str, int, str]] = []
-    kinds = _CODE_KINDS
+    kinds = _FILE_KINDS
     f = sys._getframe(1)
     while f is not None:
         code = f.f_code
-        kind = kinds.get(code)  # asked at every op: the dict first, the decision once
+        path = code.co_filename
+        kind = kinds.get(path)  # asked at every op: the dict first, the decision once
         if kind is None:
-            kind = _code_kind(code)
+            kind = _file_kind(path)
         if kind == _USER:
-            out.append((code.co_filename, f.f_lineno, code.co_name))
-            if len(out) == limit:
-                break
+            if code.co_name not in _MODE_HOOKS:
+                out.append((path, f.f_lineno, code.co_name))
+                if len(out) == limit:
+                    break
         elif kind == _RUNNER:
             break
         f = f.f_back
@@ -372,13 +377,14 @@ def _leaves(x: Any) -> Any:
     return _NO_TENSORS
 
 
-_OPS: dict[Any, tuple[str, str, tuple[str, ...], tuple[bool, ...], bool]] = {}
+_OpInfo = tuple[str, str, tuple[str, ...], tuple[bool, ...], bool, bool]
+_OPS: dict[Any, _OpInfo] = {}
 """Per op overload, read from its schema once: (schema name, label, argument
 names, which arguments it writes, whether it touches no data: every result
-a view, or metadata only)."""
+a view, or metadata only, whether it is a collective)."""
 
 
-def _op_info(func: Any) -> tuple[str, str, tuple[str, ...], tuple[bool, ...], bool]:
+def _op_info(func: Any) -> _OpInfo:
     info = _OPS.get(func)
     if info is None:
         schema = func._schema
@@ -387,7 +393,8 @@ def _op_info(func: Any) -> tuple[str, str, tuple[str, ...], tuple[bool, ...], bo
             schema.name, str(func).replace(".default", ""),
             tuple(a.name for a in schema.arguments),
             tuple(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments),
-            bool(views) and all(views) or schema.name in _METADATA_OPS)
+            bool(views) and all(views) or schema.name in _METADATA_OPS,
+            schema.name.startswith("c10d::"))
     return info
 
 
@@ -462,17 +469,20 @@ class TensorTracker:
             info.name = self.names.pop(key, None)
             self._live[key] = ref.cdata
 
-    def poll(self, frames: Frames | None = None) -> None:
-        """Report the storages freed since the last call."""
+    def poll(self, frames: Frames | None = None) -> Frames | None:
+        """Report the storages freed since the last call; returns the frames
+        they were reported with (``frames``, walked here when None and needed),
+        so that an op walks the stack once."""
         # Called at every op: the weak references are tested directly, without
-        # StorageWeakRef.expired's two Python calls per storage.
-        expired = _expired
-        dead = [k for k, ref in self._live.items() if expired(ref)]
+        # StorageWeakRef.expired's two Python calls per storage, in one C loop.
+        live = self._live
+        dead = list(compress(live, map(_expired, live.values())))
         if dead:
             frames = frames if frames is not None else frames_here()
             for k in dead:
-                del self._live[k]
+                del live[k]
                 self.model.free(k, frames)
+        return frames
 
     def name(self, t: torch.Tensor, name: str, s: Any) -> None:
         """Give ``t``'s storage a name for reports (registers it on ``s`` if new)."""
@@ -504,25 +514,33 @@ class TensorTracker:
 
     def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any) -> None:
         """One aten or c10d op issued while ``s`` was the current stream."""
-        frames = frames_here()
-        self.poll(frames)
-        name, label, arg_names, arg_writes, view_op = _op_info(func)
+        frames = self.poll()
+        name, label, arg_names, arg_writes, view_op, collective = _op_info(func)
+        storages = self.model.storages
+        classify = self._classify
         reads: list[tuple[torch.Tensor, int, str]] = []
         writes: list[tuple[torch.Tensor, int, str]] = []
         kinds: set[str] = set()
         host_writes: set[str] = set()
         in_keys: set[int] = set()
         view = False
-        if name.startswith("c10d::"):
+        if collective:
             self._collective(func, args, kwargs, reads, writes, kinds)
         else:
             # Without keyword arguments the rest would all be None: no tensors.
             positional = (list(args) + [kwargs.get(n) for n in arg_names[len(args):]]
                           if kwargs else args)
+            n_writes = len(arg_writes)
             for i, arg in enumerate(positional):
-                write = i < len(arg_writes) and arg_writes[i]
-                for leaf in _leaves(arg):
-                    key, kind = self._classify(leaf)
+                if isinstance(arg, torch.Tensor):
+                    leaves: Any = (arg,)
+                elif isinstance(arg, (list, tuple)):
+                    leaves = tensors_in(arg)
+                else:
+                    continue
+                write = i < n_writes and arg_writes[i]
+                for leaf in leaves:
+                    key, kind = classify(leaf)
                     kinds.add(kind)
                     if write and kind != DEVICE:
                         host_writes.add(kind)
@@ -533,28 +551,34 @@ class TensorTracker:
         fresh: list[tuple[torch.Tensor, int, str]] = []
         if not view:
             for leaf in _leaves(out):
-                key, kind = self._classify(leaf)
-                if key is None or (key not in in_keys and key not in self.model.storages):
+                key, kind = classify(leaf)
+                if key is None or (key not in in_keys and key not in storages):
                     kinds.add(kind)
                     if kind != DEVICE:
                         host_writes.add(kind)
                     if key is not None:
                         fresh.append((leaf, key, kind))
+        used = reads + writes
+        if frames is None:  # walked only where something is recorded (not for
+            # host-only ops, nor for views of storages already followed)
+            frames = frames_here() if (fresh or (used and not view) or any(
+                k not in storages for _, k, _ in used)) else ()
         # Device memory is only ever touched by a stream; everything else is the host's.
         party = s if DEVICE in kinds else HOST
-        for leaf, key, kind in reads + writes:
+        for leaf, key, kind in used:
             self._ensure(leaf, key, party, label, frames, kind)
         if view:
             return  # metadata only, no data touched
-        for key in dict.fromkeys(k for _, k, _ in reads):
-            self.model.access(key, party, False, label, frames)
-        for key in dict.fromkeys(k for _, k, _ in writes):
-            self.model.access(key, party, True, label, frames)
+        access = self.model.access
+        for key in dict.fromkeys([k for _, k, _ in reads]):
+            access(key, party, False, label, frames)
+        for key in dict.fromkeys([k for _, k, _ in writes]):
+            access(key, party, True, label, frames)
         for leaf, key, kind in fresh:
-            if key not in self.model.storages:
+            if key not in storages:
                 self._ensure(leaf, key, party, label, frames, kind)
                 if kind == PINNED and party != HOST:
-                    self.model.access(key, party, True, label, frames)  # a copy into it
+                    access(key, party, True, label, frames)  # a copy into it
         if party != HOST and (name in _HOST_SYNC_OPS
                               or self._blocking_copy(name, args, kwargs, kinds, host_writes)):
             self.model.sync_stream(s)
