@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves
 
 from fuzz import stages
 from fuzz.verdict import Failure
@@ -421,9 +420,8 @@ class TensorTracker:
     touches device memory runs on stream ``s``; any other op runs on the host.
     """
 
-    def __init__(self, model: LifetimeModel, device_type: str, my_group_rank: int = 0) -> None:
+    def __init__(self, model: LifetimeModel, my_group_rank: int = 0) -> None:
         self.model = model
-        self.device_type = device_type
         self.group_rank = my_group_rank
         self.names: dict[int, str] = {}
         self._live: dict[int, int] = {}
@@ -439,10 +437,11 @@ class TensorTracker:
         self.model.step = value
 
     def kind(self, t: torch.Tensor) -> str:
-        """``DEVICE``, ``PINNED`` or ``PAGEABLE``: what memory ``t`` lives in."""
-        if t.device.type == self.device_type:
+        """``DEVICE`` (CUDA), ``PINNED`` or ``PAGEABLE``: what memory ``t`` lives in.
+        Asked of every tensor of every op: ``is_cuda`` makes no device object."""
+        if t.is_cuda:
             return DEVICE
-        return PINNED if t.device.type == "cpu" and t.is_pinned() else PAGEABLE
+        return PINNED if t.is_cpu and t.is_pinned() else PAGEABLE
 
     def _classify(self, t: Any) -> tuple[int | None, str | None]:
         """(storage key or None where not followed, memory kind or None for a non-tensor)."""
@@ -459,15 +458,15 @@ class TensorTracker:
     def _key(self, t: Any) -> int | None:
         return self._classify(t)[0]
 
-    def _ensure(self, t: torch.Tensor, key: int, s: Any, op: str, frames: Frames,
+    def _follow(self, t: torch.Tensor, key: int, s: Any, op: str, frames: Frames,
                 kind: str = DEVICE) -> None:
-        if key not in self.model.storages:
-            ref = StorageWeakRef(t.untyped_storage())
-            owner = HOST if kind == PINNED else s
-            info = self.model.allocate(key, ref, owner, tuple(t.shape), str(t.dtype).replace(
-                "torch.", ""), op, frames)
-            info.name = self.names.pop(key, None)
-            self._live[key] = ref.cdata
+        """Start following a storage the model does not know yet."""
+        ref = StorageWeakRef(t.untyped_storage())
+        owner = HOST if kind == PINNED else s
+        info = self.model.allocate(key, ref, owner, tuple(t.shape), str(t.dtype).replace(
+            "torch.", ""), op, frames)
+        info.name = self.names.pop(key, None)
+        self._live[key] = ref.cdata
 
     def poll(self, frames: Frames | None = None) -> Frames | None:
         """Report the storages freed since the last call; returns the frames
@@ -491,7 +490,7 @@ class TensorTracker:
             return
         self.poll()
         if key not in self.model.storages:  # the frames only for a storage first seen here
-            self._ensure(t, key, s, "a host copy", frames_here(), kind)
+            self._follow(t, key, s, "a host copy", frames_here(), kind)
         self.model.storages[key].name = name
 
     def record_stream(self, t: torch.Tensor, s: Any) -> None:
@@ -509,7 +508,8 @@ class TensorTracker:
             return
         if kind == DEVICE:
             return  # a blocking copy first, which the op that makes it reports
-        self._ensure(t, key, HOST, op, frames, kind)
+        if key not in self.model.storages:
+            self._follow(t, key, HOST, op, frames, kind)
         self.model.access(key, HOST, False, op, frames)
 
     def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any) -> None:
@@ -525,7 +525,7 @@ class TensorTracker:
         in_keys: set[int] = set()
         view = False
         if collective:
-            self._collective(func, args, kwargs, reads, writes, kinds)
+            self._collective(name, arg_names, arg_writes, args, kwargs, reads, writes, kinds)
         else:
             # Without keyword arguments the rest would all be None: no tensors.
             positional = (list(args) + [kwargs.get(n) for n in arg_names[len(args):]]
@@ -566,7 +566,8 @@ class TensorTracker:
         # Device memory is only ever touched by a stream; everything else is the host's.
         party = s if DEVICE in kinds else HOST
         for leaf, key, kind in used:
-            self._ensure(leaf, key, party, label, frames, kind)
+            if key not in storages:
+                self._follow(leaf, key, party, label, frames, kind)
         if view:
             return  # metadata only, no data touched
         access = self.model.access
@@ -576,7 +577,7 @@ class TensorTracker:
             access(key, party, True, label, frames)
         for leaf, key, kind in fresh:
             if key not in storages:
-                self._ensure(leaf, key, party, label, frames, kind)
+                self._follow(leaf, key, party, label, frames, kind)
                 if kind == PINNED and party != HOST:
                     access(key, party, True, label, frames)  # a copy into it
         if party != HOST and (name in _HOST_SYNC_OPS
@@ -595,32 +596,30 @@ class TensorTracker:
                                                       and bool(args[2]))
         return not non_blocking or PAGEABLE in host_writes
 
-    def _collective(self, func: Any, args: tuple, kwargs: dict,
-                    reads: list, writes: list, kinds: set[str]) -> None:
-        """c10d ops as NCCL runs them: async on the current stream."""
-        schema = func._schema
-        bound = dict(zip([a.name for a in schema.arguments], args))
+    def _collective(self, name: str, arg_names: tuple[str, ...], arg_writes: tuple[bool, ...],
+                    args: tuple, kwargs: dict, reads: list, writes: list,
+                    kinds: set[str]) -> None:
+        """c10d ops as NCCL runs them: async on the current stream. Their
+        tensors are in lists (or lists of lists), never in other containers."""
+        bound = dict(zip(arg_names, args))
         bound.update(kwargs)
-        if schema.name == "c10d::broadcast_":
+        if name == "c10d::broadcast_":
             root = bound.get("root_rank", 0)
             target = reads if root == self.group_rank else writes
-            for leaf in tree_leaves(bound.get("tensors")):
+            for leaf in tensors_in(bound.get("tensors")):
                 key, kind = self._classify(leaf)
-                if kind is not None:
-                    kinds.add(kind)
+                kinds.add(kind)
                 if key is not None:
                     target.append((leaf, key, kind))
             return
-        for a in schema.arguments:
-            write = a.alias_info is not None and a.alias_info.is_write
-            for leaf in tree_leaves(bound.get(a.name)):
+        for arg_name, write in zip(arg_names, arg_writes):
+            for leaf in tensors_in(bound.get(arg_name)):
                 key, kind = self._classify(leaf)
-                if kind is not None:
-                    kinds.add(kind)
+                kinds.add(kind)
                 if key is not None:
                     # Reduction buffers are read and written.
                     reads.append((leaf, key, kind))
-                    if write or "output" in a.name or schema.name.startswith("c10d::allreduce"):
+                    if write or "output" in arg_name or name.startswith("c10d::allreduce"):
                         writes.append((leaf, key, kind))
 
     def finish(self) -> list[Failure]:
@@ -634,7 +633,7 @@ class LifetimeChecker(TensorTracker):
     def __init__(self, streams: Any, rank: int | None = None, group_rank: int = 0) -> None:
         self.streams = streams
         names: dict[Any, str] = {0: "main"}
-        super().__init__(LifetimeModel(rank, names), "cpu", group_rank)
+        super().__init__(LifetimeModel(rank, names), group_rank)
         self.model.new_stream(0)
 
     def attach(self) -> LifetimeChecker:

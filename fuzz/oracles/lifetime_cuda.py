@@ -54,6 +54,10 @@ def _install() -> None:
     _installed = True
 
 
+_RECORD_STREAM = torch.ops.aten.record_stream.default
+"""Looked up once: every op is compared with it."""
+
+
 class _CudaDispatch(DispatchMode):
     def __init__(self, checker: CudaLifetimeChecker) -> None:
         super().__init__()
@@ -62,7 +66,7 @@ class _CudaDispatch(DispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func is torch.ops.aten.record_stream.default:
+        if func is _RECORD_STREAM:
             self.checker._guarded(self.checker._on_record_stream, args[0], args[1])
         else:
             self.checker._guarded(self.checker._on_op, func, args, kwargs, out)
@@ -113,7 +117,7 @@ class CudaLifetimeChecker(TensorTracker):
     """The lifetime oracle on real CUDA streams (see the module docstring)."""
 
     def __init__(self, streams: Any, rank: int | None = None, group_rank: int = 0) -> None:
-        super().__init__(LifetimeModel(rank, {}), "cuda", group_rank)
+        super().__init__(LifetimeModel(rank, {}), group_rank)
         self.streams = streams
         self.device = streams.device
         self._index = torch.cuda.current_stream(self.device).device_index
