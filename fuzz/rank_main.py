@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from fuzz import dispatch_mode, messages, protocols, stages, targets
+from fuzz import dispatch_mode, gloo_threads, messages, protocols, stages, targets
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
@@ -423,6 +423,7 @@ _HANDLERS = {Run: _Serving.on_run, Stats: _Serving.on_stats, Stop: _Serving.on_s
 
 def serve(device_kind: str, address: str, authkey: bytes) -> NoReturn:
     device, group, info = _setup(device_kind)
+    gloo_threads.no_wakeup_preemption()
     try:
         conn = _connect(address, authkey)
     except HandshakeError as exc:

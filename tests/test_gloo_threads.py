@@ -1,0 +1,38 @@
+"""A CPU rank's gloo transport threads are batch threads (no preemption on wake-up)."""
+
+import os
+import sys
+
+import pytest
+
+from fuzz import gloo_threads
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="thread scheduling policies are read from Linux /proc")
+
+
+def _gloo_loops(pid: int) -> dict[int, int]:
+    """Each gloo transport thread of ``pid``: its scheduling policy."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                if fh.read().strip() in gloo_threads.THREADS:
+                    out[int(tid)] = os.sched_getscheduler(int(tid))
+        except OSError:
+            continue
+    return out
+
+
+def test_every_rank_of_a_cpu_world_runs_its_gloo_loops_as_batch_threads(cpu_pool):
+    for pid in cpu_pool.pids:
+        loops = _gloo_loops(pid)
+        # The default process group and the ranks' own group: one loop each at least.
+        assert len(loops) >= 2, loops
+        assert set(loops.values()) == {os.SCHED_BATCH}, loops
+
+
+def test_threads_with_other_names_are_left_alone():
+    main = os.sched_getscheduler(0)
+    assert gloo_threads.no_wakeup_preemption() == []  # this process has no gloo threads
+    assert os.sched_getscheduler(0) == main
