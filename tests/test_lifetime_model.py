@@ -3,7 +3,7 @@ must and stays quiet when the program's synchronization covers the access."""
 
 import pytest
 
-from fuzz.oracles.lifetime import LifetimeModel
+from fuzz.oracles.lifetime import LifetimeModel, frames_here
 
 MAIN, SIDE = 0, 1
 
@@ -155,3 +155,18 @@ def test_findings_past_the_cap_are_counted_not_silently_dropped():
     assert found[-1].message.endswith("... and 4 more finding(s) in this example, "
                                          "not shown (the first 8 are)")
     assert "more finding" not in m.findings[-1].message
+
+
+def test_frames_are_the_callers_without_a_user_defined_mode_hook():
+    # A mode's hook is the harness watching an op, even where a user wrote it;
+    # the walk ends at the test runner.
+    def __torch_dispatch__():  # noqa: N807 - the hook's name is the point
+        return frames_here()
+
+    def caller():
+        return __torch_dispatch__()
+
+    frames = caller()
+    assert [fn for _, _, fn in frames] == [
+        "caller", "test_frames_are_the_callers_without_a_user_defined_mode_hook"]
+    assert all(path == __file__ for path, _, _ in frames)
