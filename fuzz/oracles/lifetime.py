@@ -108,14 +108,6 @@ def _join(into: Clock, other: Clock) -> None:
             into[k] = v
 
 
-def _unordered(last: dict[Any, Access], s: Any, point: Clock) -> Access | None:
-    """The first of another stream's last accesses not ordered before ``point``."""
-    for t, a in last.items():
-        if t != s and point.get(a.stream, 0) < a.time:
-            return a
-    return None
-
-
 @dataclass(slots=True)
 class Access:
     """One use of a storage: on which stream, at which point, by which op, from where."""
@@ -126,6 +118,19 @@ class Access:
     write: bool
     frames: Frames
     step: int | None
+
+
+def _ordered(a: Access, point: Clock) -> bool:
+    """Whether access ``a`` happens before ``point`` on every interleaving."""
+    return point.get(a.stream, 0) >= a.time
+
+
+def _unordered(last: dict[Any, Access], s: Any, point: Clock) -> Access | None:
+    """The first of another stream's last accesses not ordered before ``point``."""
+    for t, a in last.items():
+        if t != s and not _ordered(a, point):
+            return a
+    return None
 
 
 @dataclass(slots=True)
@@ -206,9 +211,6 @@ class LifetimeModel:
             if s != HOST:
                 _join(self.host, c)
 
-    def _ordered(self, a: Access, point: Clock) -> bool:
-        return point.get(a.stream, 0) >= a.time
-
     # -- storages ------------------------------------------------------------
     def allocate(self, key: int, ref: Any, s: Any, shape: tuple[int, ...], dtype: str,
                  op: str, frames: Frames) -> StorageInfo:
@@ -254,7 +256,7 @@ class LifetimeModel:
                 if t != info.stream and (t not in uses or a.time > uses[t].time):
                     uses[t] = a
         for t, a in uses.items():
-            if t not in info.recorded and not self._ordered(a, point):
+            if t not in info.recorded and not _ordered(a, point):
                 self._lifetime(info, a, frames)
                 break
 
