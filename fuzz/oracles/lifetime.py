@@ -320,8 +320,8 @@ def _at(use: Access) -> str:
 _SKIP, _USER, _RUNNER = 0, 1, 2
 _FILE_KINDS: dict[str, int] = {}
 """Each source file's kind, decided once: frames are walked at every op. Keyed
-by file name, not by code object: a code object's hash is not cached (it is
-computed from its bytecode, constants and names at every lookup), a string's is."""
+by file name, not by code object: a code object's hash is not cached (every
+lookup hashes its constants and names again), a string's is."""
 
 
 def _file_kind(path: str) -> int:
