@@ -162,17 +162,9 @@ def test_ctrl_c_while_the_ranks_start_reports_that_no_target_ran(tmp_path, monke
         return real(self, world_size, timeout)
 
     monkeypatch.setattr(ranks._World, "accept", accept)
-    report = tmp_path / "r.json"
-    rc = cli.main(["run", "--device", "cpu", "--target", "main-gather", "--seed", "1",
-                   "--profile", "ci", "--corpus", str(tmp_path / "corpus"),
-                   "--report", str(report)])
-    out, err = capsys.readouterr()
-    assert rc == 130
-    assert "interrupted while the 2 ranks were starting: no target ran" in out
-    assert "streamfuzz: interrupted" in err and f"report in {report}" in err
-    data = json.loads(report.read_text())
-    assert data["interrupted"] and data["examples"] == 0
-    assert data["failures"] == [] and data["targets"] == [] and data["target"] == []
+    data = _interrupted_before_any_target(tmp_path, capsys, "cpu",
+                                          "interrupted while the 2 ranks were starting")
+    assert data["device"] == "cpu"
     ((procs, logdir),) = seen
     assert all(p.poll() is not None for p in procs) and not logdir.exists()
 
@@ -187,14 +179,23 @@ def test_ctrl_c_while_gpus_are_counted_reports_that_no_target_ran(tmp_path, monk
         return 0
 
     monkeypatch.setattr(cli, "probe_gpus", probe)
+    data = _interrupted_before_any_target(tmp_path, capsys, "auto",
+                                          "interrupted while counting GPUs")
+    assert data["device"] == "auto"
+
+
+def _interrupted_before_any_target(tmp_path, capsys, device, said):
+    """Run main-gather on ``device`` (the test interrupts it): exit 130, ``said``,
+    and a report that says no target ran. Returns the report."""
     report = tmp_path / "r.json"
-    rc = cli.main(["run", "--device", "auto", "--target", "main-gather", "--seed", "1",
+    rc = cli.main(["run", "--device", device, "--target", "main-gather", "--seed", "1",
                    "--profile", "ci", "--corpus", str(tmp_path / "corpus"),
                    "--report", str(report)])
     out, err = capsys.readouterr()
     assert rc == 130
-    assert "interrupted while counting GPUs: no target ran" in out
+    assert f"{said}: no target ran" in out
     assert "streamfuzz: interrupted" in err and f"report in {report}" in err
     data = json.loads(report.read_text())
-    assert data["interrupted"] and data["examples"] == 0 and data["device"] == "auto"
-    assert data["failures"] == [] and data["targets"] == []
+    assert data["interrupted"] and data["examples"] == 0
+    assert data["failures"] == [] and data["targets"] == [] and data["target"] == []
+    return data
