@@ -503,13 +503,14 @@ class TensorTracker:
 
     def host_read(self, t: torch.Tensor, op: str) -> None:
         """The host reads ``t``'s data directly (``tolist``, ``numpy``): no aten op says so."""
-        frames = frames_here()
-        self.poll(frames)
+        frames = self.poll()
         key, kind = self._classify(t)
         if key is None:
-            return
+            return  # pageable memory: not followed, so no frames walked for it
         if kind == DEVICE:
             return  # a blocking copy first, which the op that makes it reports
+        if frames is None:
+            frames = frames_here()
         if key not in self.model.storages:
             self._follow(t, key, HOST, op, frames, kind)
         self.model.access(key, HOST, False, op, frames)
