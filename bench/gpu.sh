@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU numbers in one bounded command (at most 9.5 minutes: the steps' own timeouts add
-# up to 570 s), each log written as it goes: the lifetime oracle's cost on CUDA and CPU,
-# the GPU tests, the bench (throughput vs the hand loop with the stage breakdown, gates
-# vs spins, cold time to first failure; pre-fix's throughput last), and vLLM's
-# packed-tensor weight sync with a gate.
+# The GPU numbers in one bounded command (at most 10 minutes: the steps' own timeouts add
+# up to 590 s), each log written as it goes: the lifetime oracle's cost on CUDA and CPU,
+# what a dispatch mode costs a broadcast, `make test` (the GPU tests running), the bench
+# (throughput vs the hand loop with the stage breakdown, gates vs spins, cold time to
+# first failure; pre-fix's throughput last), and vLLM's packed-tensor weight sync with
+# a gate.
 # Usage, from the repository root: bash bench/gpu.sh OUTDIR [VLLM_TREES]
 # VLLM_TREES holds vLLM source trees per version (VLLM_TREES/0.34.0/vllm/...); a node
 # without network cannot fetch a wheel. Everything is packed into OUTDIR/all.tgz after
@@ -25,25 +26,29 @@ say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pac
 say "machine: $(tr '\n' ' ' < "$w/machine.txt")"
 
 for d in cuda cpu; do
-  timeout 45 "$py" bench/lifetime_cost.py --device $d --examples 40 --rounds 5 \
+  timeout 40 "$py" bench/lifetime_cost.py --device $d --examples 40 --rounds 5 \
       --out "$w/lifetime-$d" > "$w/lifetime-$d.log" 2>&1
   say "lifetime_cost $d: exit $?"; tail -12 "$w/lifetime-$d/lifetime_cost.md" 2>/dev/null \
       | tee -a "$out/summary.txt"
 done
 
-timeout 90 "$py" -m pytest -q -m gpu -n 4 -rfE -p no:cacheprovider tests/ > "$w/gpu-tests.log" 2>&1
-say "gpu tests: exit $? ($(tail -1 "$w/gpu-tests.log"))"
-grep -E '^(FAILED|ERROR)' "$w/gpu-tests.log" | tee -a "$out/summary.txt"
+timeout 25 "$py" bench/broadcast_cost.py --device cuda --out "$w/broadcast" \
+    > "$w/broadcast.log" 2>&1
+say "broadcast_cost: exit $?"; tail -12 "$w/broadcast.log" | tee -a "$out/summary.txt"
 
-timeout 330 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
-    --target main-gather --target main-gather-synced --target pr-fix --target pre-fix --examples 100 \
-    --oracle-examples 30 --detect-examples 100 --random-examples 50 --seeds 3 \
+timeout 200 make test > "$w/test.log" 2>&1
+say "make test: exit $? ($(tail -1 "$w/test.log"))"
+grep -E '^(FAILED|ERROR)' "$w/test.log" | tee -a "$out/summary.txt"
+
+timeout 245 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
+    --target main-gather --target main-gather-synced --target pr-fix --target pre-fix --examples 80 \
+    --oracle-examples 20 --detect-examples 100 --random-examples 50 --seeds 3 \
     --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 --out "$w/bench" \
     > "$w/bench.log" 2>&1
 say "bench: exit $?"; cat "$w/bench/bench.md" 2>/dev/null | head -60 | tee -a "$out/summary.txt"
 
 if [ -n "$trees" ] && [ -d "$trees/0.34.0" ]; then
-  timeout 60 "$py" -m fuzz run --target vllm-weights --upstream "$trees/0.34.0" --device cuda \
+  timeout 40 "$py" -m fuzz run --target vllm-weights --upstream "$trees/0.34.0" --device cuda \
       --world-size 1 --hold gate --max-examples 200 --budget 20 --shrink-budget 10 --seed 1 \
       --profile ci --corpus "$w/corpus" --report "$w/vllm-weights.json" \
       > "$w/vllm-weights.log" 2>&1
