@@ -11,8 +11,9 @@ gloo threads burnt per example (see bench/README.md).
 
 As ``SCHED_BATCH`` threads they keep their full share of the CPU but do not
 preempt on wake-up (the kernel's rule for batch threads), so the lock holder
-finishes first. Linux only; anywhere else, or should the kernel refuse,
-nothing changes: this is a matter of speed, never of what a run finds.
+finishes first. Linux only; anywhere else, where gloo leaves its threads unnamed
+(torch 2.11), or should the kernel refuse, nothing changes: this is a
+matter of speed, never of what a run finds.
 """
 
 from __future__ import annotations

@@ -177,6 +177,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_PORT_TRIES = 3
+"""Worlds started before a port clash is an error. The process group's port is
+free when chosen but bound later, by rank 0: in between the system may hand it
+to another process's socket (any connection's local port), and that rank then
+fails with EADDRINUSE; a new world on a new port does not."""
+
+
+def _port_taken(message: str) -> bool:
+    return "EADDRINUSE" in message or "address already in use" in message.lower()
+
+
 def _signal_name(code: int) -> str:
     if code < 0:
         try:
@@ -407,14 +418,21 @@ class RankPool:
         return self._zygote
 
     def start(self) -> None:
-        world = self._spare or self._new_world()
-        self._spare = None
-        try:
-            world.accept(self.world_size, self.startup_timeout)
-        except BaseException:
-            world.kill()
-            raise
-        self._world = world
+        for attempt in range(_PORT_TRIES):
+            world = self._spare or self._new_world()
+            self._spare = None
+            try:
+                world.accept(self.world_size, self.startup_timeout)
+            except RankStartError as exc:
+                world.kill()
+                if self.external or attempt + 1 == _PORT_TRIES or not _port_taken(str(exc)):
+                    raise
+                continue
+            except BaseException:
+                world.kill()
+                raise
+            self._world = world
+            return
 
     @property
     def external(self) -> bool:
