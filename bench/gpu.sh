@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU numbers in one bounded command (at most 10 minutes: the steps' own timeouts add
-# up to 590 s), each log written as it goes: the lifetime oracle's cost on CUDA and CPU,
+# up to 570 s), each log written as it goes: the lifetime oracle's cost on CUDA and CPU,
 # what a dispatch mode costs a broadcast, `make test` (the GPU tests running), the bench
 # (throughput vs the hand loop with the stage breakdown, gates vs spins, cold time to
 # first failure; pre-fix's throughput last), and vLLM's packed-tensor weight sync with
@@ -26,7 +26,7 @@ say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pac
 say "machine: $(tr '\n' ' ' < "$w/machine.txt")"
 
 for d in cuda cpu; do
-  timeout 40 "$py" bench/lifetime_cost.py --device $d --examples 40 --rounds 5 \
+  timeout 35 "$py" bench/lifetime_cost.py --device $d --examples 40 --rounds 5 \
       --out "$w/lifetime-$d" > "$w/lifetime-$d.log" 2>&1
   say "lifetime_cost $d: exit $?"; tail -12 "$w/lifetime-$d/lifetime_cost.md" 2>/dev/null \
       | tee -a "$out/summary.txt"
@@ -36,11 +36,11 @@ timeout 25 "$py" bench/broadcast_cost.py --device cuda --out "$w/broadcast" \
     > "$w/broadcast.log" 2>&1
 say "broadcast_cost: exit $?"; tail -12 "$w/broadcast.log" | tee -a "$out/summary.txt"
 
-timeout 200 make test > "$w/test.log" 2>&1
+timeout 150 make test > "$w/test.log" 2>&1
 say "make test: exit $? ($(tail -1 "$w/test.log"))"
 grep -E '^(FAILED|ERROR)' "$w/test.log" | tee -a "$out/summary.txt"
 
-timeout 245 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
+timeout 285 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
     --target main-gather --target main-gather-synced --target pr-fix --target pre-fix --examples 80 \
     --oracle-examples 20 --detect-examples 100 --random-examples 50 --seeds 3 \
     --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 --out "$w/bench" \
