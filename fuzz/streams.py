@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
+from torch._C._distributed_c10d import BroadcastOptions, ProcessGroup, _create_work_from_future
 
 from fuzz import cuda_on_cpu, stages, threads
 from fuzz.dispatch_mode import DispatchMode
@@ -410,7 +410,7 @@ def _collective(func: Any, args: tuple, kwargs: dict, sending: list[Any]) -> Any
     """
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     with torch._C.DisableTorchFunction():
-        out = func(*_own(args, pairs), **{k: _own(v, pairs) for k, v in kwargs.items()})
+        out = _call(func, _own(args, pairs), {k: _own(v, pairs) for k, v in kwargs.items()})
         originals = {id(copy): orig for orig, copy in pairs}
         if _sends_only(func, args, kwargs):
             tensors, work = out
@@ -422,6 +422,26 @@ def _collective(func: Any, args: tuple, kwargs: dict, sending: list[Any]) -> Any
         for orig, copy in pairs:
             orig.copy_(copy)
     return _back(out, originals)
+
+
+_BROADCAST = torch.ops.c10d.broadcast_.default
+
+
+def _call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The c10d op itself. A broadcast in its usual form (every argument
+    positional, the default timeout) goes straight to its process group, as
+    ``dist.broadcast`` does, instead of through the op's generic call, which
+    converts every argument and result through its schema; its result is
+    what the op returns (the tensors, the boxed work)."""
+    if func is _BROADCAST and not kwargs and 4 <= len(args) <= 6 and (
+            len(args) < 6 or args[5] == -1):
+        opts = BroadcastOptions()
+        opts.rootRank, opts.rootTensor = args[2], args[3]
+        if len(args) > 4:
+            opts.asyncOp = args[4]
+        work = ProcessGroup.unbox(args[1]).broadcast(args[0], opts)
+        return args[0], work.boxed()
+    return func(*args, **kwargs)
 
 
 def _sends_only(func: Any, args: tuple, kwargs: dict) -> bool:
