@@ -64,7 +64,6 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
     if device_kind == "cuda":
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
-        made = _gates_beside(device)
         dist.init_process_group("nccl", init_method="env://", device_id=device)
         group = dist.new_group(backend="nccl")
         name = torch.cuda.get_device_name(device)
@@ -79,19 +78,24 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
     # that a spare world is ready at once.
     dispatch_mode.warm(device)
     phase("dispatch_mode")
-    gates, kernels = "none", None
-    if device_kind == "cuda":
-        global _GATES
-        made.join()  # before any collective: nothing of NCCL's runs beside the self-test
-        _GATES, gates = made.gates, made.kind
-        phase("gates")
 
     warm = torch.zeros(1, device=device)
     dist.broadcast(warm, src=dist.get_world_size() - 1, group=group)
     if device_kind == "cuda":
         torch.cuda.synchronize(device)
     phase("first_collective")
+    gates, kernels = "none", None
     if device_kind == "cuda":
+        # Not beside NCCL's start: a gate held by the self-test while another
+        # thread's CUDA call waits for every running kernel (a module load, a
+        # synchronizing free) times out, and the rank is left with spins.
+        global _GATES
+        try:
+            _GATES = Gates.create(device)
+            gates = _GATES.kind
+        except GateUnavailable as exc:
+            gates = f"unavailable ({exc}); spins instead"
+        phase("gates")
         try:
             _warm_kernels(device, group)
         except Exception as exc:  # a warm-up is an optimisation; say why it failed
@@ -103,33 +107,6 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
                     backend=dist.get_backend(group), gates=gates, mem=memory(device),
                     setup_s={k: round(v, 3) for k, v in phases.items()}, kernels=kernels)
     return device, group, info
-
-
-class _GatesBeside(threading.Thread):
-    """The gate pool, made in a thread while NCCL starts, so that the kernel's
-    compile and self-test overlap NCCL's start instead of following it."""
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(name="streamfuzz-gates", daemon=True)
-        self.device = device
-        self.gates: Gates | None = None
-        self.kind = "unavailable (not made); spins instead"
-
-    def run(self) -> None:
-        torch.cuda.set_device(self.device)  # the current device is per thread
-        try:
-            self.gates = Gates.create(self.device)
-            self.kind = self.gates.kind
-        except GateUnavailable as exc:
-            self.kind = f"unavailable ({exc}); spins instead"
-        except Exception as exc:  # whatever else: spins, and the reason in start-up info
-            self.kind = f"unavailable ({type(exc).__name__}: {str(exc)[:200]}); spins instead"
-
-
-def _gates_beside(device: torch.device) -> _GatesBeside:
-    made = _GatesBeside(device)
-    made.start()
-    return made
 
 
 def _warm_kernels(device: torch.device, group: Any) -> None:

@@ -162,8 +162,8 @@ def gpu_pool():
 
 
 def test_cuda_ranks_fork_from_a_zygote_that_never_started_cuda(gpu_pool):
-    # The fixture's rank made its gates (compiled beside NCCL's start) in a
-    # forked process: the zygote counted no GPU through CUDA.
+    # The fixture's rank made its gates in a forked process: the zygote
+    # counted the GPUs without starting CUDA.
     forker = gpu_pool._zygote
     assert forker is not None and forker.alive and forker.forks
     assert [_parent(p) for p in gpu_pool.pids] == [forker.proc.pid]
