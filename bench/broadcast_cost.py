@@ -24,15 +24,13 @@ per call over rounds, host wall time with a synchronize after each round.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
+import _script  # bench/_script.py, beside this script
 import torch
 import torch.distributed as dist
 
@@ -96,21 +94,16 @@ def _checker(device: torch.device) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p = _script.parser(__doc__)
     p.add_argument("--calls", type=int, default=200, help="calls per round (default 200)")
     p.add_argument("--rounds", type=int, default=7, help="rounds (default 7)")
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA GPU is visible here", file=sys.stderr)
-        return 2
-    if args.calls < 1 or args.rounds < 1:
-        print("--calls and --rounds must be at least 1", file=sys.stderr)
+    bad = _script.error(args.device, calls=args.calls, rounds=args.rounds)
+    if bad:
+        print(bad, file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    device_kind = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" \
-        else args.device
+    device_kind = _script.device_kind(args.device)
     device, group = _setup(device_kind)
     t = torch.zeros(16, dtype=torch.int64, device=device)
     conditions: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
@@ -129,15 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": device_kind, "device_name": torch.cuda.get_device_name(device)
               if device_kind == "cuda" else "cpu", "torch": torch.__version__,
               "calls": args.calls, "rounds": args.rounds, "us_per_call": us}
-    (args.out / "broadcast_cost.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# Host microseconds per call: {report['device_name']} ({device_kind}), torch "
              f"{report['torch']}", "", f"Median of {args.rounds} rounds of {args.calls} calls.",
              "", "| condition | " + " | ".join(CALLS) + " |",
              "|---|" + "---|" * len(CALLS),
              *(f"| {c} | " + " | ".join(f"{v:.1f}" for v in row.values()) + " |"
                for c, row in us.items()), ""]
-    (args.out / "broadcast_cost.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    _script.write_report(args.out, "broadcast_cost", report, lines)
     dist.destroy_process_group()
     return 0
 

@@ -16,7 +16,6 @@ alternating.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _script  # bench/_script.py, beside this script
 
 from fuzz.bench import from_process_start
 from fuzz.options import DEFAULT
@@ -87,12 +88,15 @@ def _heaviest(module: str, env: dict[str, str], top: int = 15) -> list[tuple[int
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p = _script.parser(__doc__)
     p.add_argument("--repeat", type=int, default=3, help="runs of each phase (default 3)")
     p.add_argument("--seeds", type=int, default=3, help="end-to-end runs of each kind (default 3)")
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    bad = _script.error(args.device, repeat=args.repeat, seeds=args.seeds)
+    if bad:
+        print(bad, file=sys.stderr)
+        return 2
+    args.device = _script.device_kind(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))

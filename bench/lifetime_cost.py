@@ -22,11 +22,9 @@ Writes ``lifetime_cost.json``, ``lifetime_cost.md`` and ``profile.txt`` into
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import cProfile
 import io
-import json
 import platform
 import pstats
 import random
@@ -35,9 +33,9 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import _script  # bench/_script.py, beside this script
 import torch
 import torch.distributed as dist
 
@@ -122,27 +120,22 @@ def _counting(counts: Counter) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p = _script.parser(__doc__)
     p.add_argument("--target", default="main-gather", help="a correct target (default main-gather)")
     p.add_argument("--examples", type=int, default=60, help="scenarios per pass (default 60)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA GPU is visible here", file=sys.stderr)
-        return 2
-    if args.examples < 1 or args.rounds < 1:
-        print("--examples and --rounds must be at least 1", file=sys.stderr)
+    bad = _script.error(args.device, examples=args.examples, rounds=args.rounds)
+    if bad:
+        print(bad, file=sys.stderr)
         return 2
     if args.target not in targets.CORRECT:
         print(f"--target must be a correct built-in target: {', '.join(sorted(targets.CORRECT))}",
               file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    device_kind = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" \
-        else args.device
+    device_kind = _script.device_kind(args.device)
     device, group, gates, gate_kind = _setup(device_kind)
     hold = Hold.GATE if gates is not None else Hold.SPIN
     factory = targets.load(args.target)
@@ -191,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         "lifetime_cpu_ms_per_example": round(statistics.median(cpu_cost), 3),
         "handled_per_example": per_example,
     }
-    (args.out / "lifetime_cost.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# Lifetime oracle cost: {report['device_name']} ({device_kind}), torch "
              f"{report['torch']}, gates: {gate_kind}", "",
              f"{len(batch)} random scenarios of `{args.target}` (world size 1, seed {args.seed}),"
@@ -205,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
              "",
              "Handled per example (one untimed pass): " +
              ", ".join(f"{k} {v}" for k, v in per_example.items()), ""]
-    (args.out / "lifetime_cost.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    _script.write_report(args.out, "lifetime_cost", report, lines)
     dist.destroy_process_group()
     return 0
 
