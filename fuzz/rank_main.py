@@ -46,7 +46,8 @@ from fuzz.zygote import die_with_parent
 
 def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
     # Where a cold start goes (seconds per phase), for the benchmark's report;
-    # "spawn" (interpreter and imports) only where the driver spawned this rank.
+    # "spawn" (from the world's making to here: interpreter and imports, or the
+    # fork after the zygote's imports) only where the driver started this rank.
     phases: dict[str, float] = {}
     spawned = os.environ.get("STREAMFUZZ_SPAWNED_AT")
     if spawned:
