@@ -451,21 +451,30 @@ def test_an_external_rank_pointed_at_a_wrong_listener_ends_with_one_line(listene
     never answers, or a driver with another key) ends with one line and
     status 2 instead of waiting forever in the handshake."""
     other = listener()
-    env = dict(_env(), STREAMFUZZ_DRIVER=other.address, STREAMFUZZ_AUTHKEY="00ff",
-               STREAMFUZZ_DEVICE="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", STREAMFUZZ_HANDSHAKE_TIMEOUT="2")
-    env.pop("STREAMFUZZ_PARENT", None)
-    rank = subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank = _lone_external_rank(other.address, "00ff", STREAMFUZZ_HANDSHAKE_TIMEOUT="2")
     try:
         out, err = rank.communicate(timeout=300)
     finally:
         rank.kill()
         other.close()
+    _assert_ended_with_one_line(rank, err, says)
+    assert "Traceback" not in err, err
+
+
+def _lone_external_rank(driver: str, authkey: str, **env: str) -> subprocess.Popen:
+    """A one-rank world's rank started as torchrun would, pointed at ``driver``."""
+    env = dict(_env(), STREAMFUZZ_DRIVER=driver, STREAMFUZZ_AUTHKEY=authkey,
+               STREAMFUZZ_DEVICE="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", **env)
+    env.pop("STREAMFUZZ_PARENT", None)
+    return subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _assert_ended_with_one_line(rank: subprocess.Popen, err: str, says: str) -> None:
     assert rank.returncode == 2, err
     lines = [ln for ln in err.splitlines() if ln.startswith("streamfuzz rank")]
     assert len(lines) == 1 and says in lines[0], err
-    assert "Traceback" not in err, err
 
 
 def test_an_external_rank_that_cannot_read_its_drivers_message_ends_with_one_line(tmp_path):
@@ -477,13 +486,7 @@ def test_an_external_rank_that_cannot_read_its_drivers_message_ends_with_one_lin
 
     key = os.urandom(8)
     with Listener(("127.0.0.1", 0), authkey=key) as listener:
-        env = dict(_env(), STREAMFUZZ_DRIVER="{}:{}".format(*listener.address),
-                   STREAMFUZZ_AUTHKEY=key.hex(), STREAMFUZZ_DEVICE="cpu",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="1",
-                   RANK="0", LOCAL_RANK="0")
-        env.pop("STREAMFUZZ_PARENT", None)
-        rank = subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rank = _lone_external_rank("{}:{}".format(*listener.address), key.hex())
         try:
             listener._listener._socket.settimeout(300)  # accept() has no timeout of its own
             with listener.accept() as conn:
@@ -493,9 +496,7 @@ def test_an_external_rank_that_cannot_read_its_drivers_message_ends_with_one_lin
         finally:
             rank.kill()
             rank.wait()
-    assert rank.returncode == 2, err
-    lines = [ln for ln in err.splitlines() if ln.startswith("streamfuzz rank")]
-    assert len(lines) == 1 and "a message from the driver could not be read" in lines[0], err
+    _assert_ended_with_one_line(rank, err, "a message from the driver could not be read")
 
 
 @pytest.mark.slow
