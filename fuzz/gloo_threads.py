@@ -24,6 +24,23 @@ THREADS = frozenset({"gloo_tcp_loop"})
 """The thread names gloo gives its transport event loops (one per process group)."""
 
 
+def loops(pid: int | str = "self") -> list[int]:
+    """The ids of a process's gloo transport threads (Linux ``/proc``; none elsewhere)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                if fh.read().strip() in THREADS:
+                    found.append(int(tid))
+        except OSError:  # a thread that ended
+            continue
+    return found
+
+
 def no_wakeup_preemption() -> list[int]:
     """Make this process's gloo transport threads batch threads; returns their ids."""
     setscheduler = getattr(os, "sched_setscheduler", None)
@@ -31,17 +48,10 @@ def no_wakeup_preemption() -> list[int]:
     if setscheduler is None or batch is None:
         return []
     changed = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return []
-    for tid in tids:
+    for tid in loops():
         try:
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                if fh.read().strip() not in THREADS:
-                    continue
-            setscheduler(int(tid), batch, os.sched_param(0))
+            setscheduler(tid, batch, os.sched_param(0))
         except OSError:  # a thread that ended, or a kernel that says no
             continue
-        changed.append(int(tid))
+        changed.append(tid)
     return changed

@@ -15,12 +15,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 def _gloo_loops(pid: int) -> dict[int, int]:
     """Each gloo transport thread of ``pid``: its scheduling policy."""
     out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    for tid in gloo_threads.loops(pid):
         try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
-                if fh.read().strip() in gloo_threads.THREADS:
-                    out[int(tid)] = os.sched_getscheduler(int(tid))
-        except OSError:
+            out[tid] = os.sched_getscheduler(tid)
+        except OSError:  # a thread that ended
             continue
     return out
 
