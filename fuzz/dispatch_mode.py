@@ -23,6 +23,12 @@ class DispatchMode(TorchDispatchMode):
         return False
 
 
+RECORD_STREAM = torch.ops.aten.record_stream.default
+"""The op the simulation's and the oracles' modes each handle apart (it moves
+no data: it tells the allocator about a stream), looked up once: each op is
+compared with it."""
+
+
 def unobserved() -> torch._C._DisableTorchDispatch:
     """The harness's own ops (a gate opened, a checker classifying a tensor),
     hidden from every dispatch mode: they are no access by the code under test."""

@@ -22,7 +22,7 @@ import torch
 from torch._C._distributed_c10d import BroadcastOptions, ProcessGroup, _create_work_from_future
 
 from fuzz import cuda_on_cpu, stages, threads
-from fuzz.dispatch_mode import DispatchMode
+from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode
 
 Listener = Callable[..., None]
 
@@ -368,7 +368,7 @@ class _SimDispatch(DispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         api = self.api
-        if func is _RECORD_STREAM:
+        if func is RECORD_STREAM:
             api.emit("record_stream", args[0], api.by_id(args[1].stream_id))
             return None
         stages.enter(stages.SIMULATION)
@@ -386,9 +386,6 @@ class _SimDispatch(DispatchMode):
         if api.listeners:
             api.emit("op", func, args, kwargs, out, api._current)
         return out
-
-
-_RECORD_STREAM = torch.ops.aten.record_stream.default
 
 
 def _collective(func: Any, args: tuple, kwargs: dict, sending: list[Any]) -> Any:

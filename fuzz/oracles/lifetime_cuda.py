@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from fuzz import stages
-from fuzz.dispatch_mode import DispatchMode, unobserved
+from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, unobserved
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
 from fuzz.verdict import Failure
 
@@ -54,10 +54,6 @@ def _install() -> None:
     _installed = True
 
 
-_RECORD_STREAM = torch.ops.aten.record_stream.default
-"""Looked up once: every op is compared with it."""
-
-
 class _CudaDispatch(DispatchMode):
     def __init__(self, checker: CudaLifetimeChecker) -> None:
         super().__init__()
@@ -66,7 +62,7 @@ class _CudaDispatch(DispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func is _RECORD_STREAM:
+        if func is RECORD_STREAM:
             self.checker._guarded(self.checker._on_record_stream, args[0], args[1])
         else:
             self.checker._guarded(self.checker._on_op, func, args, kwargs, out)

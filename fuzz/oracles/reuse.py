@@ -27,11 +27,9 @@ from typing import Any
 import torch
 
 from fuzz import stages
-from fuzz.dispatch_mode import DispatchMode
+from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode
 from fuzz.oracles.lifetime import tensors_in
 from fuzz.verdict import Failure
-
-_SKIP = {torch.ops.aten.record_stream.default}
 
 _MAKES_BLOCKS: dict[Any, bool] = {}
 """Per op overload: may its results be new blocks (not views, not in place)?
@@ -100,7 +98,7 @@ class _Mode(DispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in _SKIP:
+        if func is RECORD_STREAM:
             return out
         stages.enter(stages.REUSE)
         try:
