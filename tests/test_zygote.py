@@ -29,18 +29,10 @@ def _parent(pid: int) -> int:
 def _gone(pids: list[int], within: float = 60.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not any(Path(f"/proc/{p}").exists() and _state(p) != "Z" for p in pids):
+        if not any(zygote._exists(p) for p in pids):
             return True
         time.sleep(0.1)
     return False
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
 
 
 def test_ranks_and_their_replacements_are_forked_from_one_zygote():
