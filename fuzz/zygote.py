@@ -281,6 +281,7 @@ def _discard() -> None:
 
 def _serve() -> int:
     die_with_parent()
+    triton = _TritonWarmUp.start()
     # Everything a rank imports before its first example, before any fork. The
     # cyclic collector would scan the import's objects again and again (about
     # a tenth of it); frozen, they are never scanned in the ranks either, nor
@@ -342,8 +343,10 @@ def _serve() -> int:
                 if gpus and not forks:
                     return 0
                 if gpus:
+                    triton.join()
                     _import_gate_kernels()
                 continue
+            triton.join()  # no thread of ours runs across a fork
             if req["env"].get("STREAMFUZZ_DEVICE") == "cuda":
                 _import_gate_kernels()
             pid = os.fork()
@@ -368,6 +371,59 @@ def _count_gpus() -> tuple[int, bool]:
         return gpus, True
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return gpus, gpus == 0  # no device started: CPU ranks still fork
+
+
+class _TritonWarmUp:
+    """Triton's compiler key, computed once here, beside ``import torch``.
+
+    A Triton compile keys its cache on a hash of Triton itself, ``libtriton``
+    included (hundreds of megabytes); each process hashes it once, at its
+    first kernel, and for a rank that is the gate pool's compile, on the path
+    to its first example. Hashed in the zygote, every rank forked from it has
+    it already. A thread, since reading and hashing a file leave the
+    interpreter free for the imports; only where an NVIDIA driver shows a GPU
+    (elsewhere no rank compiles a gate); joined before any fork.
+    """
+
+    def __init__(self) -> None:
+        self._thread: Any = None
+
+    @classmethod
+    def start(cls) -> _TritonWarmUp:
+        warm = cls()
+        if _nvidia_gpu_present():
+            import threading
+
+            warm._thread = threading.Thread(target=_hash_triton, name="triton-key", daemon=True)
+            warm._thread.start()
+        return warm
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def _nvidia_gpu_present() -> bool:
+    try:
+        return bool(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return False
+
+
+def _hash_triton() -> None:
+    """Triton's own (cached) key function, and the gate kernels' source keys;
+    any failure leaves the rank to compute them itself, as without this."""
+    try:
+        from triton.runtime.cache import triton_key
+
+        import fuzz._gate_kernel as kernels
+
+        triton_key()
+        for kernel in (kernels.gate_timed, kernels.gate_polls):
+            kernel.cache_key  # noqa: B018 - a cached property: its source hash
+    except Exception:
+        pass
 
 
 def _import_gate_kernels() -> None:

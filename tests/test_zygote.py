@@ -146,3 +146,38 @@ def test_the_gpu_count_says_whether_the_zygote_still_forks(monkeypatch, compiled
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda)
     assert zygote._count_gpus() == expect
     assert bool(touched) == (compiled and nvml < 0)
+
+
+def test_the_zygote_hashes_triton_once_for_its_ranks_and_survives_a_broken_triton(monkeypatch):
+    """Where a GPU shows, the zygote computes Triton's compiler key (and the
+    gate kernels' source keys) in a thread, so forked ranks inherit them."""
+    import types
+
+    calls = []
+    class Kernel:
+        @property
+        def cache_key(self) -> str:
+            calls.append("kernel")
+            return "k"
+    kernel = Kernel()
+    cache = types.ModuleType("triton.runtime.cache")
+    cache.triton_key = lambda: calls.append("triton") or "t"
+    kernels = types.ModuleType("fuzz._gate_kernel")
+    kernels.gate_timed = kernels.gate_polls = kernel
+    for name, mod in (("triton", types.ModuleType("triton")),
+                      ("triton.runtime", types.ModuleType("triton.runtime")),
+                      ("triton.runtime.cache", cache), ("fuzz._gate_kernel", kernels)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(zygote, "_nvidia_gpu_present", lambda: True)
+    warm = zygote._TritonWarmUp.start()
+    warm.join()
+    assert calls == ["triton", "kernel", "kernel"]
+    assert warm._thread is None
+
+    def broken() -> str:
+        raise RuntimeError("no libtriton")
+    cache.triton_key = broken
+    zygote._TritonWarmUp.start().join()  # a rank then hashes it itself, as before
+
+    monkeypatch.setattr(zygote, "_nvidia_gpu_present", lambda: False)
+    assert zygote._TritonWarmUp.start()._thread is None
