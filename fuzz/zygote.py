@@ -374,15 +374,18 @@ def _count_gpus() -> tuple[int, bool]:
 
 
 class _TritonWarmUp:
-    """Triton's compiler key, computed once here, beside ``import torch``.
+    """What a rank's first Triton kernel costs before any device is touched,
+    paid once here, beside ``import torch``, for every rank forked later.
 
-    A Triton compile keys its cache on a hash of Triton itself, ``libtriton``
-    included (hundreds of megabytes); each process hashes it once, at its
-    first kernel, and for a rank that is the gate pool's compile, on the path
-    to its first example. Hashed in the zygote, every rank forked from it has
-    it already. A thread, since reading and hashing a file leave the
-    interpreter free for the imports; only where an NVIDIA driver shows a GPU
-    (elsewhere no rank compiles a gate); joined before any fork.
+    The gate pool's first compile is on a CUDA rank's path to its first
+    example, and most of it is per process, not per kernel: hashing Triton
+    itself (``libtriton``, hundreds of megabytes) for the cache key, the
+    modules a compile imports, and building (with the C compiler, on an empty
+    Triton cache) and loading Triton's CUDA helper module. None of it starts
+    CUDA, so a fork keeps it. A thread, since reading, hashing and the
+    compiler's process leave the interpreter free for the imports; only where
+    an NVIDIA driver shows a GPU (elsewhere no rank compiles a gate); joined
+    before any fork. Any failure leaves the rank to do it itself, as without.
     """
 
     def __init__(self) -> None:
@@ -394,7 +397,8 @@ class _TritonWarmUp:
         if _nvidia_gpu_present():
             import threading
 
-            warm._thread = threading.Thread(target=_hash_triton, name="triton-key", daemon=True)
+            warm._thread = threading.Thread(target=_warm_triton, name="triton-warm-up",
+                                            daemon=True)
             warm._thread.start()
         return warm
 
@@ -411,17 +415,19 @@ def _nvidia_gpu_present() -> bool:
         return False
 
 
-def _hash_triton() -> None:
-    """Triton's own (cached) key function, and the gate kernels' source keys;
-    any failure leaves the rank to compute them itself, as without this."""
+def _warm_triton() -> None:
     try:
         from triton.runtime.cache import triton_key
 
         import fuzz._gate_kernel as kernels
 
-        triton_key()
+        triton_key()  # cached per process
         for kernel in (kernels.gate_timed, kernels.gate_polls):
-            kernel.cache_key  # noqa: B018 - a cached property: its source hash
+            kernel.cache_key  # noqa: B018 - a cached property: the source's hash
+        import triton.experimental.gluon.language  # noqa: F401 - what code generation imports
+        from triton.backends.nvidia.driver import CudaUtils
+
+        CudaUtils()  # loads libcuda without initializing it
     except Exception:
         pass
 

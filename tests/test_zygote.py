@@ -148,9 +148,10 @@ def test_the_gpu_count_says_whether_the_zygote_still_forks(monkeypatch, compiled
     assert bool(touched) == (compiled and nvml < 0)
 
 
-def test_the_zygote_hashes_triton_once_for_its_ranks_and_survives_a_broken_triton(monkeypatch):
-    """Where a GPU shows, the zygote computes Triton's compiler key (and the
-    gate kernels' source keys) in a thread, so forked ranks inherit them."""
+def test_the_zygote_warms_triton_once_for_its_ranks_and_survives_a_broken_triton(monkeypatch):
+    """Where a GPU shows, the zygote computes Triton's compiler key and the
+    gate kernels' source keys and loads its CUDA helper module in a thread,
+    so forked ranks inherit them."""
     import types
 
     calls = []
@@ -164,14 +165,18 @@ def test_the_zygote_hashes_triton_once_for_its_ranks_and_survives_a_broken_trito
     cache.triton_key = lambda: calls.append("triton") or "t"
     kernels = types.ModuleType("fuzz._gate_kernel")
     kernels.gate_timed = kernels.gate_polls = kernel
-    for name, mod in (("triton", types.ModuleType("triton")),
-                      ("triton.runtime", types.ModuleType("triton.runtime")),
-                      ("triton.runtime.cache", cache), ("fuzz._gate_kernel", kernels)):
-        monkeypatch.setitem(sys.modules, name, mod)
+    nvidia = types.ModuleType("triton.backends.nvidia.driver")
+    nvidia.CudaUtils = lambda: calls.append("cuda utils")
+    mods = {"triton.runtime.cache": cache, "fuzz._gate_kernel": kernels,
+            "triton.backends.nvidia.driver": nvidia}
+    for name in ("triton", "triton.runtime", "triton.experimental", "triton.experimental.gluon",
+                 "triton.experimental.gluon.language", "triton.backends",
+                 "triton.backends.nvidia", *mods):
+        monkeypatch.setitem(sys.modules, name, mods.get(name) or types.ModuleType(name))
     monkeypatch.setattr(zygote, "_nvidia_gpu_present", lambda: True)
     warm = zygote._TritonWarmUp.start()
     warm.join()
-    assert calls == ["triton", "kernel", "kernel"]
+    assert calls == ["triton", "kernel", "kernel", "cuda utils"]
     assert warm._thread is None
 
     def broken() -> str:
