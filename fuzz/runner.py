@@ -23,8 +23,10 @@ from typing import Any
 import torch
 
 from fuzz import stages
+from fuzz.dispatch_mode import unobserved
 from fuzz.draft_protocol import DraftObservations
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
+from fuzz.oracles.lifetime import DEVICE, PINNED
 from fuzz.reference import Applied, token_rows
 from fuzz.scenario import DEFAULT_SPIN, Scenario, Step
 from fuzz.targets import Batch, Factory, TargetContext
@@ -72,6 +74,10 @@ class _Run:
         self.ctx = ctx
         self.streams = ctx.streams
         self.dev = ctx.device
+        # The harness's own ops (``_unseen``) run outside the simulation, on
+        # the CPU tensors that stand for device memory there.
+        self.memory = self.streams.memory if self.streams.kind == "sim" else None
+        self.raw_dev = torch.device("cpu") if self.memory is not None else self.dev
         self.main = self.streams.current_stream()
         self.checker = lifetime_checker(ctx, options)
         self.handler = factory(ctx)
@@ -215,16 +221,29 @@ class _Run:
 
     def _to_device(self, values: list, dtype: torch.dtype,
                    shape: tuple | None = None) -> torch.Tensor:
-        host = torch.tensor(values, dtype=dtype)
-        if shape is not None:
-            host = host.reshape(shape)
-        return host.pin_memory().to(self.dev, non_blocking=True)
+        """A fresh device tensor, copied non-blocking on the current stream
+        from pinned memory. The pinned buffer is the harness's: the copy out
+        of it, which the oracles see, is its only use, so making it is unseen."""
+        with _unseen():
+            host = torch.tensor(values, dtype=dtype)
+            if shape is not None:
+                host = host.reshape(shape)
+            if self.memory is None:
+                host = host.pin_memory()
+        if self.memory is not None:
+            self.memory.mark(host, PINNED)
+        return host.to(self.dev, non_blocking=True)
 
     def _drafter(self, i: int, idx: torch.Tensor) -> None:
-        """The draft model writing this step's rows, on the main stream."""
+        """The draft model writing this step's rows, on the main stream. The
+        oracles see the write (what a race can involve); working out the rows
+        from ``idx`` is the harness's own and unseen."""
         k = self.sc.num_spec_steps
-        pos = torch.arange(k, dtype=torch.int64, device=self.dev)
-        rows = (i + 1) * 100_000 + idx.to(torch.int64).unsqueeze(1) * 16 + pos
+        with _unseen():
+            pos = torch.arange(k, dtype=torch.int64, device=self.raw_dev)
+            rows = (i + 1) * 100_000 + idx.to(torch.int64).unsqueeze(1) * 16 + pos
+        if self.memory is not None:
+            self.memory.mark(rows, DEVICE)
         self.table[idx] = rows
 
     # -- around the call ------------------------------------------------------
@@ -270,11 +289,19 @@ class _Run:
         self.open = keep
 
     def _churn(self, step: Step) -> None:
+        """The runner's next allocations. Only their own stream touches them and
+        the runner frees them, so no oracle can judge them: they are unseen
+        (on a GPU they still take the caching allocator's blocks)."""
+        if step.churn and self.checker is not None:
+            # Where the first churn op would have seen what was freed since the call.
+            stages.enter(stages.LIFETIME)
+            self.checker.poll()
+            stages.leave()
         kept = []
         for c in step.churn:
             s = self._stream(c.stream)
-            with self.streams.stream(s):
-                t = torch.empty((c.numel,), dtype=_DTYPES[c.dtype], device=self.dev)
+            with self.streams.stream(s), _unseen():
+                t = torch.empty((c.numel,), dtype=_DTYPES[c.dtype], device=self.raw_dev)
                 if self.watch is not None and c.stream == "main":
                     self.watch.check(t, "churn")
                 t.fill_(c.fill)
@@ -282,6 +309,27 @@ class _Run:
                 kept.append(t)
             del t
         kept.clear()
+
+
+class _unseen:  # noqa: N801 - used as a context manager, like torch's own
+    """The harness's own ops, outside every torch-function and dispatch mode:
+    not simulated, not seen by any oracle. Only for tensors no oracle could
+    judge: no vector clock depends on them (each clock read joins the host's
+    clock, which every later enqueue joins too), and a free their first op
+    would have noticed is noticed at the same point of the same runner
+    function (by the next op the oracles see, or by a poll)."""
+
+    __slots__ = ("_functions", "_dispatch")
+
+    def __enter__(self) -> None:
+        self._functions = torch._C.DisableTorchFunction()
+        self._functions.__enter__()
+        self._dispatch = unobserved()
+        self._dispatch.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._dispatch.__exit__(*exc)
+        self._functions.__exit__(*exc)
 
 
 class _HarnessReads:
