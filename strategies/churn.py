@@ -51,7 +51,18 @@ def churn_op(draw, max_num_reqs: int) -> Churn:  # noqa: ANN001 - Hypothesis dra
                  fill=draw(_fills(dtype, max_num_reqs, out)), keep=keep)
 
 
+MAX_OPS = 4
+
+
 @cache
-def churn_ops(max_num_reqs: int, max_size: int = 4) -> st.SearchStrategy[tuple[Churn, ...]]:
-    """Cached per parameters: fresh strategy objects per draw cost more than the draw."""
-    return st.lists(churn_op(max_num_reqs), max_size=max_size).map(tuple)
+def churn_lists(max_num_reqs: int, max_size: int = MAX_OPS) -> st.SearchStrategy[list[Churn]]:
+    """Cached per parameters: fresh strategy objects per draw cost more than the draw.
+    A list, not mapped to a tuple: a step draws it in its own composite, where a
+    ``.map`` would add one more draw layer and span around the same choices."""
+    return st.lists(churn_op(max_num_reqs), max_size=max_size)
+
+
+@cache
+def churn_ops(max_num_reqs: int, max_size: int = MAX_OPS) -> st.SearchStrategy[tuple[Churn, ...]]:
+    """The churn after one handler call, as a step holds it."""
+    return churn_lists(max_num_reqs, max_size).map(tuple)

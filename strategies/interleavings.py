@@ -33,7 +33,17 @@ def _delay(draw) -> Delay:  # noqa: ANN001 - Hypothesis draw
     return Delay(point=point, stream=stream, cycles=draw(_CYCLES), until=until)
 
 
+MAX_DELAYS = 2
+
+
 @cache
-def delays(max_size: int = 2) -> st.SearchStrategy[tuple[Delay, ...]]:
-    """Two draws a delay: (point, stream, until) together, and the cycles."""
-    return st.lists(_delay(), max_size=max_size).map(tuple)
+def delay_lists(max_size: int = MAX_DELAYS) -> st.SearchStrategy[list[Delay]]:
+    """Two draws a delay: (point, stream, until) together, and the cycles. A
+    list, for the same reason as ``churn_lists``."""
+    return st.lists(_delay(), max_size=max_size)
+
+
+@cache
+def delays(max_size: int = MAX_DELAYS) -> st.SearchStrategy[tuple[Delay, ...]]:
+    """The delays of one step, as a step holds them."""
+    return delay_lists(max_size).map(tuple)

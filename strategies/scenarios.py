@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from fuzz.scenario import Scenario, Step
 from strategies.batches import batches
-from strategies.churn import churn_ops
-from strategies.interleavings import delays
+from strategies.churn import churn_lists
+from strategies.interleavings import delay_lists
 
 _REQS = st.integers(1, 16)
 _SPEC = st.integers(1, 4)
@@ -22,11 +22,19 @@ def _counts(max_steps: int) -> st.SearchStrategy[int]:
     return st.integers(1, max_steps)
 
 
+@st.composite
+def _step(draw: Any, max_num_reqs: int, num_spec_steps: int) -> Step:
+    return Step(**draw(batches(max_num_reqs, num_spec_steps)),
+                churn=tuple(draw(churn_lists(max_num_reqs))), delays=tuple(draw(delay_lists())))
+
+
 @cache
 def steps(max_num_reqs: int, num_spec_steps: int) -> st.SearchStrategy[Step]:
-    return st.builds(
-        lambda b, churn, d: Step(**b, churn=churn, delays=d),
-        batches(max_num_reqs, num_spec_steps), churn_ops(max_num_reqs), delays())
+    """One span a step (Hypothesis's mutator copies a step into another), with
+    the batch, each churn op and each delay its own span inside; no wrapper
+    layer (``builds``, ``.map``) around the same choices, each of which costs
+    a draw call and a span per example."""
+    return _step(max_num_reqs, num_spec_steps)
 
 
 @st.composite
