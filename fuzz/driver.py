@@ -224,7 +224,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
         body = hypothesis.seed(seed)(body)
     stages.enter(stages.HYPOTHESIS)
     try:
-        with profiles.seed_only():
+        with profiles.seed_only(), profiles.rare_collections():
             body()
     except _Found:
         pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,3 +73,35 @@ def seed_only() -> Iterator[None]:
             _ACTIVE -= 1
             if _ACTIVE == 0:
                 providers._get_local_constants = _REAL_POOL
+
+
+_GC_USERS = 0
+_GC_SAVED = (700, 10, 10)
+YOUNG_THRESHOLD = 10_000
+
+
+@contextmanager
+def rare_collections() -> Iterator[None]:
+    """While it is entered, the cyclic collector runs every ``YOUNG_THRESHOLD``
+    allocations, not every 700.
+
+    Hypothesis allocates thousands of short-lived objects per example (choice
+    nodes, spans, its caches' entries): at the default threshold the collector
+    ran about twice an example and scanned the older generations every few
+    examples, time the driver spends per example on top of generating it
+    (``bench/hypothesis_cost.py`` measures it). Reentrant and thread-safe like
+    ``seed_only``; the last one out puts the thresholds back.
+    """
+    global _GC_USERS, _GC_SAVED
+    with _LOCK:
+        if _GC_USERS == 0:
+            _GC_SAVED = gc.get_threshold()
+            gc.set_threshold(max(_GC_SAVED[0], YOUNG_THRESHOLD), *_GC_SAVED[1:])
+        _GC_USERS += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _GC_USERS -= 1
+            if _GC_USERS == 0:
+                gc.set_threshold(*_GC_SAVED)
