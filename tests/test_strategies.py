@@ -2,6 +2,7 @@
 Hypothesis alone (no ranks): properties that stand in for bugs, on several
 seeds each."""
 
+import gc
 import random
 from math import comb
 
@@ -90,3 +91,12 @@ def test_hypothesis_copies_whole_steps_between_steps():
         for seed_ in range(3):
             seed(seed_)(record)()
     assert sum(copied) >= 30, sum(copied)
+
+
+def test_rare_collections_nests_and_puts_the_collectors_thresholds_back():
+    before = gc.get_threshold()
+    with profiles.rare_collections():
+        with profiles.rare_collections():
+            assert gc.get_threshold()[0] >= profiles.YOUNG_THRESHOLD
+        assert gc.get_threshold()[0] >= profiles.YOUNG_THRESHOLD
+    assert gc.get_threshold() == before
