@@ -163,7 +163,7 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
     same ``options`` (by default those of ``fuzz run``): medians over seeds, and
     the median of the seeds' ratios. Then, on the first seed's first
     ``oracle_examples`` scenarios, the loop per oracle set."""
-    fuzzer, loop, ratios, failures, held = [], [], [], [0, 0], set()
+    fuzzer, waiting, loop, ratios, failures, held = [], [], [], [], [0, 0], set()
     restarts = pool.restarts
     first: list[Scenario] = []
     for seed in range(max(1, seeds)):
@@ -171,6 +171,10 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
         strategy = scenarios(world_size=pool.world_size).map(lambda s, d=drawn: d.append(s) or s)
         fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
                          strategy=strategy, options=options, stop_on_failure=False)
+        # The same fuzzer, judging each example before drawing the next.
+        waiting.append(driver.fuzz(pool, target, _settings(True), max_examples=examples,
+                                   seed=seed, options=options, stop_on_failure=False,
+                                   pipeline=False).examples_per_s)
         lp = hand_loop(pool, target, drawn, options)
         fuzzer.append(fz.examples_per_s)
         loop.append(lp.examples_per_s)
@@ -193,8 +197,10 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
         "api_forms": form,
         "examples": examples, "seeds": len(fuzzer),
         "fuzzer_ex_s": statistics.median(fuzzer), "loop_ex_s": statistics.median(loop),
+        "waiting_ex_s": statistics.median(waiting),
         "ratio": statistics.median(ratios),
-        "per_seed": {"fuzzer_ex_s": fuzzer, "loop_ex_s": loop, "ratio": ratios},
+        "per_seed": {"fuzzer_ex_s": fuzzer, "waiting_ex_s": waiting, "loop_ex_s": loop,
+                     "ratio": ratios},
         "fuzzer_failures": failures[0], "loop_failures": failures[1],
         "restarts_in_fuzzer_run": fuzz_restarts, "held_by": sorted(held),
         "oracle_examples": min(oracle_examples, len(first)),
@@ -441,7 +447,8 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
                 row["throughput"] = throughput(pool, name, examples, seeds=seeds,
                                                options=options,
                                                oracle_examples=oracle_examples)
-                log(f"  {name}: fuzzer {row['throughput']['fuzzer_ex_s']:.1f} ex/s, "
+                log(f"  {name}: fuzzer {row['throughput']['fuzzer_ex_s']:.1f} ex/s "
+                    f"(waiting for each verdict {row['throughput']['waiting_ex_s']:.1f}), "
                     f"loop {row['throughput']['loop_ex_s']:.1f} ex/s (medians of "
                     f"{row['throughput']['seeds']} seeds)")
                 save(report)
@@ -492,12 +499,13 @@ def markdown(report: dict[str, Any]) -> str:
     for r in report["runs"]:
         lines += [f"### {r['device']}: {r.get('device_name')}, world size {r['world_size']}, "
                   f"{r.get('backend')}, torch {r.get('torch')}, gates: {r.get('gates')}", "",
-                  "| target | fuzzer ex/s | loop ex/s | fuzzer/loop | held by | value oracle "
+                  "| target | fuzzer ex/s | waiting ex/s | loop ex/s | fuzzer/loop | held by | "
+                  "value oracle "
                   "ms/ex | reuse oracle ms/ex | lifetime oracle ms/ex | found (seeds) | "
                   "examples to 1st failure | s to 1st failure (cold) | of which start s | "
                   "s to 1st failure from process start | shrink s | "
                   "torch.cuda / ctx.streams ex/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for t in r["targets"]:
             tp, ff = t.get("throughput"), t.get("first_failure") or {}
             proc = t.get("from_process_start") or {}
@@ -505,7 +513,8 @@ def markdown(report: dict[str, Any]) -> str:
             seeds = len(ff.get("seeds", []))
             lines.append(
                 f"| {t['target']} | {_fmt(tp and tp['fuzzer_ex_s'])} | "
-                f"{_fmt(tp and tp['loop_ex_s'])} | {_fmt(tp and tp['ratio'], 2)} | "
+                f"{_fmt(tp and tp.get('waiting_ex_s'))} | {_fmt(tp and tp['loop_ex_s'])} | "
+                f"{_fmt(tp and tp['ratio'], 2)} | "
                 f"{', '.join(tp['held_by']) if tp and tp['held_by'] else '-'} | "
                 f"{_fmt(cost.get('value'), 2)} | {_fmt(cost.get('reuse'), 2)} | "
                 f"{_fmt(cost.get('lifetime'), 2)} | "

@@ -8,20 +8,24 @@ the corpus before anything else happens.
 
 from __future__ import annotations
 
+import hashlib
+import pickle
+import random
 import time
+import unittest
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hypothesis
-from hypothesis import given
+from hypothesis import Phase, given
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from fuzz import corpus, profiles, protocols, stages, targets
 from fuzz.options import DEFAULT, RunOptions
-from fuzz.ranks import Outcome, RankPool
+from fuzz.ranks import Outcome, RankPool, Ticket
 from fuzz.verdict import Failure, Verdict
 
 Scenario = Any
@@ -44,16 +48,25 @@ def evaluate(pool: RankPool, target: str, scenario: Scenario,
 def run_and_judge(pool: RankPool, target: str, scenario: Scenario,
                   options: RunOptions) -> Verdict:
     """One run of ``scenario`` with ``options`` passed to the ranks unchanged,
-    judged, and run once more when it was clean but a gate timed out.
+    judged, and run once more when it was clean but a gate timed out."""
+    return _settle(pool, pool.submit(target, scenario, options))
+
+
+def _settle(pool: RankPool, ticket: Ticket) -> Verdict:
+    """A submitted example's verdict.
 
     A gate that runs out its bound did not force its interleaving (a kernel's
     first launch under lazy module loading waits for the gate); the kernel is
-    loaded now. A finding in the first run stands: a timed-out gate still
-    gives a real interleaving.
+    loaded now, so a clean example whose gate timed out runs once more. A
+    finding in the first run stands: a timed-out gate still gives a real
+    interleaving.
     """
-    verdict = _judge(pool.run(target, scenario, options), scenario, options.values)
+    outcome = pool.collect(ticket)
+    assert outcome is not None
+    scenario, options = ticket.scenario, ticket.options
+    verdict = _judge(outcome, scenario, options.values)
     if verdict.ok and "gate-timeout" in verdict.held:
-        verdict = _judge(pool.run(target, scenario, options), scenario, options.values)
+        verdict = _judge(pool.run(ticket.target, scenario, options), scenario, options.values)
         verdict.held = sorted(set(verdict.held) | {"rerun"})
     return verdict
 
@@ -150,7 +163,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
          progress: Progress | None = None, options: RunOptions = DEFAULT,
          stop_on_failure: bool = True, shrink_budget_s: float | None = 120.0,
          on_example: OnExample | None = None, on_verdict: OnVerdict | None = None,
-         stop: Callable[[], bool] | None = None) -> CampaignResult:
+         stop: Callable[[], bool] | None = None, pipeline: bool = True) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
     ``options`` go to every rank unchanged (see ``fuzz.runner``). With
@@ -166,82 +179,44 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     campaign can save a failure before shrinking starts). When ``stop``
     returns true the run ends before the next dispatch, even while shrinking:
     the smallest failure so far is still saved.
+
+    With ``pipeline`` (the default) Hypothesis draws the next scenario while
+    the ranks run the last one: see ``_Campaign``. The examples, the first
+    failure and the shrunk case are those of a run without it.
     """
     result = CampaignResult(target=target)
     protocol = protocols.of_target(target, _factory_or_none(target))
     if strategy is None:
         strategy = protocol.part("strategy")(world_size=pool.world_size)
-    start = time.monotonic()
-    held: set[str] = set()
-
-    def body(scenario: Scenario) -> None:
-        stages.enter(stages.DRIVER)
-        try:
-            _body(scenario)
-        finally:
-            stages.leave()
-
-    def _body(scenario: Scenario) -> None:
-        elapsed = time.monotonic() - start
-        if stop is not None and stop():
-            raise _Stopped
-        if result.failure is None and budget_s is not None and elapsed > budget_s:
-            raise _Stopped
-        if (shrink_budget_s is not None and result.first_failure_s is not None
-                and elapsed - result.first_failure_s > shrink_budget_s):
-            result.shrink_truncated = True
-            return
-        if on_example is not None:
-            on_example(scenario)
-        verdict = evaluate(pool, target, scenario, options)
-        result.examples += 1
-        held.update(verdict.held)
-        labels = behaviours(scenario, verdict)
-        for label in labels:
-            hypothesis.event(label)
-        if on_verdict is not None:
-            on_verdict(scenario, verdict, labels)
-        if progress is not None:
-            progress(result.examples, time.monotonic() - start, 0 if verdict.ok else 1)
-        if not verdict.ok:
-            if result.first_failure_examples is None:
-                result.first_failure_examples = result.examples
-                result.first_failure_s = time.monotonic() - start
-                result.first_failure_at = time.time()
-            result.failures += 1
-            if not stop_on_failure:
-                return
-            result.failure, result.scenario = verdict.first, scenario
-            raise _Found(verdict.summary())
-
-    # A distinct test identity per target keeps database entries apart. Hypothesis
-    # keys its database by the test's source, the same for every target here, plus
-    # this digest (what Hypothesis's stateful tests set for the same reason).
-    body.__qualname__ = f"streamfuzz[{target}]"
-    body._hypothesis_internal_add_digest = target.encode()  # type: ignore[attr-defined]
-    body = hypothesis.settings(settings, max_examples=max_examples)(given(strategy)(body))
-    if seed is not None:
-        body = hypothesis.seed(seed)(body)
-    stages.enter(stages.HYPOTHESIS)
-    try:
-        with profiles.seed_only(), profiles.rare_collections():
-            body()
-    except _Found:
-        pass
-    except _Stopped:
-        result.stopped = True
-    except KeyboardInterrupt:
-        # Ctrl-C: a failure found is saved below as far as it was shrunk; with
-        # nothing found, Interrupted carries the examples run so far. Either
-        # way the interrupt goes on.
-        result.interrupted = True
-    except Flaky:
-        # The last failure seen is the smallest that ever failed; keep it.
-        result.flaky = not result.shrink_truncated
-    finally:
-        stages.leave()
-    result.elapsed_s = time.monotonic() - start
-    result.held = sorted(held)
+    own_seed = pipeline and seed is None
+    if own_seed:
+        seed = random.SystemRandom().getrandbits(64)  # the replay must draw the same examples
+    campaign = _Campaign(pool, target, result, options, budget_s=budget_s,
+                         stop_on_failure=stop_on_failure, shrink_budget_s=shrink_budget_s,
+                         progress=progress, on_example=on_example, on_verdict=on_verdict,
+                         stop=stop)
+    campaign.own_seed = own_seed
+    phases = tuple(settings.phases)
+    ahead_phases = tuple(p for p in phases if p not in _SAVED_PHASES)
+    if not pipeline or not ahead_phases:
+        campaign.run(strategy, settings, max_examples, seed, phases, "sync")
+    else:
+        if own_seed and settings.database is not None and any(p in phases
+                                                              for p in _SAVED_PHASES):
+            # Past failures replay one at a time: Hypothesis deletes an entry
+            # that passes, so it must never be told "passed" before it did.
+            campaign.run(strategy, settings, max_examples, seed,
+                         tuple(p for p in phases if p in _SAVED_PHASES + (Phase.shrink,)),
+                         "sync")
+        if campaign.goes_on():
+            campaign.run(strategy, settings, max_examples, seed, ahead_phases, "ahead")
+            if campaign.deferred is not None and campaign.goes_on():
+                # The failure was seen one example late: replay Hypothesis up to
+                # it (the same seed draws the same examples) and shrink from there.
+                result.stopped = False
+                campaign.run(strategy, settings, max_examples, seed, ahead_phases, "replay")
+    result.elapsed_s = time.monotonic() - campaign.start
+    result.held = sorted(campaign.held)
     if result.failure is not None and corpus_dir is not None:
         entry = corpus.Entry(target=target, protocol=protocol.name, kind=result.failure.kind,
                              message=result.failure.message, scenario=result.scenario,
@@ -250,6 +225,222 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     if result.interrupted and result.failure is None:
         raise Interrupted(result)
     return result
+
+
+_CTRL_C_PATIENCE_S = 3.0
+"""How long a Ctrl-C waits for the example in flight, whose finding would
+otherwise be lost: one example, not a hang's ``timeout``."""
+
+_SAVED_PHASES = (Phase.explicit, Phase.reuse)
+"""Phases that run examples Hypothesis did not generate in this run."""
+
+
+class _Ahead(KeyboardInterrupt):
+    """The example before this one failed, seen only now that this one is
+    drawn: the run ends at once (a KeyboardInterrupt, so that Hypothesis
+    neither saves nor replays it) and is replayed up to the failure."""
+
+
+@dataclass
+class _Sent:
+    scenario: Scenario
+    ticket: Ticket
+    call: int
+
+
+def _digest(scenario: Scenario) -> bytes:
+    return hashlib.blake2b(pickle.dumps(scenario, protocol=pickle.HIGHEST_PROTOCOL),
+                           digest_size=8).digest()
+
+
+class _Campaign:
+    """One target's Hypothesis runs, their test body and what they found.
+
+    A run is in one of three modes. ``sync``: each example runs and is judged
+    before Hypothesis draws the next. ``ahead``: each example is sent to the
+    ranks and the body returns; the next call judges it before sending its
+    own, so Hypothesis draws while the ranks work. Hypothesis decides what to
+    draw next from outcomes only, and every outcome before a first failure is
+    a pass, so its examples are the same; a failure seen one call late ends the run, and ``replay``
+    runs Hypothesis again with the same seed, skips the examples that passed
+    (checking each is the one drawn before), raises at the failing one with
+    its verdict, and shrinks in sync: what a sync run would have done.
+    """
+
+    def __init__(self, pool: RankPool, target: str, result: CampaignResult,
+                 options: RunOptions, *, budget_s: float | None, stop_on_failure: bool,
+                 shrink_budget_s: float | None, progress: Progress | None,
+                 on_example: OnExample | None, on_verdict: OnVerdict | None,
+                 stop: Callable[[], bool] | None) -> None:
+        self.pool, self.target, self.result, self.options = pool, target, result, options
+        self.budget_s, self.stop_on_failure = budget_s, stop_on_failure
+        self.shrink_budget_s, self.progress = shrink_budget_s, progress
+        self.on_example, self.on_verdict, self.stop = on_example, on_verdict, stop
+        self.start = time.monotonic()
+        self.held: set[str] = set()
+        self.mode = "sync"
+        self.calls = 0
+        self.sent: _Sent | None = None
+        self.digests: list[bytes] = []
+        self.deferred: int | None = None
+        """The call whose failure was seen late (ahead mode), replayed up to."""
+        self.deferred_verdict: Verdict | None = None
+        self.own_seed = False
+
+    def goes_on(self) -> bool:
+        """Whether nothing ended the campaign: no shrunk failure, no interrupt, no stop."""
+        r = self.result
+        if r.interrupted or (self.stop is not None and self.stop()):
+            return False
+        return r.failure is None or self.deferred is not None
+
+    def run(self, strategy: st.SearchStrategy[Scenario], settings: hypothesis.settings,
+            max_examples: int, seed: int | None, phases: tuple[Phase, ...], mode: str) -> None:
+        self.mode, self.calls = mode, 0
+        body = self._test(strategy, settings, max_examples, seed, phases)
+        result = self.result
+        stages.enter(stages.HYPOTHESIS)
+        try:
+            with profiles.seed_only(), profiles.rare_collections():
+                body()
+        except (_Found, _Ahead):
+            pass
+        except unittest.SkipTest:
+            # Raised when a run executed nothing: a replay of past failures
+            # that found none. A generating run always executes something.
+            if Phase.generate in phases:
+                raise
+        except _Stopped:
+            result.stopped = True
+        except KeyboardInterrupt:
+            # Ctrl-C: a failure found is saved as far as it was shrunk; with
+            # nothing found, Interrupted carries the examples run so far. Either
+            # way the interrupt goes on.
+            result.interrupted = True
+        except Flaky:
+            # The last failure seen is the smallest that ever failed; keep it.
+            result.flaky = not result.shrink_truncated
+        finally:
+            stages.leave()
+        self._last()
+
+    def _last(self) -> None:
+        """The example still in flight when an ahead run ended."""
+        sent, self.sent = self.sent, None
+        if sent is None:
+            return
+        if self.result.interrupted:
+            # Ctrl-C: keep what is already in, wait for nothing else.
+            outcome = self.pool.collect(sent.ticket, patience=_CTRL_C_PATIENCE_S)
+            if outcome is None:
+                return
+            verdict = _judge(outcome, sent.scenario, self.options.values)
+        else:
+            verdict = _settle(self.pool, sent.ticket)
+        try:
+            self._account(sent.scenario, verdict, sent.call)
+        except _Ahead:
+            if self.result.interrupted:
+                self.deferred = None  # saved unshrunk: the user asked to stop
+
+    def _test(self, strategy: st.SearchStrategy[Scenario], settings: hypothesis.settings,
+              max_examples: int, seed: int | None, phases: tuple[Phase, ...]) -> Any:
+        def body(scenario: Scenario) -> None:
+            stages.enter(stages.DRIVER)
+            try:
+                self._body(scenario)
+            finally:
+                stages.leave()
+
+        # A distinct test identity per target keeps database entries apart. Hypothesis
+        # keys its database by the test's source, the same for every target here, plus
+        # this digest (what Hypothesis's stateful tests set for the same reason).
+        body.__qualname__ = f"streamfuzz[{self.target}]"
+        body._hypothesis_internal_add_digest = self.target.encode()  # type: ignore[attr-defined]
+        test = given(strategy)(body)
+        ours = hypothesis.settings(settings, max_examples=max_examples, phases=phases)
+        if seed is None:
+            return ours(test)
+        if self.own_seed:
+            # A seed that only makes the replay draw what the ahead run drew:
+            # the settings go on after it, so that, as without a seed, the
+            # database keeps what fails.
+            return ours(hypothesis.seed(seed)(test))
+        return hypothesis.seed(seed)(ours(test))
+
+    def _body(self, scenario: Scenario) -> None:
+        self.calls += 1
+        result = self.result
+        if self.mode == "replay":
+            same = (self.calls <= len(self.digests)
+                    and _digest(scenario) == self.digests[self.calls - 1])
+            if same and self.calls < self.deferred:
+                return  # passed in the ahead run
+            self.mode = "sync"
+            if same:
+                verdict, self.deferred, self.deferred_verdict = self.deferred_verdict, None, None
+                _found(verdict)
+            # Hypothesis drew something else this time: judge from here on.
+            self.deferred = self.deferred_verdict = None
+        elapsed = time.monotonic() - self.start
+        if self.stop is not None and self.stop():
+            raise _Stopped
+        if result.failure is None and self.budget_s is not None and elapsed > self.budget_s:
+            raise _Stopped
+        if (self.shrink_budget_s is not None and result.first_failure_s is not None
+                and elapsed - result.first_failure_s > self.shrink_budget_s):
+            result.shrink_truncated = True
+            return
+        if self.mode == "ahead":
+            # The last example first: a failure there ends the run before this
+            # one is sent, as a sync run would have ended before drawing it.
+            sent, self.sent = self.sent, None
+            if sent is not None:
+                self._account(sent.scenario, _settle(self.pool, sent.ticket), sent.call)
+        if self.on_example is not None:
+            self.on_example(scenario)
+        if self.mode == "ahead":
+            self.digests.append(_digest(scenario))
+            self.sent = _Sent(scenario, self.pool.submit(self.target, scenario, self.options),
+                              self.calls)
+            return
+        self._account(scenario, evaluate(self.pool, self.target, scenario, self.options),
+                      self.calls)
+
+    def _account(self, scenario: Scenario, verdict: Verdict, call: int) -> None:
+        result = self.result
+        result.examples += 1
+        self.held.update(verdict.held)
+        labels = behaviours(scenario, verdict)
+        if hypothesis.currently_in_test_context():  # not for the last of an ahead run
+            for label in labels:
+                hypothesis.event(label)
+        if self.on_verdict is not None:
+            self.on_verdict(scenario, verdict, labels)
+        if self.progress is not None:
+            self.progress(result.examples, time.monotonic() - self.start,
+                          0 if verdict.ok else 1)
+        if verdict.ok:
+            return
+        if result.first_failure_examples is None:
+            result.first_failure_examples = result.examples
+            result.first_failure_s = time.monotonic() - self.start
+            result.first_failure_at = time.time()
+        result.failures += 1
+        if not self.stop_on_failure:
+            return
+        result.failure, result.scenario = verdict.first, scenario
+        if self.mode == "ahead":
+            self.deferred, self.deferred_verdict = call, verdict
+            raise _Ahead
+        _found(verdict)
+
+
+def _found(verdict: Verdict) -> NoReturn:
+    """The one place that raises a failure into Hypothesis: it tells bugs apart
+    by where their exception was raised, so a replayed failure and its
+    shrinking steps must raise from the same line."""
+    raise _Found(verdict.summary())
 
 
 def _factory_or_none(target: str) -> Any:

@@ -388,6 +388,8 @@ class RankPool:
         self._spare: _World | None = None
         self._zygote: Zygote | None = None
         self._eid = 0
+        self._open: dict[int, _Example] = {}
+        self._settled: dict[int, Outcome] = {}
 
     # -- lifecycle ---------------------------------------------------------
     def __enter__(self) -> RankPool:
@@ -454,6 +456,9 @@ class RankPool:
     def _replace(self, graceful: bool) -> None:
         if self.external:
             raise RankStartError("external ranks cannot be replaced by the driver")
+        if graceful:
+            self._settle_open()
+        self._open.clear()
         if self._world is not None:
             self._world.stop() if graceful else self._world.kill()
             self._world = None
@@ -471,6 +476,8 @@ class RankPool:
 
     def close(self) -> None:
         """Stop the ranks and remove their logs (a finding quotes what it needs)."""
+        self._open.clear()
+        self._settled.clear()
         for w in (self._world, self._spare):
             if w is not None:
                 w.stop() if w.conns else w.kill()
@@ -510,6 +517,7 @@ class RankPool:
         return [r.stages if r else None for r in self._stats(timeout)]
 
     def _stats(self, timeout: float) -> list[StatsReply | None]:
+        self._settle_open()
         out: list[StatsReply | None] = [None] * len(self._conns)
         waiting = {}
         for rank, c in enumerate(self._conns):
@@ -537,6 +545,18 @@ class RankPool:
     def run(self, target: str, scenario: Any,
             options: RunOptions = DEFAULT) -> Outcome:
         """Run one example on every rank; replaces the ranks if they broke."""
+        outcome = self.collect(self.submit(target, scenario, options))
+        assert outcome is not None  # no patience: collect waits or declares
+        return outcome
+
+    def submit(self, target: str, scenario: Any,
+               options: RunOptions = DEFAULT) -> Ticket:
+        """Send one example to every rank without waiting for it.
+
+        Ranks take examples in order, so the driver can draw the next scenario
+        while this one runs; ``collect`` gets its outcome. A ticket whose world
+        was replaced before it ran is run again on the new one by ``collect``.
+        """
         if self.lost is not None:
             raise RankStartError(f"the ranks are gone: {self.lost}")
         self._eid += 1
@@ -552,14 +572,64 @@ class RankPool:
             except OSError:
                 pass
         stages.leave()
-        ex = _Example(eid)
+        self._open[eid] = _Example(eid)
+        return Ticket(eid, self.generation, target, scenario, options)
+
+    def collect(self, ticket: Ticket, patience: float | None = None) -> Outcome | None:
+        """The outcome of a submitted example, waiting for it (and for every
+        example sent before it) as long as ``timeout`` allows.
+
+        With ``patience``, give up after that many seconds instead and return
+        None, declaring nothing (a Ctrl-C asking whether a finding is already
+        in); the example stays open.
+        """
+        if ticket.eid in self._settled:
+            return self._settled.pop(ticket.eid)
+        if ticket.generation != self.generation or ticket.eid not in self._open:
+            if patience is not None:
+                return None
+            return self.run(ticket.target, ticket.scenario, ticket.options)
+        for eid in sorted(self._open):
+            ex = self._open.get(eid)
+            if eid > ticket.eid or ex is None:
+                break
+            outcome = self._await(ex, patience)
+            if outcome is None:
+                return None
+            self._open.pop(eid, None)
+            if eid == ticket.eid:
+                return outcome
+            self._settled[eid] = outcome
+        # Its world broke while an earlier example ran: it never ran.
+        return self.collect(ticket, patience)
+
+    def drain(self) -> None:
+        """Wait for every example sent and forget their outcomes."""
+        self._settle_open()
+        self._settled.clear()
+
+    def _settle_open(self) -> None:
+        """Wait for every example sent, keeping outcomes for ``collect``: the
+        replies must be read before another question or a new world."""
+        for eid in sorted(self._open):
+            ex = self._open.get(eid)
+            if ex is None:  # its world broke while an earlier one ran
+                continue
+            outcome = self._await(ex, None)
+            self._open.pop(eid, None)
+            if outcome is not None:
+                self._settled[eid] = outcome
+
+    def _await(self, ex: _Example, patience: float | None) -> Outcome | None:
         death: Failure | None = None
-        deadline = time.monotonic() + self.timeout
-        waiting = {c: r for r, c in enumerate(self._conns)}
+        deadline = time.monotonic() + (self.timeout if patience is None else patience)
+        waiting = {c: r for r, c in enumerate(self._conns) if r not in ex.answered}
         while waiting:
             stages.enter(stages.WAITING)
             ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
             stages.leave()
+            if not ready and patience is not None and death is None and ex.failure is None:
+                return None
             if not ready:
                 ranks = sorted(waiting.values())
                 where = [(r, self._world.where_stuck(r)) for r in ranks] if self._world else []
@@ -596,19 +666,34 @@ class RankPool:
                 answered = messages.handler(_REPLIES, reply, f"rank {rank}")(ex, reply)
                 if not answered:
                     waiting[c] = rank  # a late answer to an earlier question
-                elif ex.failure is not None:
-                    # Peers are likely blocked in a collective: give them a moment only.
-                    deadline = min(deadline, time.monotonic() + 2.0)
+                else:
+                    ex.answered.add(rank)
+                    if ex.failure is not None:
+                        # Peers are likely blocked in a collective: give them a moment only.
+                        deadline = min(deadline, time.monotonic() + 2.0)
         failure = death or ex.failure
         broken = ex.broken
-        if broken and self.external:
-            self.lost = failure.message if failure else "broken"
-            self._world.kill()
-        elif broken:
-            self.restart()
+        if broken:
+            self._open.clear()  # what was sent after it goes to a world that is gone
+            if self.external:
+                self.lost = failure.message if failure else "broken"
+                self._world.kill()
+            else:
+                self.restart()
         if failure is not None:
             return Outcome(failure=failure)
         return Outcome(observations=[ex.done[r] for r in range(self.world_size)])
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """An example sent to a world (``RankPool.submit``), to be collected."""
+
+    eid: int
+    generation: int
+    target: str
+    scenario: Any
+    options: RunOptions
 
 
 class _Example:
@@ -618,6 +703,7 @@ class _Example:
     def __init__(self, eid: int) -> None:
         self.eid = eid
         self.done: dict[int, Observations] = {}
+        self.answered: set[int] = set()
         self.failure: Failure | None = None
         self.broken = False
 

@@ -27,14 +27,22 @@ def rank_oracles(monkeypatch):
     from fuzz.options import DEFAULT
 
     seen: list[tuple[str, frozenset[str]]] = []
-    real = RankPool.run
+    sent: dict[int, str] = {}
+    real_submit, real_await = RankPool.submit, RankPool._await
 
-    def run(self, target, scenario, options=DEFAULT):
-        outcome = real(self, target, scenario, options)
-        seen.extend((target, frozenset(obs.oracles)) for obs in outcome.observations)
+    def submit(self, target, scenario, options=DEFAULT):
+        ticket = real_submit(self, target, scenario, options)
+        sent[ticket.eid] = target
+        return ticket
+
+    def await_(self, ex, patience):  # every example's outcome passes here once
+        outcome = real_await(self, ex, patience)
+        if outcome is not None:
+            seen.extend((sent[ex.eid], frozenset(obs.oracles)) for obs in outcome.observations)
         return outcome
 
-    monkeypatch.setattr(RankPool, "run", run)
+    monkeypatch.setattr(RankPool, "submit", submit)
+    monkeypatch.setattr(RankPool, "_await", await_)
     return seen
 
 

@@ -14,7 +14,8 @@ from fuzz.scenario import DEFAULT_SPIN, Delay, Scenario, Step
 from fuzz.streams import SimStreams
 from fuzz.targets import TargetContext
 
-COLUMNS = ["target", "fuzzer ex/s", "loop ex/s", "fuzzer/loop", "held by", "value oracle ms/ex",
+COLUMNS = ["target", "fuzzer ex/s", "waiting ex/s", "loop ex/s", "fuzzer/loop", "held by",
+           "value oracle ms/ex",
            "reuse oracle ms/ex", "lifetime oracle ms/ex", "found (seeds)",
            "examples to 1st failure", "s to 1st failure (cold)", "of which start s",
            "s to 1st failure from process start", "shrink s", "torch.cuda / ctx.streams ex/s"]
@@ -37,6 +38,7 @@ def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path, rank_orac
     (row,) = run["targets"]
     tp = row["throughput"]
     assert tp["examples"] == 4 and tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
+    assert tp["waiting_ex_s"] > 0
     assert tp["oracles"] == sorted(every)
     assert set(tp["oracle_cost_ms"]) == {"value", "reuse", "lifetime"}
     forms = tp["api_forms"]  # pre-fix against its ctx.streams form, same scenarios

@@ -1,0 +1,98 @@
+"""Hypothesis draws the next scenario while the ranks run the last one
+(``driver._Campaign``'s ahead mode), and the run is the one a driver that
+waits for every verdict would make: the same examples, first failure, shrunk
+case and corpus file; a Ctrl-C in the draw keeps a finding already in."""
+
+import hashlib
+import pickle
+
+import pytest
+
+from fuzz import driver, protocols
+from fuzz.ranks import RankPool
+
+
+def _campaign(pool, settings, target, pipeline, tmp_path, **kw):
+    dispatched = []
+    res = driver.fuzz(pool, target, settings, max_examples=60, seed=3,
+                      corpus_dir=tmp_path / ("ahead" if pipeline else "sync"),
+                      shrink_budget_s=None, pipeline=pipeline,
+                      on_example=lambda s: dispatched.append(
+                          hashlib.sha1(pickle.dumps(s)).hexdigest()), **kw)
+    return {"dispatched": dispatched, "examples": res.examples,
+            "first": res.first_failure_examples, "failures": res.failures,
+            "kind": res.failure.kind if res.failure else None,
+            "scenario": res.scenario,
+            "corpus": res.corpus_path.name if res.corpus_path else None,
+            "flaky": res.flaky, "stopped": res.stopped}
+
+
+@pytest.mark.parametrize("target", ["tests.targets:shifted_rows", "pr-fix", "pre-fix",
+                                    "tests.targets:kills_rank", "main-gather"])
+def test_drawing_ahead_makes_the_same_run_as_waiting(cpu_pool, ci_settings, target, tmp_path):
+    sync = _campaign(cpu_pool, ci_settings, target, False, tmp_path)
+    ahead = _campaign(cpu_pool, ci_settings, target, True, tmp_path)
+    assert ahead == sync
+    assert (sync["kind"] is None) == (target == "main-gather")
+
+
+def test_counting_failures_ahead_counts_the_same(cpu_pool, ci_settings, tmp_path):
+    kw = {"stop_on_failure": False}
+    sync = _campaign(cpu_pool, ci_settings, "tests.targets:shifted_rows", False, tmp_path, **kw)
+    ahead = _campaign(cpu_pool, ci_settings, "tests.targets:shifted_rows", True, tmp_path, **kw)
+    assert ahead == sync and sync["failures"] > 0 and sync["examples"] == 60
+
+
+def _logged(monkeypatch, target):
+    """The default strategy, with each draw, send and collection logged in order."""
+    log = []
+    real_submit, real_collect = RankPool.submit, RankPool.collect
+
+    def submit(self, *a, **k):
+        log.append("send")
+        return real_submit(self, *a, **k)
+
+    def collect(self, *a, **k):
+        outcome = real_collect(self, *a, **k)
+        log.append("got")
+        return outcome
+
+    monkeypatch.setattr(RankPool, "submit", submit)
+    monkeypatch.setattr(RankPool, "collect", collect)
+    strategy = protocols.of_target(target).part("strategy")(world_size=2)
+    return log, strategy.map(lambda s: log.append("draw") or s)
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_the_next_draw_happens_while_the_ranks_run(cpu_pool, ci_settings, monkeypatch,
+                                                   pipeline):
+    log, strategy = _logged(monkeypatch, "main-gather")
+    driver.fuzz(cpu_pool, "main-gather", ci_settings, max_examples=20, seed=1,
+                strategy=strategy, pipeline=pipeline)
+    sends = [i for i, e in enumerate(log) if e == "send"]
+    gots = [i for i, e in enumerate(log) if e == "got"]
+    draws = [i for i, e in enumerate(log) if e == "draw"]
+    assert len(sends) == len(gots) == 20
+    # Ahead, example n+1 is drawn after example n was sent and before its
+    # verdict is read; waiting, only after.
+    overlapped = [sends[n] < draws[n + 1] < gots[n] for n in range(19)]
+    assert all(overlapped) if pipeline else not any(overlapped)
+
+
+def test_ctrl_c_in_the_draw_keeps_the_failure_in_flight(cpu_pool, ci_settings, tmp_path):
+    draws = []
+
+    def interrupt_second(s):
+        draws.append(s)
+        if len(draws) == 2:  # pre-fix fails its first example on CPU, every seed
+            raise KeyboardInterrupt
+        return s
+
+    strategy = protocols.of_target("pre-fix").part("strategy")(world_size=2)
+    # The ranks load the target first, so that its first example is quick.
+    driver.fuzz(cpu_pool, "pre-fix", ci_settings, max_examples=1, seed=0, pipeline=False)
+    res = driver.fuzz(cpu_pool, "pre-fix", ci_settings, max_examples=50, seed=0,
+                      strategy=strategy.map(interrupt_second), corpus_dir=tmp_path)
+    assert res.interrupted and res.examples == 1
+    assert res.failure.kind == "lifetime" and res.scenario is draws[0]
+    assert res.corpus_path.exists()
