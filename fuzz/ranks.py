@@ -603,11 +603,6 @@ class RankPool:
         # Its world broke while an earlier example ran: it never ran.
         return self.collect(ticket, patience)
 
-    def drain(self) -> None:
-        """Wait for every example sent and forget their outcomes."""
-        self._settle_open()
-        self._settled.clear()
-
     def _settle_open(self) -> None:
         """Wait for every example sent, keeping outcomes for ``collect``: the
         replies must be read before another question or a new world."""
