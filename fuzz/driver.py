@@ -194,8 +194,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     campaign = _Campaign(pool, target, result, options, budget_s=budget_s,
                          stop_on_failure=stop_on_failure, shrink_budget_s=shrink_budget_s,
                          progress=progress, on_example=on_example, on_verdict=on_verdict,
-                         stop=stop)
-    campaign.own_seed = own_seed
+                         stop=stop, own_seed=own_seed)
     phases = tuple(settings.phases)
     ahead_phases = tuple(p for p in phases if p not in _SAVED_PHASES)
     if not pipeline or not ahead_phases:
@@ -261,8 +260,8 @@ class _Campaign:
     ranks and the body returns; the next call judges it before sending its
     own, so Hypothesis draws while the ranks work. Hypothesis decides what to
     draw next from outcomes only, and every outcome before a first failure is
-    a pass, so its examples are the same; a failure seen one call late ends the run, and ``replay``
-    runs Hypothesis again with the same seed, skips the examples that passed
+    a pass, so its examples are the same; a failure seen one call late ends
+    the run, and ``replay`` runs Hypothesis again with the same seed, skips the examples that passed
     (checking each is the one drawn before), raises at the failing one with
     its verdict, and shrinks in sync: what a sync run would have done.
     """
@@ -271,7 +270,7 @@ class _Campaign:
                  options: RunOptions, *, budget_s: float | None, stop_on_failure: bool,
                  shrink_budget_s: float | None, progress: Progress | None,
                  on_example: OnExample | None, on_verdict: OnVerdict | None,
-                 stop: Callable[[], bool] | None) -> None:
+                 stop: Callable[[], bool] | None, own_seed: bool) -> None:
         self.pool, self.target, self.result, self.options = pool, target, result, options
         self.budget_s, self.stop_on_failure = budget_s, stop_on_failure
         self.shrink_budget_s, self.progress = shrink_budget_s, progress
@@ -285,7 +284,8 @@ class _Campaign:
         self.deferred: int | None = None
         """The call whose failure was seen late (ahead mode), replayed up to."""
         self.deferred_verdict: Verdict | None = None
-        self.own_seed = False
+        self.own_seed = own_seed
+        """The seed is ours, only so that a replay draws what the ahead run drew."""
 
     def goes_on(self) -> bool:
         """Whether nothing ended the campaign: no shrunk failure, no interrupt, no stop."""

@@ -573,7 +573,7 @@ class RankPool:
                 pass
         stages.leave()
         self._open[eid] = _Example(eid)
-        return Ticket(eid, self.generation, target, scenario, options)
+        return Ticket(eid, target, scenario, options)
 
     def collect(self, ticket: Ticket, patience: float | None = None) -> Outcome | None:
         """The outcome of a submitted example, waiting for it (and for every
@@ -583,37 +583,35 @@ class RankPool:
         None, declaring nothing (a Ctrl-C asking whether a finding is already
         in); the example stays open.
         """
+        if ticket.eid in self._open and not self._settle_through(ticket.eid, patience):
+            return None
         if ticket.eid in self._settled:
             return self._settled.pop(ticket.eid)
-        if ticket.generation != self.generation or ticket.eid not in self._open:
-            if patience is not None:
-                return None
-            return self.run(ticket.target, ticket.scenario, ticket.options)
-        for eid in sorted(self._open):
-            ex = self._open.get(eid)
-            if eid > ticket.eid or ex is None:
-                break
-            outcome = self._await(ex, patience)
-            if outcome is None:
-                return None
-            self._open.pop(eid, None)
-            if eid == ticket.eid:
-                return outcome
-            self._settled[eid] = outcome
-        # Its world broke while an earlier example ran: it never ran.
-        return self.collect(ticket, patience)
+        if patience is not None:
+            return None
+        # Its world was replaced before it ran (a restart, or an earlier
+        # example that broke it): run it on this one.
+        return self.run(ticket.target, ticket.scenario, ticket.options)
 
     def _settle_open(self) -> None:
         """Wait for every example sent, keeping outcomes for ``collect``: the
         replies must be read before another question or a new world."""
+        self._settle_through(self._eid)
+
+    def _settle_through(self, last: int, patience: float | None = None) -> bool:
+        """Wait, in order, for the examples sent up to ``last`` (ranks answer
+        in order), keeping their outcomes for ``collect``; False when
+        ``patience`` ran out first."""
         for eid in sorted(self._open):
             ex = self._open.get(eid)
-            if ex is None:  # its world broke while an earlier one ran
-                continue
-            outcome = self._await(ex, None)
+            if eid > last or ex is None:  # None: a world broken by an earlier one
+                break
+            outcome = self._await(ex, patience)
+            if outcome is None:
+                return False
             self._open.pop(eid, None)
-            if outcome is not None:
-                self._settled[eid] = outcome
+            self._settled[eid] = outcome
+        return True
 
     def _await(self, ex: _Example, patience: float | None) -> Outcome | None:
         death: Failure | None = None
@@ -685,7 +683,6 @@ class Ticket:
     """An example sent to a world (``RankPool.submit``), to be collected."""
 
     eid: int
-    generation: int
     target: str
     scenario: Any
     options: RunOptions
