@@ -12,7 +12,8 @@ from: run it before and after a change.
 
 Besides the timings: how much the oracle handled per example (ops, stream
 and event callbacks, storages followed), from one untimed pass, and a
-cProfile of another (``profile.txt``, by own time and by cumulative time).
+cProfile of a pass with every oracle and of one with value and reuse only
+(``profile.txt``, by own time and by cumulative time).
 
     PYTHONPATH=. python bench/lifetime_cost.py --device auto --out reports/lifetime-cost
 
@@ -104,6 +105,13 @@ def _counting(counts: Counter) -> Iterator[None]:
         setattr(cls, name, counted)
 
     wrap(lifetime.TensorTracker, "op", "ops")
+    op = lifetime.TensorTracker.op
+
+    def named(self: Any, func: Any, *args: Any) -> Any:
+        counts[f"op {func}"] += 1
+        return op(self, func, *args)
+    patched.append((lifetime.TensorTracker, "op", op))
+    lifetime.TensorTracker.op = named  # type: ignore[method-assign]
     wrap(lifetime.TensorTracker, "poll", "polls")
     wrap(lifetime.LifetimeModel, "allocate", "storages")
     if torch.cuda.is_available():
@@ -157,16 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     counts: Counter = Counter()
     with _counting(counts):
         _pass(batch, factory, device, group, gates, MODES["all"], hold)
-    per_example = {k: round(v / len(batch), 1) for k, v in sorted(counts.items())}
+    ops = {k[3:]: round(v / len(batch), 2) for k, v in counts.most_common() if k[:3] == "op "}
+    per_example = {k: round(v / len(batch), 1) for k, v in sorted(counts.items())
+                   if k[:3] != "op "}
 
-    prof = cProfile.Profile()
-    prof.enable()
-    _pass(batch, factory, device, group, gates, MODES["all"], hold)
-    prof.disable()
     text = io.StringIO()
-    for order in ("tottime", "cumulative"):
-        text.write(f"== by {order} ({len(batch)} examples, every oracle) ==\n")
-        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(30)
+    for name in ("all", "value+reuse"):
+        prof = cProfile.Profile()
+        prof.enable()
+        _pass(batch, factory, device, group, gates, MODES[name], hold)
+        prof.disable()
+        for order in ("tottime", "cumulative"):
+            text.write(f"== {name}, by {order} ({len(batch)} examples) ==\n")
+            pstats.Stats(prof, stream=text).sort_stats(order).print_stats(40)
     (args.out / "profile.txt").write_text(text.getvalue())
 
     report = {
@@ -183,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_ms_per_example": {k: [round(x, 3) for x in v] for k, v in cpu_ms.items()},
         "lifetime_cpu_ms_per_example": round(statistics.median(cpu_cost), 3),
         "handled_per_example": per_example,
+        "ops_per_example": ops,
     }
     lines = [f"# Lifetime oracle cost: {report['device_name']} ({device_kind}), torch "
              f"{report['torch']}, gates: {gate_kind}", "",
@@ -196,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                for clock, table, diff in (("wall", ms, cost), ("process CPU", cpu_ms, cpu_cost))),
              "",
              "Handled per example (one untimed pass): " +
-             ", ".join(f"{k} {v}" for k, v in per_example.items()), ""]
+             ", ".join(f"{k} {v}" for k, v in per_example.items()), "",
+             "Ops per example, by overload: " +
+             ", ".join(f"`{k}` {v}" for k, v in list(ops.items())[:15]), ""]
     _script.write_report(args.out, "lifetime_cost", report, lines)
     dist.destroy_process_group()
     return 0
