@@ -3,8 +3,9 @@
 # up to 570 s), each log written as it goes: the lifetime oracle's cost on CUDA and CPU,
 # what a dispatch mode costs a broadcast, `make test` (the GPU tests running), the bench
 # (throughput vs the hand loop with the stage breakdown, gates vs spins, cold time to
-# first failure; pre-fix's throughput last), and vLLM's packed-tensor weight sync with
-# a gate.
+# first failure; pre-fix's throughput last; without the "waiting ex/s" column, which
+# would run every fuzzer row twice: pre-fix's crashes make that half a minute more),
+# and vLLM's packed-tensor weight sync with a gate.
 # Usage, from the repository root: bash bench/gpu.sh OUTDIR [VLLM_TREES]
 # VLLM_TREES holds vLLM source trees per version (VLLM_TREES/0.34.0/vllm/...); a node
 # without network cannot fetch a wheel. Everything is packed into OUTDIR/all.tgz after
@@ -43,7 +44,7 @@ grep -E '^(FAILED|ERROR)' "$w/test.log" | tee -a "$out/summary.txt"
 timeout 285 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
     --target main-gather --target main-gather-synced --target pr-fix --target pre-fix --examples 80 \
     --oracle-examples 20 --detect-examples 100 --random-examples 50 --seeds 3 \
-    --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 --out "$w/bench" \
+    --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 --no-waiting --out "$w/bench" \
     > "$w/bench.log" 2>&1
 say "bench: exit $?"; cat "$w/bench/bench.md" 2>/dev/null | head -60 | tee -a "$out/summary.txt"
 

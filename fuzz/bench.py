@@ -158,12 +158,16 @@ def _settings(generate_only: bool) -> hypothesis.settings:
 
 def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
                options: RunOptions = DEFAULT,
-               oracle_examples: int = 50, oracle_rounds: int = 2) -> dict[str, Any]:
+               oracle_examples: int = 50, oracle_rounds: int = 2,
+               waiting: bool = True) -> dict[str, Any]:
     """Per seed, the fuzzer and then the loop on the scenarios it drew, with the
     same ``options`` (by default those of ``fuzz run``): medians over seeds, and
     the median of the seeds' ratios. Then, on the first seed's first
-    ``oracle_examples`` scenarios, the loop per oracle set."""
-    fuzzer, waiting, loop, ratios, failures, held = [], [], [], [], [0, 0], set()
+    ``oracle_examples`` scenarios, the loop per oracle set. ``waiting``: also
+    the fuzzer judging each example before drawing the next, on the same seeds
+    (as long again as the fuzzer's own run, which for a target that crashes
+    its ranks is most of the row)."""
+    fuzzer, waits, loop, ratios, failures, held = [], [], [], [], [0, 0], set()
     restarts = pool.restarts
     first: list[Scenario] = []
     for seed in range(max(1, seeds)):
@@ -171,10 +175,10 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
         strategy = scenarios(world_size=pool.world_size).map(lambda s, d=drawn: d.append(s) or s)
         fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
                          strategy=strategy, options=options, stop_on_failure=False)
-        # The same fuzzer, judging each example before drawing the next.
-        waiting.append(driver.fuzz(pool, target, _settings(True), max_examples=examples,
-                                   seed=seed, options=options, stop_on_failure=False,
-                                   pipeline=False).examples_per_s)
+        if waiting:  # the same fuzzer, judging each example before drawing the next
+            waits.append(driver.fuzz(pool, target, _settings(True), max_examples=examples,
+                                     seed=seed, options=options, stop_on_failure=False,
+                                     pipeline=False).examples_per_s)
         lp = hand_loop(pool, target, drawn, options)
         fuzzer.append(fz.examples_per_s)
         loop.append(lp.examples_per_s)
@@ -197,9 +201,9 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
         "api_forms": form,
         "examples": examples, "seeds": len(fuzzer),
         "fuzzer_ex_s": statistics.median(fuzzer), "loop_ex_s": statistics.median(loop),
-        "waiting_ex_s": statistics.median(waiting),
+        "waiting_ex_s": statistics.median(waits) if waits else None,
         "ratio": statistics.median(ratios),
-        "per_seed": {"fuzzer_ex_s": fuzzer, "waiting_ex_s": waiting, "loop_ex_s": loop,
+        "per_seed": {"fuzzer_ex_s": fuzzer, "waiting_ex_s": waits, "loop_ex_s": loop,
                      "ratio": ratios},
         "fuzzer_failures": failures[0], "loop_failures": failures[1],
         "restarts_in_fuzzer_run": fuzz_restarts, "held_by": sorted(held),
@@ -375,7 +379,7 @@ def _median(values: list[float | None]) -> float | None:
 def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, examples: int = 200,
         detect_examples: int = 200, random_examples: int = 100, oracle_examples: int = 50,
         ff_examples: int = 1000, ff_budget_s: float = 60.0, shrink_budget_s: float = 30.0,
-        warmup_examples: int = 30,
+        warmup_examples: int = 30, waiting: bool = True,
         world_sizes: dict[str, int] | None = None, timeout: float = 60.0,
         options: RunOptions = DEFAULT, log: Log = print,
         save: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
@@ -383,7 +387,8 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
 
     Shrinking is timed on the first seed only (bounded by ``shrink_budget_s``);
     the other seeds stop at their first failure. ``save`` gets the report after
-    every stage, so a run cut short still leaves its tables behind.
+    every stage, so a run cut short still leaves its tables behind. ``waiting``:
+    see ``throughput``.
     """
     save = save or (lambda _: None)
     report: dict[str, Any] = {"machine": {"host": platform.node(), "cpu": platform.processor()
@@ -444,13 +449,13 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
             random_batch = [random_scenario(rng, world) for _ in range(random_examples)]
             for row in run_info["targets"]:
                 name = row["target"]
-                row["throughput"] = throughput(pool, name, examples, seeds=seeds,
-                                               options=options,
-                                               oracle_examples=oracle_examples)
-                log(f"  {name}: fuzzer {row['throughput']['fuzzer_ex_s']:.1f} ex/s "
-                    f"(waiting for each verdict {row['throughput']['waiting_ex_s']:.1f}), "
-                    f"loop {row['throughput']['loop_ex_s']:.1f} ex/s (medians of "
-                    f"{row['throughput']['seeds']} seeds)")
+                tp = row["throughput"] = throughput(pool, name, examples, seeds=seeds,
+                                                    options=options,
+                                                    oracle_examples=oracle_examples,
+                                                    waiting=waiting)
+                log(f"  {name}: fuzzer {tp['fuzzer_ex_s']:.1f} ex/s (waiting for each "
+                    f"verdict {_fmt(tp['waiting_ex_s'])}), loop {tp['loop_ex_s']:.1f} ex/s "
+                    f"(medians of {tp['seeds']} seeds)")
                 save(report)
                 if device == "cpu":
                     continue  # simulated streams: nothing manifests, nothing to hold

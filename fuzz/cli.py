@@ -223,6 +223,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cpu-world-size", type=_positive, default=2)
     b.add_argument("--cuda-world-size", type=_positive, default=1)
     b.add_argument("--timeout", type=_seconds, default=60.0)
+    b.add_argument("--waiting", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the fuzzer judging each example before drawing the next "
+                        "(the 'waiting ex/s' column; as long again as the fuzzer's run)")
     b.add_argument("--out", type=Path, default=Path("reports/bench"))
     _add_run_options(b)
     m = sub.add_parser("matrix", help="every built-in target x oracle: found or clean")
@@ -568,7 +571,7 @@ def _bench(args: argparse.Namespace) -> int:
                        shrink_budget_s=args.shrink_budget, ff_examples=args.ff_examples,
                        ff_budget_s=args.ff_budget, timeout=args.timeout,
                        world_sizes={"cpu": args.cpu_world_size, "cuda": args.cuda_world_size},
-                       options=_run_options(args),
+                       options=_run_options(args), waiting=args.waiting,
                        log=lambda line: print(line, flush=True),
                        save=lambda partial: bench.write(args.out, partial))
     json_path, md_path = bench.write(args.out, report)

@@ -116,3 +116,23 @@ def test_gate_delays_fall_back_to_spins_where_gates_are_unavailable():
         dist.destroy_process_group()
     assert obs.held == ("spin",)
     assert [c for _, c in streams.spins] == [DEFAULT_SPIN, 1000]
+
+
+def test_no_waiting_leaves_the_waiting_run_out(monkeypatch, cpu_pool):
+    from fuzz import driver
+
+    pipelines = []
+    real = driver.fuzz
+
+    def fuzz(*args, **kwargs):
+        pipelines.append(kwargs.get("pipeline", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "fuzz", fuzz)
+    tp = bench.throughput(cpu_pool, "main-gather", 3, seeds=2, oracle_examples=2,
+                          oracle_rounds=1, waiting=False)
+    assert pipelines == [True, True]
+    assert tp["waiting_ex_s"] is None and tp["per_seed"]["waiting_ex_s"] == []
+    assert tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
+    bench.throughput(cpu_pool, "main-gather", 3, seeds=1, oracle_examples=2, oracle_rounds=1)
+    assert pipelines == [True, True, True, False]
