@@ -409,7 +409,7 @@ def _patched(module: Any, values: dict[str, Any]) -> Iterator[None]:
 @contextlib.contextmanager
 def session(api: Any) -> Iterator[Memory]:
     """torch.cuda and torch.accelerator on ``api``'s simulated streams, for one example."""
-    memory = Memory(lambda t, op: api.emit("host_read", t, op))
+    memory = Memory(api.host_read)
     cuda = _cuda_patches(api)
     cuda.update(_unsimulated(torch.cuda, frozenset(cuda)))
     cuda["_sleep"] = _not_simulated("torch.cuda._sleep")

@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 from torch._C._distributed_c10d import BroadcastOptions, ProcessGroup, _create_work_from_future
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from fuzz import cuda_on_cpu, stages, threads
-from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode
+from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, unobserved
 
 Listener = Callable[..., None]
 
@@ -253,6 +254,11 @@ class SimStreams:
         self._by_id = {0: self.main}
         self.sending: list[Any] = []
         """Broadcasts this rank is the root of, still being sent (``_collective``)."""
+        self.receiving: list[_Receiving] = []
+        """Broadcasts this rank receives, still arriving (``_collective``): each
+        lands in the program's tensors before anything touches them."""
+        self._arriving: set[int] = set()
+        """The storages ``receiving`` lands in."""
         self.memory = cuda_on_cpu.Memory()
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
@@ -292,6 +298,7 @@ class SimStreams:
         return SimEvent(_api=self, **kwargs)
 
     def synchronize(self) -> None:
+        self.land()
         self.emit("sync_device")
 
     def spin(self, s: Any, cycles: int) -> str:
@@ -317,6 +324,33 @@ class SimStreams:
             for listener in self.listeners:
                 listener(what, *args)
 
+    def host_read(self, t: torch.Tensor, op: str) -> None:
+        """The host reads ``t`` with no aten op (``tolist``, ``numpy``)."""
+        if self._arriving and _storage_key(t) in self._arriving:
+            self.land()
+        self.emit("host_read", t, op)
+
+    def touches_arriving(self, args: tuple, kwargs: dict) -> bool:
+        """Whether an op's tensors share a storage with a broadcast still arriving."""
+        arriving = self._arriving
+        return any(_storage_key(t) in arriving for t in _tensors((args, kwargs)))
+
+    def land(self, quiet: bool = False) -> None:
+        """Wait for every broadcast still arriving and copy it into the
+        program's tensors, in the order they were called. ``quiet``: an error
+        is already on its way out."""
+        with self._lock:
+            if not self.receiving:
+                return
+            stages.enter(stages.COLLECTIVES)
+            try:
+                while self.receiving:
+                    self.receiving.pop(0).land(quiet)
+            finally:
+                self.receiving.clear()
+                self._arriving.clear()
+                stages.leave()
+
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """Run the example with torch.cuda on these streams, under the dispatch
@@ -333,6 +367,7 @@ class SimStreams:
             ended = True
         finally:
             _ACTIVE.remove(self)
+            self.land(quiet=not ended)
             self._sent(quiet=not ended)
 
     def _sent(self, quiet: bool) -> None:
@@ -371,11 +406,13 @@ class _SimDispatch(DispatchMode):
         if func is RECORD_STREAM:
             api.emit("record_stream", args[0], api.by_id(args[1].stream_id))
             return None
+        if api._arriving and api.touches_arriving(args, kwargs):
+            api.land()
         stages.enter(stages.SIMULATION)
         try:
             if func.namespace == "c10d":
                 stages.enter(stages.COLLECTIVES)
-                out = _collective(func, args, kwargs, api.sending)
+                out = _collective(func, args, kwargs, api)
             else:
                 stages.enter(stages.RUNNER)
                 out = func(*args, **kwargs)
@@ -388,15 +425,16 @@ class _SimDispatch(DispatchMode):
         return out
 
 
-def _collective(func: Any, args: tuple, kwargs: dict, sending: list[Any]) -> Any:
-    """Run a c10d op on copies of its tensors, wait for it, copy the results back.
+def _collective(func: Any, args: tuple, kwargs: dict, api: SimStreams) -> Any:
+    """Run a c10d op on copies of its tensors and copy the results back.
 
     gloo keeps its own reference to a collective's tensors for a moment after
     the call returns; a storage the program drops then would be freed (and
     judged) at a time that depends on gloo's thread. With copies, the
     program's storages live exactly as long as the program holds them, so a
-    verdict never depends on when a backend lets go. Waiting here changes no
-    verdict: the listeners model the collective as enqueued, not as done.
+    verdict never depends on when a backend lets go. Collectives other than
+    broadcasts wait here, which changes no verdict: the listeners model the
+    collective as enqueued, not as done.
 
     The root of a broadcast gets nothing back: it does not wait here (gloo's
     root waits until every receiver has got there, which put the ranks in
@@ -404,15 +442,27 @@ def _collective(func: Any, args: tuple, kwargs: dict, sending: list[Any]) -> Any
     enqueued a collective; its work goes to ``sending``, waited for when the
     example ends, so no example ends with a send still unmatched. The copies
     are the harness's own: torch functions skip the simulation's mode for them.
+
+    A rank that receives a broadcast does not wait here either: a gloo
+    receive is a round trip between the ranks (the receiver says it is ready,
+    the sender then sends), and a program that makes several in a row would
+    pay one each. It goes on, as it would once NCCL has enqueued the receive;
+    the data lands in its tensors (``SimStreams.land``) before any op or host
+    read touches their storage, at a synchronize, or when the example ends,
+    so every read sees what it would have seen had the call waited.
     """
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     with torch._C.DisableTorchFunction():
         out = _call(func, _own(args, pairs), {k: _own(v, pairs) for k, v in kwargs.items()})
         originals = {id(copy): orig for orig, copy in pairs}
-        if _sends_only(func, args, kwargs):
+        if func is _BROADCAST:
             tensors, work = out
-            sending.append(work)
-            return _back((tensors, _finished(tensors)), originals)
+            if _sends_only(func, args, kwargs):
+                api.sending.append(work)
+            else:
+                api.receiving.append(_Receiving(work, pairs))
+                api._arriving.update(_storage_key(orig) for orig, _ in pairs)
+            return _back((tensors, _finished(_back(tensors, originals))), originals)
         for leaf in out if isinstance(out, (list, tuple)) else (out,):
             if not isinstance(leaf, (list, tuple, torch.Tensor)) and hasattr(leaf, "wait"):
                 leaf.wait()
@@ -422,6 +472,54 @@ def _collective(func: Any, args: tuple, kwargs: dict, sending: list[Any]) -> Any
 
 
 _BROADCAST = torch.ops.c10d.broadcast_.default
+
+
+class _Receiving:
+    """A broadcast on its way into the program's tensors, each held as a weak
+    reference to its storage and where in it the tensor lies: the tensor the
+    program passed may be a view it drops at once (``table[:n]``) while it
+    keeps the storage, and a storage the program drops is freed when it
+    drops it (the lifetime oracle judges that moment), with nothing landed."""
+
+    __slots__ = ("work", "into")
+
+    def __init__(self, work: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.work = work
+        self.into = [(StorageWeakRef(orig.untyped_storage()), orig.dtype, orig.storage_offset(),
+                      orig.size(), orig.stride(), copy) for orig, copy in pairs]
+
+    def land(self, quiet: bool) -> None:
+        try:
+            self.work.wait()
+        except Exception:
+            if not quiet:
+                raise
+            return
+        with torch._C.DisableTorchFunction(), unobserved():
+            for ref, dtype, offset, size, stride, copy in self.into:
+                storage = None if ref.expired() else torch.UntypedStorage._new_with_weak_ptr(
+                    ref.cdata)
+                if storage is not None:
+                    torch.empty(0, dtype=dtype).set_(storage, offset, size, stride).copy_(copy)
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _tensors(x: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an op's arguments (in lists, tuples and dicts)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
 
 
 def _call(func: Any, args: tuple, kwargs: dict) -> Any:

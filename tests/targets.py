@@ -232,3 +232,58 @@ class ReceiverRaises(MainGather):
 
 def receiver_raises(ctx: TargetContext) -> ReceiverRaises:
     return ReceiverRaises(ctx)
+
+
+class ReceiverRunsAhead(MainGather):
+    """main-gather whose ranks meet at a file: a receiving rank creates
+    ``$STREAMFUZZ_TEST_RECEIVE_MARK`` once its receive calls of a step have
+    returned, before anything reads what they receive; the last rank waits (at
+    most a minute) for that file before it broadcasts. Only receive calls that
+    return before their data arrives let the last rank see the file in time."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        super().receive_drafts(batch)
+        with open(os.environ["STREAMFUZZ_TEST_RECEIVE_MARK"], "a"):
+            pass
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        mark = os.environ["STREAMFUZZ_TEST_RECEIVE_MARK"]
+        deadline = time.monotonic() + 60
+        while not os.path.exists(mark) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not os.path.exists(mark):
+            raise RuntimeError("the receivers waited at their receive calls for this rank")
+        return super()._send(draft_table, batch)
+
+
+def receiver_runs_ahead(ctx: TargetContext) -> ReceiverRunsAhead:
+    return ReceiverRunsAhead(ctx)
+
+
+class ReceivesThroughAView(MainGather):
+    """main-gather whose receivers receive the drafts through a view of a
+    larger buffer, a view they drop as the call returns; they keep the buffer
+    and read the drafts from a new view of it."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if not batch.samples:
+            return
+        n, k = batch.num_reqs, self.ctx.num_spec_steps
+        with torch.cuda.stream(self.side):
+            tokens = torch.empty((n, k + 1), dtype=torch.int64, device="cuda")
+            num_sampled = torch.empty((n,), dtype=torch.int32, device="cuda")
+            num_rejected = torch.empty((n,), dtype=torch.int32, device="cuda")
+            buffer = torch.empty((n + 2, k), dtype=torch.int64, device="cuda")
+            for t in (tokens, num_sampled, num_rejected):
+                self._bcast(t)
+            self._bcast(buffer[1:n + 1])  # the view dies here; the buffer lives on
+            done = torch.cuda.Event()
+            done.record(self.side)
+            for t in (tokens, num_sampled, num_rejected, buffer):
+                t.record_stream(self.main)
+        drafts = buffer[1:n + 1]
+        self.pending.append((batch.idx_mapping, tokens, num_sampled, num_rejected, drafts, done))
+
+
+def receives_through_a_view(ctx: TargetContext) -> ReceivesThroughAView:
+    return ReceivesThroughAView(ctx)
