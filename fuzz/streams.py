@@ -335,12 +335,19 @@ class SimStreams:
         arriving = self._arriving
         return any(_storage_key(t) in arriving for t in _tensors((args, kwargs)))
 
+    def arriving(self, receiving: _Receiving, into: list[torch.Tensor]) -> None:
+        """A broadcast this rank receives, to land in ``into`` (see ``land``)."""
+        with self._lock:
+            self.receiving.append(receiving)
+            self._arriving.update(_storage_key(t) for t in into)
+
     def land(self, quiet: bool = False) -> None:
         """Wait for every broadcast still arriving and copy it into the
         program's tensors, in the order they were called. ``quiet``: an error
         is already on its way out."""
         with self._lock:
             if not self.receiving:
+                self._arriving.clear()
                 return
             stages.enter(stages.COLLECTIVES)
             try:
@@ -460,8 +467,7 @@ def _collective(func: Any, args: tuple, kwargs: dict, api: SimStreams) -> Any:
             if _sends_only(func, args, kwargs):
                 api.sending.append(work)
             else:
-                api.receiving.append(_Receiving(work, pairs))
-                api._arriving.update(_storage_key(orig) for orig, _ in pairs)
+                api.arriving(_Receiving(work, pairs), [orig for orig, _ in pairs])
             return _back((tensors, _finished(_back(tensors, originals))), originals)
         for leaf in out if isinstance(out, (list, tuple)) else (out,):
             if not isinstance(leaf, (list, tuple, torch.Tensor)) and hasattr(leaf, "wait"):
