@@ -335,7 +335,7 @@ class SimStreams:
         arriving = self._arriving
         return any(_storage_key(t) in arriving for t in _tensors((args, kwargs)))
 
-    def arriving(self, receiving: _Receiving, into: list[torch.Tensor]) -> None:
+    def receive(self, receiving: _Receiving, into: list[torch.Tensor]) -> None:
         """A broadcast this rank receives, to land in ``into`` (see ``land``)."""
         with self._lock:
             self.receiving.append(receiving)
@@ -467,7 +467,7 @@ def _collective(func: Any, args: tuple, kwargs: dict, api: SimStreams) -> Any:
             if _sends_only(func, args, kwargs):
                 api.sending.append(work)
             else:
-                api.arriving(_Receiving(work, pairs), [orig for orig, _ in pairs])
+                api.receive(_Receiving(work, pairs), [orig for orig, _ in pairs])
             return _back((tensors, _finished(_back(tensors, originals))), originals)
         for leaf in out if isinstance(out, (list, tuple)) else (out,):
             if not isinstance(leaf, (list, tuple, torch.Tensor)) and hasattr(leaf, "wait"):
