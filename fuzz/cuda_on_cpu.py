@@ -49,6 +49,14 @@ class NotSimulated(RuntimeError):
                          f"'CUDA on CPU'); run this target with --device cuda")
 
 
+def storage_key(t: torch.Tensor) -> int | None:
+    """What identifies ``t``'s storage (shared by its views), or None where it has none."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 class Memory:
     """What each CPU storage stands for: device memory, pinned or pageable host memory.
 
@@ -70,9 +78,8 @@ class Memory:
 
     def key_kind(self, t: torch.Tensor) -> tuple[int | None, str]:
         """The storage's key (None where it has none) and what it stands for."""
-        try:
-            key = t.untyped_storage()._cdata
-        except (RuntimeError, NotImplementedError):
+        key = storage_key(t)
+        if key is None:
             return None, PAGEABLE
         entry = self._kinds.get(key)
         if entry is None or _expired(entry[0].cdata):

@@ -23,7 +23,9 @@ from torch._C._distributed_c10d import BroadcastOptions, ProcessGroup, _create_w
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fuzz import cuda_on_cpu, stages, threads
+from fuzz.cuda_on_cpu import storage_key
 from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, unobserved
+from fuzz.oracles.lifetime import tensors_in
 
 Listener = Callable[..., None]
 
@@ -326,20 +328,20 @@ class SimStreams:
 
     def host_read(self, t: torch.Tensor, op: str) -> None:
         """The host reads ``t`` with no aten op (``tolist``, ``numpy``)."""
-        if self._arriving and _storage_key(t) in self._arriving:
+        if self._arriving and storage_key(t) in self._arriving:
             self.land()
         self.emit("host_read", t, op)
 
     def touches_arriving(self, args: tuple, kwargs: dict) -> bool:
         """Whether an op's tensors share a storage with a broadcast still arriving."""
         arriving = self._arriving
-        return any(_storage_key(t) in arriving for t in _tensors((args, kwargs)))
+        return any(storage_key(t) in arriving for t in tensors_in([*args, *kwargs.values()]))
 
     def receive(self, receiving: _Receiving, into: list[torch.Tensor]) -> None:
         """A broadcast this rank receives, to land in ``into`` (see ``land``)."""
         with self._lock:
             self.receiving.append(receiving)
-            self._arriving.update(_storage_key(t) for t in into)
+            self._arriving.update(storage_key(t) for t in into)
 
     def land(self, quiet: bool = False) -> None:
         """Wait for every broadcast still arriving and copy it into the
@@ -507,25 +509,6 @@ class _Receiving:
                     ref.cdata)
                 if storage is not None:
                     torch.empty(0, dtype=dtype).set_(storage, offset, size, stride).copy_(copy)
-
-
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
-def _tensors(x: Any) -> Iterator[torch.Tensor]:
-    """The tensors of an op's arguments (in lists, tuples and dicts)."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _tensors(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _tensors(v)
 
 
 def _call(func: Any, args: tuple, kwargs: dict) -> Any:
