@@ -191,6 +191,15 @@ def synced_without_the_sync(ctx: TargetContext) -> SyncedWithoutTheSync:
     return SyncedWithoutTheSync(ctx)
 
 
+def _waited_for(mark: str, seconds: float = 60) -> bool:
+    """Whether the file ``mark`` appeared within ``seconds``: ranks of a test
+    meeting outside the collectives."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(mark) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.path.exists(mark)
+
+
 class RootRunsAhead(MainGather):
     """main-gather whose ranks meet at a file instead of in the collectives: the
     last rank creates ``$STREAMFUZZ_TEST_ROOT_MARK`` once its broadcasts of a
@@ -205,14 +214,8 @@ class RootRunsAhead(MainGather):
         return send
 
     def receive_drafts(self, batch: Batch) -> None:
-        if batch.samples:
-            mark = os.environ["STREAMFUZZ_TEST_ROOT_MARK"]
-            deadline = time.monotonic() + 60
-            while not os.path.exists(mark) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            self.saw_mark = os.path.exists(mark)
-            if not self.saw_mark:
-                raise RuntimeError("the root's broadcasts waited for this rank")
+        if batch.samples and not _waited_for(os.environ["STREAMFUZZ_TEST_ROOT_MARK"]):
+            raise RuntimeError("the root's broadcasts waited for this rank")
         super().receive_drafts(batch)
 
 
@@ -247,11 +250,7 @@ class ReceiverRunsAhead(MainGather):
             pass
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        mark = os.environ["STREAMFUZZ_TEST_RECEIVE_MARK"]
-        deadline = time.monotonic() + 60
-        while not os.path.exists(mark) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if not os.path.exists(mark):
+        if not _waited_for(os.environ["STREAMFUZZ_TEST_RECEIVE_MARK"]):
             raise RuntimeError("the receivers waited at their receive calls for this rank")
         return super()._send(draft_table, batch)
 
