@@ -310,20 +310,25 @@ class Gates:
             raise GateUnavailable("a gate opened from a stream reported a timeout")
 
 
-_POOLS: weakref.WeakSet[Gates] = weakref.WeakSet()
+_POOLS: list[weakref.ref[Gates]] = []
+"""The live pools (a rank has one). A plain list: every traced event record
+and wait of the process comes through ``_each``, where a ``WeakSet``'s
+iteration guard cost more than the pool's own work."""
 _HOOKED = False
 
 
 def _each(method: str, *args: Any) -> None:
-    for pool in list(_POOLS):
-        getattr(pool, method)(*args)
+    for ref in _POOLS:
+        pool = ref()
+        if pool is not None:
+            getattr(pool, method)(*args)
 
 
 def _hook(pool: Gates) -> bool:
     """Forward the trace's sync, event record/wait and event deletion callbacks
     to every live pool (registered once per process); False where the trace
     is missing, and host syncs then wait out the bound as before."""
-    global _HOOKED
+    global _HOOKED, _POOLS
     if not _HOOKED:
         try:
             from torch.cuda import _gpu_trace as trace
@@ -341,5 +346,6 @@ def _hook(pool: Gates) -> bool:
         except Exception:  # no usable trace in this torch: gates work as before
             return False
         _HOOKED = True
-    _POOLS.add(pool)
+    # A new list, never changed in place: a callback may be iterating the old one.
+    _POOLS = [*(r for r in _POOLS if r() is not None and r() is not pool), weakref.ref(pool)]
     return True

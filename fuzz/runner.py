@@ -98,6 +98,8 @@ class _Run:
             from fuzz.oracles.reuse import ReuseWatch
 
             self.watch = ReuseWatch(self.main, ctx.rank)
+            if self.checker is not None:
+                self.watch.share(self.checker.mode)
 
     def run(self) -> DraftObservations:
         last = self.ctx.is_last_rank

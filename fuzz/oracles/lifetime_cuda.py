@@ -55,17 +55,23 @@ def _install() -> None:
 
 
 class _CudaDispatch(DispatchMode):
+    """The checker's mode; while a handler call runs, also the reuse oracle's
+    (``reuse``): one trip into Python per op for both."""
+
     def __init__(self, checker: CudaLifetimeChecker) -> None:
         super().__init__()
         self.checker = checker
+        self.reuse: Any = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func is RECORD_STREAM:
             self.checker._guarded(self.checker._on_record_stream, args[0], args[1])
-        else:
-            self.checker._guarded(self.checker._on_op, func, args, kwargs, out)
+            return out
+        self.checker._guarded(self.checker._on_op, func, args, kwargs, out)
+        if self.reuse is not None:
+            self.reuse.observe(func, args, kwargs, out)
         return out
 
 
@@ -124,6 +130,11 @@ class CudaLifetimeChecker(TensorTracker):
         self._reads = _HostReads()
         self._error: str | None = None
         self._lock = threading.RLock()
+
+    @property
+    def mode(self) -> _CudaDispatch:
+        """The dispatch mode the reuse oracle can watch from (``ReuseWatch.share``)."""
+        return self._mode
 
     def attach(self) -> CudaLifetimeChecker:
         global _active

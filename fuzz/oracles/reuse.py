@@ -22,6 +22,7 @@ never reach main.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -43,6 +44,10 @@ def _makes_blocks(func: Any) -> bool:
     return made
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+"""The current stream's ``cudaStream_t`` for a device index (None in a torch without it)."""
+
+
 class ReuseWatch:
     """One example's watch on one rank; ``findings`` are built here, on the rank."""
 
@@ -50,13 +55,25 @@ class ReuseWatch:
         self.main = main
         self.rank = rank
         self.step: int | None = None
-        # (start, end, event, step, op name, stream) of storages used off main.
-        self._used: list[tuple[int, int, Any, int | None, str, Any]] = []
+        # (start, end, event, step, op name) of storages used off main.
+        self._used: list[tuple[int, int, Any, int | None, str]] = []
         self.findings: list[Failure] = []
         self._seen: set[tuple[int, int]] = set()
+        self._index = main.device_index
+        self._main_handle = main.cuda_stream
+        self._streams: dict[int, Any] = {}
+        """Stream objects by raw handle: an op's stream is read as a handle."""
+        self._shared: Any = None
 
-    def call(self) -> DispatchMode:
-        """The mode to run the handler call under."""
+    def share(self, mode: Any) -> None:
+        """Watch from ``mode`` (the lifetime oracle's, which has a ``reuse``
+        slot) instead of a mode of its own: one trip into Python per op for both."""
+        self._shared = mode
+
+    def call(self) -> contextlib.AbstractContextManager:
+        """What to run the handler call under."""
+        if self._shared is not None:
+            return _Shared(self._shared, self)
         return _Mode(self)
 
     def check(self, t: torch.Tensor, what: str) -> None:
@@ -68,7 +85,7 @@ class ReuseWatch:
         end = start + max(1, s.nbytes())
         live = []
         for entry in self._used:
-            lo, hi, event, step, op, stream = entry
+            lo, hi, event, step, op = entry
             if event.query():
                 continue  # that stream's use is over: reusing the block is safe
             live.append(entry)
@@ -81,13 +98,54 @@ class ReuseWatch:
                              f"without record_stream on that stream)", self.rank, self.step))
         self._used = live
 
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """One op of the handler call, just issued on the current stream."""
+        stages.enter(stages.REUSE)
+        try:
+            handle = (_raw_stream(self._index) if _raw_stream is not None
+                      else torch.cuda.current_stream(self.main.device).cuda_stream)
+            if handle == self._main_handle:
+                if not self._used or not _makes_blocks(func):
+                    return  # nothing off main to collide with, or a view / in-place result
+                for t in tensors_in(out):
+                    self.check(t, f"output of {func.__name__}")
+                return
+            used = [t for t in tensors_in(args) if t.is_cuda]
+            if kwargs:
+                used += [t for t in tensors_in(list(kwargs.values())) if t.is_cuda]
+            if used:
+                self._note(func.__name__, used, self._stream(handle))
+        finally:
+            stages.leave()
+
+    def _stream(self, handle: int) -> Any:
+        s = self._streams.get(handle)
+        if s is None:
+            s = self._streams[handle] = torch.cuda.current_stream(self.main.device)
+        return s
+
     def _note(self, op: str, tensors: list[torch.Tensor], stream: Any) -> None:
         event = torch.cuda.Event()
         event.record(stream)
         for t in tensors:
             s = t.untyped_storage()
             lo = s.data_ptr()
-            self._used.append((lo, lo + max(1, s.nbytes()), event, self.step, op, stream))
+            self._used.append((lo, lo + max(1, s.nbytes()), event, self.step, op))
+
+
+class _Shared:
+    """The handler call watched from another mode's ``reuse`` slot."""
+
+    __slots__ = ("mode", "watch")
+
+    def __init__(self, mode: Any, watch: ReuseWatch) -> None:
+        self.mode, self.watch = mode, watch
+
+    def __enter__(self) -> None:
+        self.mode.reuse = self.watch
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.reuse = None
 
 
 class _Mode(DispatchMode):
@@ -98,26 +156,6 @@ class _Mode(DispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func is RECORD_STREAM:
-            return out
-        stages.enter(stages.REUSE)
-        try:
-            self._watch(func, args, kwargs, out)
-        finally:
-            stages.leave()
+        if func is not RECORD_STREAM:
+            self.watch.observe(func, args, kwargs, out)
         return out
-
-    def _watch(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        stream = torch.cuda.current_stream()
-        w = self.watch
-        if stream == w.main:
-            if not w._used or not _makes_blocks(func):
-                return  # nothing off main to collide with, or a view / in-place result
-            for t in tensors_in(out):
-                w.check(t, f"output of {func.__name__}")
-        else:
-            used = [t for t in tensors_in(args) if t.is_cuda]
-            if kwargs:
-                used += [t for t in tensors_in(list(kwargs.values())) if t.is_cuda]
-            if used:
-                w._note(func.__name__, used, stream)

@@ -1,0 +1,76 @@
+"""The reuse oracle watching from the lifetime oracle's dispatch mode: the
+wiring that runs without a GPU; the oracles themselves are in ``tests/test_gpu.py``."""
+
+import weakref
+
+import torch
+
+from fuzz import gates
+from fuzz.oracles import lifetime_cuda, reuse
+
+
+class _Main:
+    device_index = 0
+    cuda_stream = 1234
+    device = torch.device("cpu")
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.ops: list = []
+
+    def _guarded(self, fn, *args):  # noqa: ANN001, ANN202
+        fn(*args)
+
+    def _on_op(self, func, args, kwargs, out):  # noqa: ANN001, ANN202
+        self.ops.append(func)
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def observe(self, func, args, kwargs, out):  # noqa: ANN001, ANN202
+        self.seen.append((func, out))
+
+
+def test_a_shared_watch_rides_the_lifetime_mode_only_for_the_call():
+    checker = _Checker()
+    mode = lifetime_cuda._CudaDispatch(checker)
+    watch = reuse.ReuseWatch(_Main(), rank=0)
+    assert isinstance(watch.call(), reuse._Mode)  # no lifetime oracle: a mode of its own
+    watch.share(mode)
+    call = watch.call()
+    assert mode.reuse is None
+    with call:
+        assert mode.reuse is watch
+    assert mode.reuse is None
+
+
+def test_the_lifetime_mode_hands_each_op_to_the_reuse_watch_after_the_checker():
+    checker = _Checker()
+    mode = lifetime_cuda._CudaDispatch(checker)
+    a, b = torch.ones(2), torch.ones(2)
+    add = torch.ops.aten.add.Tensor
+    out = mode.__torch_dispatch__(add, (), (a, b))
+    assert checker.ops == [add] and torch.equal(out, a + b)  # no watch: nothing else
+    mode.reuse = watch = _Watch()
+    out = mode.__torch_dispatch__(add, (), (a, b))
+    assert checker.ops == [add, add] and watch.seen[0][0] is add
+    assert torch.equal(watch.seen[0][1], out)
+
+
+def test_trace_events_reach_every_live_gate_pool_and_skip_dead_ones(monkeypatch):
+    class _Pool:
+        def __init__(self) -> None:
+            self.records: list = []
+
+        def _on_record(self, event, stream):  # noqa: ANN001, ANN202
+            self.records.append((event, stream))
+
+    live, gone = _Pool(), _Pool()
+    refs = [weakref.ref(live), weakref.ref(gone)]
+    del gone
+    monkeypatch.setattr(gates, "_POOLS", refs)
+    gates._each("_on_record", 7, 8)
+    assert live.records == [(7, 8)]
