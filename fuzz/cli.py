@@ -20,6 +20,7 @@ from typing import Any
 
 from fuzz import corpus, profiles, protocols, targets, upstream
 from fuzz.__main__ import EXIT_CRASH
+from fuzz.errors import BadInput
 from fuzz.options import (
     DEFAULT,
     MUTATE,
@@ -30,10 +31,10 @@ from fuzz.options import (
     RunOptions,
     parse_oracles,
 )
-from fuzz.ranks import RankPool, RankStartError, cpu_world_limit, probe_gpus
+from fuzz.ranks import RankPool, cpu_world_limit, probe_gpus
 
 
-class UsageError(Exception):
+class UsageError(BadInput):
     """Bad usage or configuration: one line, exit status 2."""
 
 
@@ -284,11 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "mutate":
             return _mutate(args)
         return _replay(args)
-    except UsageError as exc:
-        print(f"streamfuzz: error: {exc}", file=sys.stderr)
-        return 2
-    except (targets.TargetError, corpus.CorpusError, RankStartError,
-            upstream.UpstreamError) as exc:
+    except BadInput as exc:  # usage, target, corpus, options, upstream, ranks' start
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fuzz import protocols
+from fuzz.errors import BadInput
 from fuzz.scenario import ScenarioError
 from fuzz.verdict import KINDS
 
@@ -31,7 +32,7 @@ write takes milliseconds); younger ones may belong to a live writer on a
 shared corpus."""
 
 
-class CorpusError(ValueError):
+class CorpusError(BadInput, ValueError):
     """A corpus file that cannot be used; the message names the file."""
 
 

@@ -30,6 +30,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from fuzz import stages
+from fuzz.errors import FuzzError
 from fuzz.oracles.lifetime import DEVICE as DEVICE_KIND
 from fuzz.oracles.lifetime import PAGEABLE, PINNED, tensors_in
 
@@ -41,7 +42,7 @@ DEVICE = torch.device("cuda", 0)
 
 
 
-class NotSimulated(RuntimeError):
+class NotSimulated(FuzzError, RuntimeError):
     """A CUDA feature the CPU simulation does not model."""
 
     def __init__(self, what: str) -> None:

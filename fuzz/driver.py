@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from fuzz import corpus, profiles, protocols, stages, targets
+from fuzz.errors import FuzzError
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import Outcome, RankPool, Ticket
 from fuzz.verdict import Failure, Verdict
@@ -85,7 +86,7 @@ def _judge(outcome: Outcome, scenario: Scenario, values: bool) -> Verdict:
     return Verdict(found + wrong, held=held)
 
 
-class _Found(Exception):
+class _Found(FuzzError):
     """Raised into Hypothesis so that it shrinks; carries nothing Hypothesis needs."""
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from fuzz.dispatch_mode import unobserved
+from fuzz.errors import FuzzError
 
 DEFAULT_BOUND_MS = 200.0
 _SLOTS = 1024
@@ -56,7 +57,7 @@ _POLLS_PER_MS = 2_000
 _MAX_POLLS_PER_MS = 20_000
 
 
-class GateUnavailable(RuntimeError):
+class GateUnavailable(FuzzError, RuntimeError):
     """No gates here (no Triton, no GPU, or the self-test failed); use spins."""
 
 

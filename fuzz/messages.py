@@ -16,11 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from fuzz.errors import FuzzError
 from fuzz.options import RunOptions
 from fuzz.verdict import Failure
 
 
-class UnknownMessageError(RuntimeError):
+class UnknownMessageError(FuzzError, RuntimeError):
     """A message of a type the receiver has no handler for (the two sides are
     from different versions of the engine, or a bug)."""
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import driver, profiles, sync_sites
+from fuzz.errors import FuzzError
 from fuzz.options import RunOptions
 from fuzz.ranks import RankPool
 from fuzz.sync_sites import Site
@@ -29,7 +30,7 @@ from fuzz.targets import mutated
 Log = Callable[[str], None]
 
 
-class NotClean(Exception):
+class NotClean(FuzzError):
     """The original target fails on its own: its mutants would tell nothing."""
 
 

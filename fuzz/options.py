@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from fuzz.errors import BadInput
+
 
 class Oracle(str, Enum):
     """A judge of one example. ``value`` runs in the driver; ``lifetime`` and
@@ -41,7 +43,7 @@ _LEGACY_ORACLES = frozenset({Oracle.VALUE})
 oracles were recorded were all found by the value oracle."""
 
 
-class OptionsError(ValueError):
+class OptionsError(BadInput, ValueError):
     """An option that names no oracle or hold; the message lists the choices."""
 
 

@@ -20,12 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fuzz.errors import BadInput
+
 DEFAULT = "draft-broadcast"
 """The protocol of a corpus entry that names none (entries from before there
 were several) and of a user's target that declares none."""
 
 
-class ProtocolError(ValueError):
+class ProtocolError(BadInput, ValueError):
     """A protocol name or a scenario of no known protocol."""
 
 

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from fuzz import dispatch_mode, gloo_threads, messages, protocols, stages, targets
+from fuzz.errors import FuzzError
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
@@ -233,7 +234,7 @@ the handshake. A driver answers at once; a listener that is not a streamfuzz
 driver (a wrong STREAMFUZZ_DRIVER) may never answer at all."""
 
 
-class HandshakeError(RuntimeError):
+class HandshakeError(FuzzError, RuntimeError):
     """The listener at STREAMFUZZ_DRIVER is not a driver this rank can serve."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import messages, stages, zygote
+from fuzz.errors import BadInput
 from fuzz.messages import (
     Done,
     Hello,
@@ -44,7 +45,7 @@ from fuzz.zygote import ForkedRank, Zygote, ZygoteError
 _REPO = Path(__file__).resolve().parent.parent
 
 
-class RankStartError(RuntimeError):
+class RankStartError(BadInput, RuntimeError):
     """The ranks could not be brought up (bad device, NCCL/gloo init failure)."""
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fuzz.errors import BadInput
+
 STREAMS = ("main", "side")
 DEFAULT_SPIN = 5_000_000
 """Cycles a gate-delay spins when gates are unavailable and it names no cycles:
@@ -25,7 +27,7 @@ FILL_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
 IDX_DTYPES = ("int32", "int64")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(BadInput, ValueError):
     """A scenario that does not describe a runnable example."""
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fuzz.errors import BadInput
+
 FILE = "vllm/v1/worker/gpu/pp_utils.py"
 """Where ``PPHandler`` lives in every supported release."""
 
@@ -69,7 +71,7 @@ SUPPORTED = ("0.30.0, 0.31.0, 0.32.0 (broadcast_drafts(draft_tokens, input_batch
 PRE_PR_EDIT = "remove idx_mapping.record_stream(...) from PPHandler.broadcast_drafts"
 
 
-class UpstreamError(ValueError):
+class UpstreamError(BadInput, ValueError):
     """An upstream source that cannot be fuzzed; the message is one line."""
 
 

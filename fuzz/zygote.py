@@ -35,6 +35,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from fuzz.errors import FuzzError
+
 if TYPE_CHECKING:  # the driver imports this first thing: only what it must
     from pathlib import Path
     from typing import Any
@@ -45,7 +47,7 @@ ENV = "STREAMFUZZ_ZYGOTE"
 _REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
-class ZygoteError(RuntimeError):
+class ZygoteError(FuzzError, RuntimeError):
     """The zygote cannot fork a rank now; the caller spawns one instead."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from fuzz.errors import FuzzError
 from fuzz.verdict import Failure
 from streamfuzz import _group
 
@@ -30,8 +31,9 @@ _default_device = "auto"  # the one default; the pytest plugin sets it from --st
 _active: Check | None = None
 
 
-class StreamfuzzError(Exception):
-    """A checked block broke a stream rule; ``findings`` says how, one ``Failure`` each."""
+class StreamfuzzError(FuzzError):
+    """A checked block broke a stream rule; ``findings`` says how, one ``Failure`` each.
+    Under ``fuzz.errors.FuzzError``, the root of what streamfuzz raises."""
 
     __module__ = "streamfuzz"  # as users import it
 

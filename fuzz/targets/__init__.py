@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from fuzz import protocols
 from fuzz.draft_protocol import PROTOCOL as DRAFT_BROADCAST
+from fuzz.errors import BadInput
 
 if TYPE_CHECKING:  # the driver imports this module and never needs torch itself
     import torch
@@ -66,7 +67,7 @@ UPSTREAM_FIXED = "vllm-pp@0.34.0"
 every entry found on vLLM's code must pass on it."""
 
 
-class TargetError(ValueError):
+class TargetError(BadInput, ValueError):
     """A target spec that does not name a loadable factory."""
 
 
