@@ -48,7 +48,7 @@ from hypothesis import Phase
 from fuzz import corpus, driver, profiles, stages, stages_report, targets
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool
-from fuzz.scenario import FILL_RANGE, Churn, Delay, Scenario, Step
+from fuzz.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn, Delay, Scenario, Step
 from fuzz.verdict import Verdict
 from strategies import scenarios
 
@@ -88,9 +88,6 @@ def hand_loop(pool: RankPool, target: str, batch: Sequence[Scenario],
 
 
 # -- scenarios without Hypothesis ----------------------------------------------
-_ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "uint8": 1}
-
-
 def random_scenario(rng: random.Random, world_size: int, max_steps: int = 6) -> Scenario:
     """A scenario from the strategies' distribution, drawn with a plain RNG."""
     reqs, k = rng.randint(1, 16), rng.randint(1, 4)
@@ -101,8 +98,8 @@ def random_scenario(rng: random.Random, world_size: int, max_steps: int = 6) -> 
         final = tuple(rng.random() < 0.5 for _ in idx)
         churn = []
         for _ in range(rng.randint(0, 4)):
-            dtype = rng.choice(("int32", "int64", "float32", "uint8"))
-            cls = 512 // _ITEMSIZE[dtype]
+            dtype = rng.choice(CHURN_DTYPES)
+            cls = 512 // ITEMSIZE[dtype]
             lo, hi = FILL_RANGE[dtype]
             fill = rng.randint(0, reqs - 1) if rng.random() < 0.5 else rng.randint(reqs, hi)
             churn.append(Churn(stream=rng.choice(("main", "side")),

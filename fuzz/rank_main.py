@@ -39,7 +39,7 @@ from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.protocols import RankEnv
 from fuzz.ranks import rss_bytes
 from fuzz.runner import run_scenario
-from fuzz.scenario import Scenario
+from fuzz.scenario import CHURN_DTYPES, Scenario
 from fuzz.streams import CudaStreams, SimStreams
 from fuzz.targets import TargetContext
 from fuzz.zygote import die_with_parent
@@ -145,8 +145,7 @@ _WARM_SCENARIO = Scenario.from_dict({
     "steps": [{"idx_mapping": list(ix), "idx_dtype": dt, "final": [True, False],
                "num_sampled": [1, 0], "num_rejected": [0, 1],
                "churn": [{"stream": st, "numel": 8, "dtype": d, "fill": 1, "keep": True}
-                         for st in ("main", "side") for d in ("int32", "int64", "float32",
-                                                                "uint8")],
+                         for st in ("main", "side") for d in CHURN_DTYPES],
                "delays": [{"point": "pre_call", "stream": "side", "cycles": 1000}]}
               for ix, dt in (((1, 0), "int64"), ((0, 1), "int32"))]})
 

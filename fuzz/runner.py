@@ -28,12 +28,12 @@ from fuzz.draft_protocol import DraftObservations
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.oracles.lifetime import DEVICE, PINNED
 from fuzz.reference import Applied, token_rows
-from fuzz.scenario import DEFAULT_SPIN, Scenario, Step
+from fuzz.scenario import DEFAULT_SPIN, GATE_UNTIL, ITEMSIZE, Scenario, Step
 from fuzz.targets import Batch, Factory, TargetContext
 
-_DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32,
-           "uint8": torch.uint8}
-_UNTIL_ORDER = {"after_call": 1, "after_churn": 2, "before_next_call": 3}
+_DTYPES = {name: getattr(torch, name) for name in ITEMSIZE}
+_UNTIL_ORDER = {until: rank for rank, until in enumerate(GATE_UNTIL) if until}
+"""A gate's release point ranked in step order (1 after the call ... 3 before the next)."""
 
 
 def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,

@@ -22,6 +22,9 @@ GATE_UNTIL = ("", "after_call", "after_churn", "before_next_call")
 step, and the release is queued on the *other* stream at that point, so the
 held stream resumes exactly when that stream's work up to the point has run."""
 CHURN_DTYPES = ("int32", "int64", "float32", "uint8")
+"""The dtypes of churn allocations, in the order the strategies draw them."""
+ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "uint8": 1}
+"""Bytes per element of each dtype a scenario names (churn and index)."""
 FILL_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
               "float32": (-(2**24), 2**24), "uint8": (0, 255)}
 IDX_DTYPES = ("int32", "int64")

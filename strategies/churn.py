@@ -12,21 +12,20 @@ from functools import cache
 
 from hypothesis import strategies as st
 
-from fuzz.scenario import FILL_RANGE, Churn
+from fuzz.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn
 
 _SMALL_CLASS_BYTES = 512
-_ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "uint8": 1}
 
 
 _COMBOS = st.sampled_from([(dtype, stream, keep)
                            for keep in (True, False) for stream in ("main", "side")
-                           for dtype in ("int32", "int64", "float32", "uint8")])
+                           for dtype in CHURN_DTYPES])
 _OUT_OF_RANGE = st.booleans()
 
 
 @cache
 def _numel_codes(dtype: str) -> st.SearchStrategy[int]:
-    return st.integers(0, 2 * (_SMALL_CLASS_BYTES // _ITEMSIZE[dtype]) - 1)
+    return st.integers(0, 2 * (_SMALL_CLASS_BYTES // ITEMSIZE[dtype]) - 1)
 
 
 @cache
@@ -42,7 +41,7 @@ def _fills(dtype: str, max_num_reqs: int, out_of_range: bool) -> st.SearchStrate
 def churn_op(draw, max_num_reqs: int) -> Churn:  # noqa: ANN001 - Hypothesis draw
     """Four or five draws: (dtype, stream, keep) together, size, range, fill."""
     dtype, stream, keep = draw(_COMBOS)
-    same_class = _SMALL_CLASS_BYTES // _ITEMSIZE[dtype]
+    same_class = _SMALL_CLASS_BYTES // ITEMSIZE[dtype]
     code = draw(_numel_codes(dtype))
     # Half the codes land in idx_mapping's size class, the rest spread up to 8x.
     numel = code + 1 if code < same_class else same_class + 1 + (code - same_class) * 7
