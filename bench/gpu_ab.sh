@@ -4,7 +4,9 @@
 # node: the lifetime oracle's cost on CUDA and on the CPU simulation
 # (bench/lifetime_cost.py), what a dispatch mode and the oracle cost one broadcast
 # (bench/broadcast_cost.py), the bench's throughput and stage breakdown for
-# main-gather, then the GPU tests on the after tree. Each log is written as it goes.
+# main-gather, then the GPU tests on the after tree. Each log is written as it goes,
+# and everything (logs, tables, cProfiles) is packed into OUTDIR/all.tgz after each step;
+# OUTDIR/summary.txt has the lines that matter.
 # Usage, from the repository root of the after tree:
 #   bash bench/gpu_ab.sh OUTDIR BEFORE_TREE
 # BEFORE_TREE is a copy of the code before the change (`git archive REV | tar x -C DIR`),
@@ -14,29 +16,31 @@ out=${1:?usage: bench/gpu_ab.sh OUTDIR BEFORE_TREE}
 before=${2:?usage: bench/gpu_ab.sh OUTDIR BEFORE_TREE}
 [ -d "$before/fuzz" ] || { echo "gpu_ab: $before has no fuzz/ package" >&2; exit 2; }
 before=$(cd "$before" && pwd)
-mkdir -p "$out"
+mkdir -p "$out/work" && out=$(cd "$out" && pwd)
+w="$out/work"
 make -s .venv/.ready > /dev/null || exit 1
 py=$(pwd)/.venv/bin/python
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
-say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; }
+pack() { tar czf "$out/all.tgz" -C "$w" . ; }
+say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
 tree() { if [ "$1" = before ]; then echo "$before"; else pwd; fi; }
 
 for r in 1 2; do
   for t in before after; do
     for d in cuda cpu; do
       PYTHONPATH=$(tree $t) timeout 30 "$py" bench/lifetime_cost.py --device $d --examples 40 \
-          --rounds 3 --out "$out/lifetime-$t-$d-$r" > "$out/lifetime-$t-$d-$r.log" 2>&1
+          --rounds 3 --out "$w/lifetime-$t-$d-$r" > "$w/lifetime-$t-$d-$r.log" 2>&1
       say "lifetime_cost $t $d round $r: exit $?; $(grep -E '^\| wall' \
-          "$out/lifetime-$t-$d-$r/lifetime_cost.md" 2>/dev/null)"
+          "$w/lifetime-$t-$d-$r/lifetime_cost.md" 2>/dev/null)"
     done
   done
 done
 
 for t in before after; do
   PYTHONPATH=$(tree $t) timeout 20 "$py" bench/broadcast_cost.py --device cuda \
-      --out "$out/broadcast-$t" > "$out/broadcast-$t.log" 2>&1
-  say "broadcast_cost $t: exit $?"; grep -E '^\|' "$out/broadcast-$t.log" | tee -a "$out/summary.txt"
+      --out "$w/broadcast-$t" > "$w/broadcast-$t.log" 2>&1
+  say "broadcast_cost $t: exit $?"; grep -E '^\|' "$w/broadcast-$t.log" | tee -a "$out/summary.txt"
 done
 
 for t in before after; do
@@ -45,11 +49,11 @@ for t in before after; do
       --cuda-world-size 1 --target main-gather --examples 80 \
       --oracle-examples 20 --detect-examples 10 --random-examples 5 --seeds 3 \
       --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 \
-      --out "$out/bench-$t") > "$out/bench-$t.log" 2>&1
-  say "bench $t: exit $?"; head -24 "$out/bench-$t/bench.md" 2>/dev/null | tee -a "$out/summary.txt"
+      --out "$w/bench-$t") > "$w/bench-$t.log" 2>&1
+  say "bench $t: exit $?"; head -24 "$w/bench-$t/bench.md" 2>/dev/null | tee -a "$out/summary.txt"
 done
 
-timeout 90 "$py" -m pytest -m gpu -n 8 -q -p no:cacheprovider tests > "$out/gpu-tests.log" 2>&1
-say "GPU tests (after): exit $? ($(tail -1 "$out/gpu-tests.log"))"
-grep -E '^(FAILED|ERROR)' "$out/gpu-tests.log" | tee -a "$out/summary.txt"
+timeout 90 "$py" -m pytest -m gpu -n 8 -q -p no:cacheprovider tests > "$w/gpu-tests.log" 2>&1
+say "GPU tests (after): exit $? ($(tail -1 "$w/gpu-tests.log"))"
+grep -E '^(FAILED|ERROR)' "$w/gpu-tests.log" | tee -a "$out/summary.txt"
 say "done"
