@@ -60,10 +60,10 @@ def main() -> None:
     ap.add_argument("--primitives", type=int, default=0, metavar="N",
                     help="instead: N iterations of each CUDA primitive an example uses")
     args = ap.parse_args()
-    from fuzz.ranks import _free_port, rss_bytes
+    from fuzz.host import free_port, rss_bytes
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
         os.environ.setdefault(key, value)
 
     import torch

@@ -21,6 +21,7 @@ from typing import Any
 from fuzz import corpus, profiles, protocols, targets, upstream
 from fuzz.__main__ import EXIT_CRASH
 from fuzz.errors import BadInput
+from fuzz.host import cpu_world_limit, probe_gpus
 from fuzz.options import (
     DEFAULT,
     MUTATE,
@@ -31,7 +32,7 @@ from fuzz.options import (
     RunOptions,
     parse_oracles,
 )
-from fuzz.ranks import RankPool, cpu_world_limit, probe_gpus
+from fuzz.ranks import RankPool
 
 
 class UsageError(BadInput):
@@ -106,7 +107,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def _address(text: str) -> tuple[str, int]:
-    from fuzz.ranks import parse_address
+    from fuzz.host import parse_address
 
     try:
         return parse_address(text)

@@ -34,10 +34,10 @@ import torch.distributed as dist
 from fuzz import dispatch_mode, gloo_threads, messages, protocols, stages, targets
 from fuzz.errors import FuzzError
 from fuzz.gates import Gates, GateUnavailable
+from fuzz.host import rss_bytes
 from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.protocols import RankEnv
-from fuzz.ranks import rss_bytes
 from fuzz.runner import run_scenario
 from fuzz.scenario import CHURN_DTYPES, Scenario
 from fuzz.streams import CudaStreams, SimStreams

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import messages, stages, zygote
+from fuzz import crash_text, host, messages, stages, zygote
 from fuzz.errors import BadInput
 from fuzz.messages import (
     Done,
@@ -57,127 +55,6 @@ class Outcome:
     failure: Failure | None = None
 
 
-def probe_gpus() -> int:
-    """Count GPUs in another process, so the driver itself never loads CUDA: the
-    zygote ``python -m fuzz run`` started early where there is one, else a
-    throwaway process."""
-    gpus = zygote.early_gpus()
-    if gpus is not None:
-        return gpus
-    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=120, check=True)
-        return int(out.stdout.strip().splitlines()[-1])
-    except (subprocess.SubprocessError, ValueError, IndexError):
-        return 0
-
-
-CPU_RANK_MIB = 512
-"""Memory a CPU rank is budgeted (one measured 230-300 MiB resident; README)."""
-
-CPU_RANKS_PER_CORE = 4
-"""Gloo ranks per core beyond which a world spends its time waiting for a turn
-on a core and its start runs past any timeout."""
-
-
-def cpu_world_limit() -> tuple[int, str]:
-    """The most CPU ranks this machine can hold, and why that many."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else (os.cpu_count() or 1)
-    by_cores = cores * CPU_RANKS_PER_CORE
-    avail = _mem_available_mib()
-    by_mem = int(avail // CPU_RANK_MIB) if avail is not None else by_cores
-    if by_mem < by_cores:
-        return max(1, by_mem), (f"{avail / 1024:.1f} GiB of memory available at "
-                                f"{CPU_RANK_MIB} MiB a rank")
-    return by_cores, f"{cores} core(s) at {CPU_RANKS_PER_CORE} ranks a core"
-
-
-def _mem_available_mib() -> float | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (one small /proc read; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-# Lines of a dying process that say nothing about why: C++ and Python frames,
-# addresses, separators.
-_NOISE = re.compile(r"^\s*(frame #\d+|#\d+\s|0x[0-9a-fA-F]+|Exception raised from|"
-                    r"C\+\+ CapturedTraceback|File \"|Traceback \(|-{3,}|={3,})")
-# Lines that do: a device-side assert, a CUDA or NCCL error, an abort.
-_CAUSE = re.compile(r"Assertion .* failed|CUDA error|NCCL error|terminate called|"
-                    r"Aborted|Segmentation fault|\w+Error\b|illegal memory access")
-# A device-side assert repeats once per thread; its coordinates make lines differ.
-_COORDS = re.compile(r"block: \[[\d,]+\], thread: \[[\d,]+\]")
-
-
-def _cause(text: str, limit: int = 600) -> str:
-    """The lines of a rank's output that say why it died, at most ``limit`` chars.
-
-    A device-side assert kills the process with SIGABRT after pages of C++
-    backtrace; the assert line (with the kernel's source file shortened to its
-    name) is what a user needs in the finding. Without a recognisable cause
-    line, the last few lines that are not frames.
-    """
-    lines, seen = [], set()
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or _NOISE.match(line):
-            continue
-        line = re.sub(r"(?:/[^\s:/]+)+/([^\s:/]+:\d+)", r"\1", line)
-        key = _COORDS.sub("", line)
-        if key in seen:
-            continue
-        seen.add(key)
-        lines.append(line)
-    causes = [ln for ln in lines if _CAUSE.search(ln)]
-    picked = causes[:3] if causes else lines[-4:]
-    return " | ".join(picked)[:limit] or "(no output)"
-
-
-_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
-
-
-def _main_stack(dump: str, limit: int = 8) -> str:
-    """From a faulthandler dump of every thread, the thread serving examples
-    (the one in ``rank_main.serve``), innermost first, as ``path:line fn <- ...``."""
-    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
-    frames = [[m.groupdict() for m in map(_FRAME.match, b.splitlines()) if m] for b in blocks]
-    serving = [f for f in frames
-               if any(x["path"].endswith("rank_main.py") and x["fn"] == "serve" for x in f)]
-    pick = serving[0] if serving else (frames[0] if frames else [])
-    return " <- ".join(f"{_short(x['path'])}:{x['line']} {x['fn']}" for x in pick[:limit])
-
-
-def _short(path: str) -> str:
-    for root in (str(Path.cwd()), str(_REPO)):
-        if path.startswith(root + os.sep):
-            return os.path.relpath(path, root)
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _PORT_TRIES = 3
 """Worlds started before a port clash is an error. The process group's port is
 free when chosen but bound later, by rank 0: in between the system may hand it
@@ -187,23 +64,6 @@ fails with EADDRINUSE; a new world on a new port does not."""
 
 def _port_taken(message: str) -> bool:
     return "EADDRINUSE" in message or "address already in use" in message.lower()
-
-
-def _signal_name(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``host:port`` -> ``(host, port)``; raises ValueError with the reason."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not host:port")
-    return host, int(port)
 
 
 class _World:
@@ -225,11 +85,11 @@ class _World:
         self.listener = Listener(("127.0.0.1", 0), authkey=self.authkey)
         base = dict(os.environ)
         base.update(pool.extra_env)
-        host, port = self.listener.address
+        address, port = self.listener.address
         base.update({
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(host.free_port()),
             "WORLD_SIZE": str(pool.world_size), "STREAMFUZZ_DEVICE": pool.device,
-            "STREAMFUZZ_DRIVER": f"{host}:{port}",
+            "STREAMFUZZ_DRIVER": f"{address}:{port}",
             "STREAMFUZZ_AUTHKEY": self.authkey.hex(), "PYTHONUNBUFFERED": "1",
             "STREAMFUZZ_PARENT": str(os.getpid()),
             "STREAMFUZZ_SPAWNED_AT": repr(time.time()),
@@ -277,7 +137,7 @@ class _World:
             while len(conns) < world_size:
                 for rank, p in enumerate(self.procs):
                     if p.poll() is not None:
-                        how = _signal_name(p.returncode)
+                        how = crash_text.signal_name(p.returncode)
                         raise RankStartError(f"rank {rank} {how} while starting: {self.tail(rank)}")
                 if time.monotonic() > deadline:
                     raise RankStartError(f"ranks did not start within {timeout:.0f}s: "
@@ -349,14 +209,14 @@ class _World:
             time.sleep(0.05)
         with open(path, errors="replace") as fh:
             fh.seek(before)
-            return _main_stack(fh.read())
+            return crash_text.main_stack(fh.read())
 
     def tail(self, rank: int, limit: int = 600) -> str:
         try:
             text = self.logs[rank].read_text(errors="replace")
         except (OSError, IndexError):
             return "(no output)"
-        return _cause(text, limit)
+        return crash_text.cause(text, limit)
 
 
 class RankPool:
@@ -647,7 +507,8 @@ class RankPool:
                         except subprocess.TimeoutExpired:
                             pass
                         code = proc.poll()
-                    how = _signal_name(code) if code is not None else "closed its connection"
+                    how = (crash_text.signal_name(code) if code is not None
+                           else "closed its connection")
                     # A death is the cause; a peer's collective error (often seen
                     # first) is its consequence.
                     death = death or Failure("crash", f"rank {rank} {how}: {self._tail(rank)}",

@@ -38,9 +38,10 @@ from typing import Any, TextIO
 
 from fuzz import corpus, driver, profiles, protocols
 from fuzz.corpus import write_json_atomic
+from fuzz.host import rss_bytes
 from fuzz.messages import Memory
 from fuzz.options import DEFAULT, RunOptions
-from fuzz.ranks import RankPool, rss_bytes
+from fuzz.ranks import RankPool
 from fuzz.scenario import ScenarioError
 from fuzz.verdict import Failure, Verdict
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from fuzz import corpus, driver, protocols, targets
-from fuzz.ranks import RankPool, probe_gpus
+from fuzz.host import probe_gpus
+from fuzz.ranks import RankPool
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRIES = corpus.discover([ROOT / "corpus"]) if (ROOT / "corpus").is_dir() else []

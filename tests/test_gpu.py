@@ -7,8 +7,9 @@ import torch
 
 from fuzz import driver
 from fuzz.bench import crafted
+from fuzz.host import probe_gpus
 from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.ranks import RankPool, probe_gpus
+from fuzz.ranks import RankPool
 from fuzz.scenario import Churn, Delay, Scenario, Step
 from tests.test_zygote import _parent
 

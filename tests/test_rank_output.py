@@ -1,6 +1,6 @@
 """What a crash finding says: the cause, not pages of C++ backtrace."""
 
-from fuzz.ranks import _cause
+from fuzz.crash_text import cause
 
 _ABORT = """\
 /src/aten/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0], thread: [0,0,0] \
@@ -16,7 +16,7 @@ frame #1: <unknown function> + 0x1234 (0x7f01 in /lib/libc10_cuda.so)
 
 
 def test_a_device_assert_keeps_the_assert_once_and_drops_frames_and_paths():
-    text = _cause(_ABORT)
+    text = cause(_ABORT)
     assert text.startswith("IndexKernel.cu:111: operator()")
     assert text.count("Assertion") == 1
     assert "device-side assert triggered" in text
@@ -24,6 +24,6 @@ def test_a_device_assert_keeps_the_assert_once_and_drops_frames_and_paths():
 
 
 def test_without_a_cause_line_the_last_lines_are_kept():
-    assert _cause("starting\nstep 1\nstep 2\n") == "starting | step 1 | step 2"
-    assert _cause("") == "(no output)"
-    assert len(_cause("x" * 5000, limit=100)) == 100
+    assert cause("starting\nstep 1\nstep 2\n") == "starting | step 1 | step 2"
+    assert cause("") == "(no output)"
+    assert len(cause("x" * 5000, limit=100)) == 100

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import driver, ranks, zygote
+from fuzz import driver, host, zygote
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario, Step
 
@@ -84,9 +84,9 @@ def test_a_run_starts_its_zygote_early_and_its_pool_adopts_it_only_if_the_env_ma
     try:
         # It answers the GPU probe (a throwaway process answers the same) and is
         # kept for the pool, unless it had to touch CUDA to count a GPU.
-        gpus = ranks.probe_gpus()
+        gpus = host.probe_gpus()
         kept, zygote._early = zygote._early, None
-        assert ranks.probe_gpus() == gpus  # a throwaway process counts the same
+        assert host.probe_gpus() == gpus  # a throwaway process counts the same
         assert kept is (early if early.forks else None)
         if gpus:
             return

@@ -1,0 +1,86 @@
+"""Facts about this machine that the driver needs before and beside its ranks:
+how many GPUs there are (without loading CUDA here), how many CPU ranks fit,
+this process's resident memory, a free local port, a ``host:port``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from fuzz import zygote
+
+
+def probe_gpus() -> int:
+    """Count GPUs in another process, so the driver itself never loads CUDA: the
+    zygote ``python -m fuzz run`` started early where there is one, else a
+    throwaway process."""
+    gpus = zygote.early_gpus()
+    if gpus is not None:
+        return gpus
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return 0
+
+
+CPU_RANK_MIB = 512
+"""Memory a CPU rank is budgeted (one measured 230-300 MiB resident; README)."""
+
+CPU_RANKS_PER_CORE = 4
+"""Gloo ranks per core beyond which a world spends its time waiting for a turn
+on a core and its start runs past any timeout."""
+
+
+def cpu_world_limit() -> tuple[int, str]:
+    """The most CPU ranks this machine can hold, and why that many."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    by_cores = cores * CPU_RANKS_PER_CORE
+    avail = _mem_available_mib()
+    by_mem = int(avail // CPU_RANK_MIB) if avail is not None else by_cores
+    if by_mem < by_cores:
+        return max(1, by_mem), (f"{avail / 1024:.1f} GiB of memory available at "
+                                f"{CPU_RANK_MIB} MiB a rank")
+    return by_cores, f"{cores} core(s) at {CPU_RANKS_PER_CORE} ranks a core"
+
+
+def _mem_available_mib() -> float | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (one small /proc read; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` -> ``(host, port)``; raises ValueError with the reason."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not host:port")
+    return host, int(port)
