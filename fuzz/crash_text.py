@@ -9,8 +9,7 @@ import re
 import signal
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parent.parent
-
+from fuzz.host import REPO
 
 # Lines of a dying process that say nothing about why: C++ and Python frames,
 # addresses, separators.
@@ -62,7 +61,7 @@ def main_stack(dump: str, limit: int = 8) -> str:
 
 
 def _short(path: str) -> str:
-    for root in (str(Path.cwd()), str(_REPO)):
+    for root in (str(Path.cwd()), str(REPO)):
         if path.startswith(root + os.sep):
             return os.path.relpath(path, root)
     return path

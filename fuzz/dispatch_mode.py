@@ -29,6 +29,19 @@ no data: it tells the allocator about a stream), looked up once: each op is
 compared with it."""
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream_handle(device: torch.device) -> int:
+    """The current CUDA stream's ``cudaStream_t`` on ``device``, as the ops a
+    mode sees are issued on it: read as a raw handle where torch offers one,
+    so no ``Stream`` object is made per op."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index if device.index is not None
+                           else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def unobserved() -> torch._C._DisableTorchDispatch:
     """The harness's own ops (a gate opened, a checker classifying a tensor),
     hidden from every dispatch mode: they are no access by the code under test."""

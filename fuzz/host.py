@@ -1,6 +1,7 @@
 """Facts about this machine that the driver needs before and beside its ranks:
 how many GPUs there are (without loading CUDA here), how many CPU ranks fit,
-this process's resident memory, a free local port, a ``host:port``."""
+this process's resident memory, a free local port, a ``host:port``, where
+the project lives."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from fuzz import zygote
+
+REPO = Path(__file__).resolve().parent.parent
+"""The directory that holds the ``fuzz`` package: put on a spawned rank's
+path, and cut from the frames a finding names."""
 
 
 def probe_gpus() -> int:

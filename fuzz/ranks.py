@@ -40,8 +40,6 @@ from fuzz.options import DEFAULT, RunOptions
 from fuzz.verdict import Failure
 from fuzz.zygote import ForkedRank, Zygote, ZygoteError
 
-_REPO = Path(__file__).resolve().parent.parent
-
 
 class RankStartError(BadInput, RuntimeError):
     """The ranks could not be brought up (bad device, NCCL/gloo init failure)."""
@@ -94,7 +92,8 @@ class _World:
             "STREAMFUZZ_PARENT": str(os.getpid()),
             "STREAMFUZZ_SPAWNED_AT": repr(time.time()),
         })
-        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), base.get("PYTHONPATH")) if p)
+        base["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(host.REPO), base.get("PYTHONPATH")) if p)
         if pool.device == "cpu":
             base.setdefault("GLOO_SOCKET_IFNAME", "lo")
         pool.logdir.mkdir(parents=True, exist_ok=True)  # a closed pool started again

@@ -74,3 +74,11 @@ def test_trace_events_reach_every_live_gate_pool_and_skip_dead_ones(monkeypatch)
     monkeypatch.setattr(gates, "_POOLS", refs)
     gates._each("_on_record", 7, 8)
     assert live.records == [(7, 8)]
+
+
+def test_both_cuda_oracles_read_the_stream_handle_of_their_own_device(monkeypatch):
+    from fuzz import dispatch_mode
+
+    monkeypatch.setattr(dispatch_mode, "_RAW_STREAM", lambda index: 0x7000 + index)
+    assert dispatch_mode.current_stream_handle(torch.device("cuda", 3)) == 0x7003
+    assert reuse.current_stream_handle is lifetime_cuda.current_stream_handle

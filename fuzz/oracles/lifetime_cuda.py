@@ -20,14 +20,12 @@ from typing import Any
 import torch
 
 from fuzz import stages
-from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, unobserved
+from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle, unobserved
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
 from fuzz.verdict import Failure
 
 _active: CudaLifetimeChecker | None = None
 _installed = False
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-"""The current stream's ``cudaStream_t`` for a device index (None in a torch without it)."""
 
 
 def _forward(method: str) -> Any:
@@ -122,7 +120,6 @@ class CudaLifetimeChecker(TensorTracker):
         super().__init__(LifetimeModel(rank, {}), group_rank)
         self.streams = streams
         self.device = streams.device
-        self._index = torch.cuda.current_stream(self.device).device_index
         self.main = streams.current_stream().cuda_stream
         self.model.stream_names[self.main] = "main"
         self.model.new_stream(self.main)
@@ -178,10 +175,8 @@ class CudaLifetimeChecker(TensorTracker):
         return handle
 
     def _current(self) -> int:
-        # The raw handle, at every op: no Stream object made (and noted by a session).
-        if _raw_stream is not None:
-            return self._sid(_raw_stream(self._index))
-        return self._sid(torch.cuda.current_stream(self.device).cuda_stream)
+        # A raw handle at every op: no Stream object made (and noted by a session).
+        return self._sid(current_stream_handle(self.device))
 
     def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
         handle = s.cuda_stream if s is not None else torch.cuda.current_stream(

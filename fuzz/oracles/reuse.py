@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from fuzz import stages
-from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode
+from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle
 from fuzz.oracles.lifetime import tensors_in
 from fuzz.verdict import Failure
 
@@ -44,10 +44,6 @@ def _makes_blocks(func: Any) -> bool:
     return made
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-"""The current stream's ``cudaStream_t`` for a device index (None in a torch without it)."""
-
-
 class ReuseWatch:
     """One example's watch on one rank; ``findings`` are built here, on the rank."""
 
@@ -59,7 +55,6 @@ class ReuseWatch:
         self._used: list[tuple[int, int, Any, int | None, str]] = []
         self.findings: list[Failure] = []
         self._seen: set[tuple[int, int]] = set()
-        self._index = main.device_index
         self._main_handle = main.cuda_stream
         self._streams: dict[int, Any] = {}
         """Stream objects by raw handle: an op's stream is read as a handle."""
@@ -102,8 +97,7 @@ class ReuseWatch:
         """One op of the handler call, just issued on the current stream."""
         stages.enter(stages.REUSE)
         try:
-            handle = (_raw_stream(self._index) if _raw_stream is not None
-                      else torch.cuda.current_stream(self.main.device).cuda_stream)
+            handle = current_stream_handle(self.main.device)
             if handle == self._main_handle:
                 if not self._used or not _makes_blocks(func):
                     return  # nothing off main to collide with, or a view / in-place result
