@@ -3,7 +3,8 @@
 ``fuzz.bench`` measures a cold start end to end (process start to the first
 failure). This splits it: the interpreter alone, ``import torch``, the
 driver's and the rank's module imports, the device's first use, the gate
-kernel's compile (empty and warm Triton cache) and a one-rank process group.
+pool (the PTX kernel ranks load; Triton's, with an empty and a warm cache)
+and a one-rank process group.
 Each phase is a subprocess timed from before it is spawned, median of
 ``--repeat`` runs; ``-X importtime``'s heaviest modules for the driver and the
 rank come next. Last, end to end: ``python -m fuzz run`` from process start to
@@ -41,15 +42,7 @@ _PG = ("import os, torch, torch.distributed as dist\n"
        "dist.destroy_process_group()\n")
 
 _GATES = ("import torch\nfrom fuzz.gates import Gates\n"
-          "Gates.create(torch.device('cuda', 0))\n")
-
-_PG_BESIDE_GATES = ("import threading, torch\nfrom fuzz.gates import Gates\n"
-                    "def g():\n"
-                    "    torch.cuda.set_device(0); Gates.create(torch.device('cuda', 0))\n"
-                    "th = threading.Thread(target=g); th.start()\n"
-                    + _PG.format(dev="cuda") + "th.join()\n")
-"""Does the gate compile overlap the process group's start (both release the GIL)?"""
-
+          "Gates.create(torch.device('cuda', 0), kinds=({kind!r},))\n")
 
 def _phases(device: str) -> dict[str, str]:
     out = {
@@ -61,9 +54,9 @@ def _phases(device: str) -> dict[str, str]:
         "process group + broadcast": _PG.format(dev=device),
     }
     if device == "cuda":
-        out["gates, empty Triton cache"] = _GATES
-        out["gates, warm Triton cache"] = _GATES
-        out["process group beside gates (thread), empty Triton cache"] = _PG_BESIDE_GATES
+        out["gates, PTX (what ranks load)"] = _GATES.format(kind="ptx")
+        out["gates, Triton, empty Triton cache"] = _GATES.format(kind="triton")
+        out["gates, Triton, warm Triton cache"] = _GATES.format(kind="triton")
     return out
 
 

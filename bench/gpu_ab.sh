@@ -4,7 +4,7 @@
 # node: the lifetime oracle's cost on CUDA and on the CPU simulation
 # (bench/lifetime_cost.py), what a dispatch mode and the oracle cost one broadcast
 # (bench/broadcast_cost.py), the bench's throughput and stage breakdown for
-# main-gather, then the GPU tests on the after tree. Each log is written as it goes,
+# main-gather, the cold start to pre-fix's first failure, then the GPU tests on the after tree. Each log is written as it goes,
 # and everything (logs, tables, cProfiles) is packed into OUTDIR/all.tgz after each step;
 # OUTDIR/summary.txt has the lines that matter.
 # Usage, from the repository root of the after tree:
@@ -51,6 +51,18 @@ for t in before after; do
       --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 \
       --out "$w/bench-$t") > "$w/bench-$t.log" 2>&1
   say "bench $t: exit $?"; head -24 "$w/bench-$t/bench.md" 2>/dev/null | tee -a "$out/summary.txt"
+done
+
+# Cold start, process start to the first failure (pre-fix), the trees alternating per seed.
+for seed in 0 1 2; do
+  for t in before after; do
+    (cd "$(tree $t)" && PYTHONPATH=. timeout 40 "$py" -c "import json
+from fuzz.bench import from_process_start
+from fuzz.options import DEFAULT
+print(json.dumps(from_process_start('cuda', 1, 'pre-fix', $seed, 200, 20.0, DEFAULT, 20.0)))") \
+        > "$w/cold-$t-$seed.log" 2>&1
+    say "cold start $t seed $seed: exit $?; $(tail -1 "$w/cold-$t-$seed.log")"
+  done
 done
 
 timeout 90 "$py" -m pytest -m gpu -n 8 -q -p no:cacheprovider tests > "$w/gpu-tests.log" 2>&1

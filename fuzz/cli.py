@@ -94,7 +94,7 @@ def _add_run_options(q: argparse.ArgumentParser) -> None:
     """``--oracle`` and ``--hold``: what every rank is asked to do (``RunOptions``)."""
     q.add_argument("--hold", choices=[h.value for h in Hold], default=DEFAULT.hold.value,
                    help="how delays that name a point hold a stream: a gate kernel opened "
-                        "at that point (falls back to spins without Triton) or a spin "
+                        "at that point (falls back to spins where no gate kernel loads) or a spin "
                         f"(default {DEFAULT.hold.value})")
     q.add_argument("--oracle", type=_oracles, default=DEFAULT.oracles, metavar="O[,O]",
                    help=f"which oracles judge each example: {', '.join(ORACLE_CHOICES)} "

@@ -10,8 +10,10 @@ which orders the held stream after that stream's work up to that point.
 Every gate is bounded (a wall-clock bound via ``%globaltimer``, or a polling
 bound where Triton lacks the timer): a gate nobody opens — say the opening
 stream itself waits on the held one — times out instead of hanging the run,
-and reports that it did. Gates need Triton and a GPU; ``Gates.create`` raises
-``GateUnavailable`` otherwise, and callers fall back to spins.
+and reports that it did. The kernel is PTX loaded through the driver API
+(``fuzz._gate_ptx``: no compile to wait for), else Triton's (``fuzz._gate_kernel``);
+``Gates.create`` raises ``GateUnavailable`` where neither passes its
+self-test, and callers fall back to spins.
 
 One thing opens every gate late: under CUDA's lazy module loading (the
 default), a kernel's first launch in a process waits for every running
@@ -49,6 +51,8 @@ from fuzz.dispatch_mode import unobserved
 from fuzz.errors import FuzzError
 
 DEFAULT_BOUND_MS = 200.0
+KINDS = ("ptx", "triton", "triton-polls")
+"""The gate kernels, in the order they are tried."""
 _SLOTS = 1024
 _RELEASED, _TIMED_OUT = 1, 2
 # Polling host memory takes about a microsecond a load over PCIe; generous on purpose.
@@ -58,7 +62,7 @@ _MAX_POLLS_PER_MS = 20_000
 
 
 class GateUnavailable(FuzzError, RuntimeError):
-    """No gates here (no Triton, no GPU, or the self-test failed); use spins."""
+    """No gates here (no GPU, or no kernel passed the self-test); use spins."""
 
 
 class _Ptr:
@@ -174,10 +178,11 @@ class Gate:
 class Gates:
     """A pool of gate slots for one device; ``reset`` after every synchronize."""
 
-    def __init__(self, device: torch.device, kernel: Any, timed: bool, bound_ms: float) -> None:
+    def __init__(self, device: torch.device, kernel: Any, kind: str, bound_ms: float) -> None:
         self.device = device
-        self.kind = "triton" + ("" if timed else "-polls")
+        self.kind = kind
         self._kernel = kernel
+        timed = kind != "triton-polls"
         self._bound: tuple[int, ...] = ((int(bound_ms * 1e6), int(bound_ms * _MAX_POLLS_PER_MS))
                                         if timed else (int(bound_ms * _POLLS_PER_MS),))
         # Each slot is 16 bytes: [flag, status, pad, pad]. Aligned slots keep one
@@ -204,26 +209,20 @@ class Gates:
         """Whether host syncs open gates here (the trace callbacks are installed)."""
 
     @classmethod
-    def create(cls, device: torch.device, bound_ms: float = DEFAULT_BOUND_MS) -> Gates:
-        """Compile the kernel and prove that a gate holds and opens; else raise."""
+    def create(cls, device: torch.device, bound_ms: float = DEFAULT_BOUND_MS,
+               kinds: Iterable[str] = KINDS) -> Gates:
+        """Load the first kernel of ``kinds`` that proves a gate holds and opens; else raise."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise GateUnavailable("gates need a CUDA device")
-        try:
-            from fuzz import _gate_kernel as k
-        except ImportError as exc:
-            raise GateUnavailable(f"Triton is not importable ({exc})") from None
-        errors = []
-        variants = [(k.gate_timed, True)] if k._now is not None else []
-        variants.append((k.gate_polls, False))
-        for kernel, timed in variants:
+        errors: list[str] = []
+        for kind, kernel in _kernels(device, frozenset(kinds), errors):
             try:
-                gates = cls(device, kernel, timed, bound_ms)
+                gates = cls(device, kernel, kind, bound_ms)
                 gates._self_test()
                 gates.hooked = _hook(gates)
                 return gates
             except Exception as exc:  # a compile or launch error: try the next one
-                errors.append(f"{kernel.__name__ if hasattr(kernel, '__name__') else kernel}: "
-                              f"{type(exc).__name__}: {str(exc)[:200]}")
+                errors.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
         raise GateUnavailable("; ".join(errors))
 
     def hold(self, stream: Any) -> Gate | None:
@@ -235,8 +234,11 @@ class Gates:
         gate = Gate(self, slot, stream)
         with self._lock:
             self._waits.hold(gate, stream.cuda_stream)
-        with torch.cuda.stream(stream):
-            self._kernel[(1,)](_Ptr(self._base + 16 * slot), *self._bound, num_warps=1)
+        if self.kind == "ptx":
+            self._kernel.launch(stream.cuda_stream, self._base + 16 * slot, *self._bound)
+        else:
+            with torch.cuda.stream(stream):
+                self._kernel[(1,)](_Ptr(self._base + 16 * slot), *self._bound, num_warps=1)
         return gate
 
     @property
@@ -309,6 +311,36 @@ class Gates:
             raise GateUnavailable("a gate did not hold its stream")
         if timed_out:
             raise GateUnavailable("a gate opened from a stream reported a timeout")
+
+
+def _kernels(device: torch.device, kinds: frozenset[str],
+             errors: list[str]) -> Iterable[tuple[str, Any]]:
+    """The gate kernels to try, best first: the PTX one (no compile to speak
+    of), then Triton's timed one and its polling one (where Triton lacks the
+    timer). Each one that cannot even load says why in ``errors``."""
+    ptx = None
+    if "ptx" in kinds:
+        try:
+            from fuzz import _gate_ptx
+
+            with torch.cuda.device(device):
+                torch.empty(1, device=device)  # the device's context, current on this thread
+                ptx = _gate_ptx.load(torch.cuda.current_device())
+        except Exception as exc:  # no libcuda symbol, or the driver refused the PTX
+            errors.append(f"ptx: {type(exc).__name__}: {str(exc)[:200]}")
+    if ptx is not None:
+        yield "ptx", ptx
+    if not kinds & {"triton", "triton-polls"}:
+        return
+    try:
+        from fuzz import _gate_kernel as k
+    except ImportError as exc:
+        errors.append(f"triton: not importable ({exc})")
+        return
+    if k._now is not None and "triton" in kinds:
+        yield "triton", k.gate_timed
+    if "triton-polls" in kinds:
+        yield "triton-polls", k.gate_polls
 
 
 _POOLS: list[weakref.ref[Gates]] = []

@@ -283,7 +283,6 @@ def _discard() -> None:
 
 def _serve() -> int:
     die_with_parent()
-    triton = _TritonWarmUp.start()
     # Everything a rank imports before its first example, before any fork. The
     # cyclic collector would scan the import's objects again and again (about
     # a tenth of it); frozen, they are never scanned in the ranks either, nor
@@ -344,13 +343,7 @@ def _serve() -> int:
                 say({"gpus": gpus, "forks": forks})
                 if gpus and not forks:
                     return 0
-                if gpus:
-                    triton.join()
-                    _import_gate_kernels()
                 continue
-            triton.join()  # no thread of ours runs across a fork
-            if req["env"].get("STREAMFUZZ_DEVICE") == "cuda":
-                _import_gate_kernels()
             pid = os.fork()
             if pid == 0:
                 _rank(rank_main, req, (inp, out, wake_r, wake_w), start_cwd)
@@ -373,74 +366,6 @@ def _count_gpus() -> tuple[int, bool]:
         return gpus, True
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return gpus, gpus == 0  # no device started: CPU ranks still fork
-
-
-class _TritonWarmUp:
-    """What a rank's first Triton kernel costs before any device is touched,
-    paid once here, beside ``import torch``, for every rank forked later.
-
-    The gate pool's first compile is on a CUDA rank's path to its first
-    example, and most of it is per process, not per kernel: hashing Triton
-    itself (``libtriton``, hundreds of megabytes) for the cache key, the
-    modules a compile imports, and building (with the C compiler, on an empty
-    Triton cache) and loading Triton's CUDA helper module. None of it starts
-    CUDA, so a fork keeps it. A thread, since reading, hashing and the
-    compiler's process leave the interpreter free for the imports; only where
-    an NVIDIA driver shows a GPU (elsewhere no rank compiles a gate); joined
-    before any fork. Any failure leaves the rank to do it itself, as without.
-    """
-
-    def __init__(self) -> None:
-        self._thread: Any = None
-
-    @classmethod
-    def start(cls) -> _TritonWarmUp:
-        warm = cls()
-        if _nvidia_gpu_present():
-            import threading
-
-            warm._thread = threading.Thread(target=_warm_triton, name="triton-warm-up",
-                                            daemon=True)
-            warm._thread.start()
-        return warm
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-
-def _nvidia_gpu_present() -> bool:
-    try:
-        return bool(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return False
-
-
-def _warm_triton() -> None:
-    try:
-        from triton.runtime.cache import triton_key
-
-        import fuzz._gate_kernel as kernels
-
-        triton_key()  # cached per process
-        for kernel in (kernels.gate_timed, kernels.gate_polls):
-            kernel.cache_key  # noqa: B018 - a cached property: the source's hash
-        import triton.experimental.gluon.language  # noqa: F401 - what code generation imports
-        from triton.backends.nvidia.driver import CudaUtils
-
-        CudaUtils()  # loads libcuda without initializing it
-    except Exception:
-        pass
-
-
-def _import_gate_kernels() -> None:
-    """Triton and the gate kernels, once, so that CUDA ranks fork with them
-    imported (importing touches no device)."""
-    try:
-        import fuzz._gate_kernel  # noqa: F401
-    except Exception:  # no Triton: the ranks say so themselves at start
-        pass
 
 
 def _rank(rank_main: Any, req: dict[str, Any], fds: tuple[int, ...], start_cwd: str) -> None:

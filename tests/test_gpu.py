@@ -23,14 +23,17 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def gates():
+@pytest.fixture(scope="module", params=["ptx", "triton"])
+def gates(request):
+    """Every gate test on each kernel: the PTX one ranks load first, and
+    Triton's, which they fall back to."""
     from fuzz.gates import Gates, GateUnavailable
 
     try:
-        gates = Gates.create(torch.device("cuda", 0), bound_ms=200)
+        gates = Gates.create(torch.device("cuda", 0), bound_ms=200, kinds=(request.param,))
     except GateUnavailable as exc:
-        pytest.fail(f"gates unavailable on this GPU: {exc}")
+        pytest.fail(f"{request.param} gates unavailable on this GPU: {exc}")
+    assert gates.kind == request.param
     # Load the kernels the tests queue behind gates: a first launch under lazy
     # module loading waits for the held gate (see fuzz.gates).
     torch.cuda._sleep(1)
@@ -65,6 +68,24 @@ def test_gate_opened_from_another_stream_orders_after_that_stream(gates):
         seen = x.clone()  # runs only after other's fill
     torch.cuda.synchronize()
     assert seen.item() == 7 and not g.timed_out
+    gates.reset()
+
+
+def test_a_gate_held_from_a_thread_that_never_touched_cuda(gates):
+    import threading
+
+    s = torch.cuda.Stream()
+    got = {}
+    t = threading.Thread(target=lambda: got.update(g=gates.hold(s)))
+    t.start()
+    t.join()
+    after = torch.cuda.Event()
+    after.record(s)
+    time.sleep(0.02)
+    assert not after.query()
+    got["g"].release()
+    after.synchronize()
+    assert not got["g"].timed_out
     gates.reset()
 
 
@@ -158,7 +179,7 @@ def gpu_pool():
     if probe_gpus() < 1:
         pytest.skip("needs a CUDA GPU")
     with RankPool(1, "cuda", timeout=60.0) as pool:
-        assert pool.info[0].gates.startswith("triton"), pool.info[0].gates
+        assert pool.info[0].gates == "ptx", pool.info[0].gates
         yield pool
 
 
@@ -171,7 +192,7 @@ def test_cuda_ranks_fork_from_a_zygote_that_never_started_cuda(gpu_pool):
     first = gpu_pool.pids
     gpu_pool.restart()
     assert gpu_pool.pids != first and [_parent(p) for p in gpu_pool.pids] == [forker.proc.pid]
-    assert gpu_pool.info[0].gates.startswith("triton"), gpu_pool.info[0].gates
+    assert gpu_pool.info[0].gates == "ptx", gpu_pool.info[0].gates
 
 
 def test_gates_force_the_pre_fix_reuse_every_time(gpu_pool):
