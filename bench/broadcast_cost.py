@@ -14,7 +14,11 @@ order in one process (the trace cannot be switched off again):
 * ``lifetime oracle``: the CUDA lifetime checker attached (mode, trace
   callbacks and the model's own work), CUDA only;
 * ``plain, trace on``: no mode again, the trace left on by the checker,
-  CUDA only: what every later op pays in a rank that ever ran the oracle.
+  CUDA only: what every later op pays in a rank that ever ran the oracle;
+* ``... behind a spin`` (CUDA only): each call made right after a
+  ``SPIN``-cycle spin is queued on the same stream, its own host time only:
+  a call that waits for the stream's earlier work (a host sync inside it)
+  costs the spin here, one that only queues costs what it costs plain.
 
 One rank (a one-rank group: NCCL on CUDA, gloo on CPU), median microseconds
 per call over rounds, host wall time with a synchronize after each round.
@@ -78,6 +82,26 @@ def _us_per_call(call: Callable, t: torch.Tensor, group: dist.ProcessGroup, call
     return statistics.median(out)
 
 
+SPIN = 2_000_000
+"""Cycles of the spin queued before each call of a "behind a spin" row (about a millisecond)."""
+
+
+def _us_behind_spin(call: Callable, t: torch.Tensor, group: dist.ProcessGroup, calls: int,
+                    rounds: int) -> float:
+    out = []
+    for _ in range(rounds):
+        _sync(t.device)
+        spent = 0.0
+        for _ in range(calls):
+            torch.cuda._sleep(SPIN)
+            t0 = time.perf_counter()
+            call(t, group)
+            spent += time.perf_counter() - t0
+            _sync(t.device)
+        out.append(1e6 * spent / calls)
+    return statistics.median(out)
+
+
 @contextlib.contextmanager
 def _checker(device: torch.device) -> Iterator[None]:
     from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
@@ -106,18 +130,20 @@ def main(argv: list[str] | None = None) -> int:
     device_kind = _script.device_kind(args.device)
     device, group = _setup(device_kind)
     t = torch.zeros(16, dtype=torch.int64, device=device)
-    conditions: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-        "plain": contextlib.nullcontext, "bare mode": _Bare}
+    conditions: dict[str, tuple[Callable[[], contextlib.AbstractContextManager], Callable]] = {
+        "plain": (contextlib.nullcontext, _us_per_call), "bare mode": (_Bare, _us_per_call)}
     if device_kind == "cuda":
-        conditions["lifetime oracle"] = lambda: _checker(device)
-        conditions["plain, trace on"] = contextlib.nullcontext
+        conditions["lifetime oracle"] = (lambda: _checker(device), _us_per_call)
+        conditions["lifetime oracle, behind a spin"] = (lambda: _checker(device),
+                                                        _us_behind_spin)
+        conditions["plain, trace on"] = (contextlib.nullcontext, _us_per_call)
+        conditions["plain, trace on, behind a spin"] = (contextlib.nullcontext, _us_behind_spin)
     us: dict[str, dict[str, float]] = {}
-    for condition, enter in conditions.items():
+    for condition, (enter, timed) in conditions.items():
         with enter():
             for call in CALLS.values():  # warm-up: first use, kernels, the group's streams
                 call(t, group)
-            us[condition] = {name: round(_us_per_call(call, t, group, args.calls,
-                                                      args.rounds), 2)
+            us[condition] = {name: round(timed(call, t, group, args.calls, args.rounds), 2)
                              for name, call in CALLS.items()}
     report = {"device": device_kind, "device_name": torch.cuda.get_device_name(device)
               if device_kind == "cuda" else "cpu", "torch": torch.__version__,

@@ -11,7 +11,10 @@ trace into a mode, set the hook back (return True) for that run.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch._C._distributed_c10d import BroadcastOptions, ProcessGroup
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -27,6 +30,31 @@ RECORD_STREAM = torch.ops.aten.record_stream.default
 """The op the simulation's and the oracles' modes each handle apart (it moves
 no data: it tells the allocator about a stream), looked up once: each op is
 compared with it."""
+
+
+BROADCAST = torch.ops.c10d.broadcast_.default
+
+
+def run_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    """An op, run from inside a mode's ``__torch_dispatch__``, as the op itself would run.
+
+    A broadcast in its usual form (every argument positional, the default
+    timeout) goes straight to its process group, as ``dist.broadcast`` does:
+    the op's generic call converts every argument and result through its
+    schema and, for an op taking a process group, walks them looking for fake
+    script objects, which costs more than the broadcast itself. Its result is
+    what the op returns (the tensors, the boxed work). Any other op runs its
+    kernel lookup directly (``OpOverload.__call__`` is a Python frame around it).
+    """
+    if func is BROADCAST and not kwargs and 4 <= len(args) <= 6 and (
+            len(args) < 6 or args[5] == -1):
+        opts = BroadcastOptions()
+        opts.rootRank, opts.rootTensor = args[2], args[3]
+        if len(args) > 4:
+            opts.asyncOp = args[4]
+        work = ProcessGroup.unbox(args[1]).broadcast(args[0], opts)
+        return args[0], work.boxed()
+    return func._op(*args, **kwargs)
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -50,7 +78,7 @@ def unobserved() -> torch._C._DisableTorchDispatch:
 
 class _Nothing(DispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        return func(*args, **(kwargs or {}))
+        return run_op(func, args, kwargs or {})
 
 
 def warm(device: torch.device) -> None:

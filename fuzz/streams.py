@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import BroadcastOptions, ProcessGroup, _create_work_from_future
+from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fuzz import cuda_on_cpu, stages, threads
 from fuzz.cuda_on_cpu import storage_key
-from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, unobserved
+from fuzz.dispatch_mode import BROADCAST, RECORD_STREAM, DispatchMode, run_op, unobserved
 from fuzz.oracles.lifetime import tensors_in
 
 Listener = Callable[..., None]
@@ -424,7 +424,7 @@ class _SimDispatch(DispatchMode):
                 out = _collective(func, args, kwargs, api)
             else:
                 stages.enter(stages.RUNNER)
-                out = func(*args, **kwargs)
+                out = run_op(func, args, kwargs)
         finally:
             stages.leave()
         api.memory.classify(args, out)
@@ -462,9 +462,9 @@ def _collective(func: Any, args: tuple, kwargs: dict, api: SimStreams) -> Any:
     """
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     with torch._C.DisableTorchFunction():
-        out = _call(func, _own(args, pairs), {k: _own(v, pairs) for k, v in kwargs.items()})
+        out = run_op(func, _own(args, pairs), {k: _own(v, pairs) for k, v in kwargs.items()})
         originals = {id(copy): orig for orig, copy in pairs}
-        if func is _BROADCAST:
+        if func is BROADCAST:
             tensors, work = out
             if _sends_only(func, args, kwargs):
                 api.sending.append(work)
@@ -477,9 +477,6 @@ def _collective(func: Any, args: tuple, kwargs: dict, api: SimStreams) -> Any:
         for orig, copy in pairs:
             orig.copy_(copy)
     return _back(out, originals)
-
-
-_BROADCAST = torch.ops.c10d.broadcast_.default
 
 
 class _Receiving:
@@ -511,26 +508,9 @@ class _Receiving:
                     torch.empty(0, dtype=dtype).set_(storage, offset, size, stride).copy_(copy)
 
 
-def _call(func: Any, args: tuple, kwargs: dict) -> Any:
-    """The c10d op itself. A broadcast in its usual form (every argument
-    positional, the default timeout) goes straight to its process group, as
-    ``dist.broadcast`` does, instead of through the op's generic call, which
-    converts every argument and result through its schema; its result is
-    what the op returns (the tensors, the boxed work)."""
-    if func is _BROADCAST and not kwargs and 4 <= len(args) <= 6 and (
-            len(args) < 6 or args[5] == -1):
-        opts = BroadcastOptions()
-        opts.rootRank, opts.rootTensor = args[2], args[3]
-        if len(args) > 4:
-            opts.asyncOp = args[4]
-        work = ProcessGroup.unbox(args[1]).broadcast(args[0], opts)
-        return args[0], work.boxed()
-    return func(*args, **kwargs)
-
-
 def _sends_only(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether this rank is the root of a broadcast (it sends, receives nothing)."""
-    if func is not torch.ops.c10d.broadcast_.default:
+    if func is not BROADCAST:
         return False
     bound = dict(zip(("tensors", "process_group", "root_rank"), args))
     bound.update(kwargs)

@@ -254,14 +254,16 @@ def test_host_syncing_handler_never_waits_out_a_gate(gpu_pool, options):
         assert v.ok and v.held == ["gate"], v.summary()
 
 
-def test_the_lifetime_oracle_reads_the_current_stream_as_torch_does():
-    from fuzz.oracles.lifetime_cuda import _raw_stream
+def test_the_oracles_read_the_current_stream_as_torch_does():
+    from fuzz.dispatch_mode import _RAW_STREAM, current_stream_handle
 
-    assert _raw_stream is not None
+    assert _RAW_STREAM is not None  # the raw reader, not the fallback through Stream objects
     side = torch.cuda.Stream()
+    dev = torch.device("cuda", torch.cuda.current_device())
     for s in (torch.cuda.current_stream(), side):
         with torch.cuda.stream(s):
-            assert _raw_stream(torch.cuda.current_device()) == s.cuda_stream
+            assert current_stream_handle(dev) == s.cuda_stream
+            assert current_stream_handle(torch.device("cuda")) == s.cuda_stream
 
 
 def test_no_gate_times_out_early(gates):

@@ -20,7 +20,13 @@ from typing import Any
 import torch
 
 from fuzz import stages
-from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle, unobserved
+from fuzz.dispatch_mode import (
+    RECORD_STREAM,
+    DispatchMode,
+    current_stream_handle,
+    run_op,
+    unobserved,
+)
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
 from fuzz.verdict import Failure
 
@@ -63,7 +69,7 @@ class _CudaDispatch(DispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = run_op(func, args, kwargs)
         if func is RECORD_STREAM:
             self.checker._guarded(self.checker._on_record_stream, args[0], args[1])
             return out

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from fuzz import stages
-from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle
+from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle, run_op
 from fuzz.oracles.lifetime import tensors_in
 from fuzz.verdict import Failure
 
@@ -149,7 +149,7 @@ class _Mode(DispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = run_op(func, args, kwargs)
         if func is not RECORD_STREAM:
             self.watch.observe(func, args, kwargs, out)
         return out
