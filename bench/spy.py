@@ -128,6 +128,10 @@ def main() -> int:
                   file=sys.stderr)
             return 1
         time.sleep(args.warm)
+        if campaign.poll() is not None:
+            print("spy: the campaign ended before sampling began: it found something, or"
+                  " failed (see campaign.log)", file=sys.stderr)
+            return 1
         procs = {"driver": campaign.pid, **{f"rank{i}": pid for i, pid in enumerate(ranks)}}
         spies = {name: subprocess.Popen(
             [spy, "record", "--pid", str(pid), "--nonblocking", "--rate", str(args.rate),

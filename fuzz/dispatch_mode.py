@@ -43,7 +43,8 @@ def run_op(func: Any, args: tuple, kwargs: dict) -> Any:
     the op's generic call converts every argument and result through its
     schema and, for an op taking a process group, walks them looking for fake
     script objects, which costs more than the broadcast itself. Its result is
-    what the op returns (the tensors, the boxed work). Any other op runs its
+    what the op returns: the tensors and the boxed work, or None where the
+    backend made none (NCCL, ``async_op=False``). Any other op runs its
     kernel lookup directly (``OpOverload.__call__`` is a Python frame around it).
     """
     if func is BROADCAST and not kwargs and 4 <= len(args) <= 6 and (
@@ -53,7 +54,8 @@ def run_op(func: Any, args: tuple, kwargs: dict) -> Any:
         if len(args) > 4:
             opts.asyncOp = args[4]
         work = ProcessGroup.unbox(args[1]).broadcast(args[0], opts)
-        return args[0], work.boxed()
+        # NCCL returns no work for a blocking broadcast (it ran on the current stream).
+        return args[0], work.boxed() if work is not None else None
     return func._op(*args, **kwargs)
 
 
