@@ -110,6 +110,7 @@ def _host_pool(slots: int = 4) -> Gates:
     callback drives (launching the kernel needs a GPU)."""
     pool = Gates.__new__(Gates)
     pool._flags = np.zeros((slots, 4), dtype=np.int32)
+    pool._next = 0
     pool._init_waits()
     return pool
 
@@ -117,6 +118,7 @@ def _host_pool(slots: int = 4) -> Gates:
 def _held(pool: Gates, slot: int, stream: int) -> Gate:
     gate = Gate(pool, slot, SimpleNamespace(cuda_stream=stream))
     pool._waits.hold(gate, stream)
+    pool._next = max(pool._next, slot + 1)  # as Gates.hold counts its slots
     return gate
 
 
@@ -135,6 +137,19 @@ def test_the_trace_callbacks_open_the_gates_a_host_sync_waits_for():
     trace.DeviceSynchronizationCallbacks.fire_callbacks()
     assert on_s2.opened and pool._flags[:, 0].tolist() == [1, 1, 0, 0]
     assert pool.opened_by_sync == 2
+
+
+def test_callbacks_before_the_first_gate_of_an_example_follow_nothing():
+    pool = _host_pool()
+    assert _hook(pool)
+    trace.EventRecordCallbacks.fire_callbacks(E1, S1)
+    trace.EventWaitCallbacks.fire_callbacks(E1, S3)
+    assert pool._waits._events == {} and pool._waits._streams == {}
+    on_s1 = _held(pool, 0, S1)
+    trace.EventRecordCallbacks.fire_callbacks(E1, S1)  # now recorded behind the gate
+    trace.EventWaitCallbacks.fire_callbacks(E1, S3)
+    trace.StreamSynchronizationCallbacks.fire_callbacks(S3)
+    assert on_s1.opened and pool.opened_by_sync == 1
 
 
 def test_a_deleted_event_no_longer_carries_a_gate():
