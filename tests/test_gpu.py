@@ -327,3 +327,18 @@ def test_a_race_made_in_a_thread_is_found_on_real_streams():
         else:
             assert races and "unordered with main's write" in races[0].message, check.findings
             assert "_copy_out_of" in races[0].message
+
+
+def test_the_runner_stages_batches_in_registered_host_memory():
+    from fuzz.runner import _Staging
+
+    dev = torch.device("cuda", 0)
+    staging = _Staging.begin(dev)
+    assert staging is not None, "cudaHostRegister failed: batches are pinned one by one"
+    a = staging.put(torch.arange(5, dtype=torch.int64))
+    b = staging.put(torch.tensor([[1, 2], [3, 4]], dtype=torch.int32))
+    assert a.is_pinned() and b.is_pinned() and b.data_ptr() % 16 == 0
+    on_dev = [a.to(dev, non_blocking=True), b.to(dev, non_blocking=True)]
+    torch.cuda.synchronize(dev)
+    staging.done()
+    assert on_dev[0].tolist() == [0, 1, 2, 3, 4] and on_dev[1].tolist() == [[1, 2], [3, 4]]
