@@ -43,19 +43,19 @@ def run_op(func: Any, args: tuple, kwargs: dict) -> Any:
     the op's generic call converts every argument and result through its
     schema and, for an op taking a process group, walks them looking for fake
     script objects, which costs more than the broadcast itself. Its result is
-    what the op returns: the tensors and the boxed work, or None where the
-    backend made none (NCCL, ``async_op=False``). Any other op runs its
+    what the op returns (the tensors, the boxed work). CPU tensors only (gloo,
+    the simulation): NCCL's process group hands a blocking broadcast's work
+    back as None, which the op's schema cannot return. Any other op runs its
     kernel lookup directly (``OpOverload.__call__`` is a Python frame around it).
     """
     if func is BROADCAST and not kwargs and 4 <= len(args) <= 6 and (
-            len(args) < 6 or args[5] == -1):
+            len(args) < 6 or args[5] == -1) and args[0] and not args[0][0].is_cuda:
         opts = BroadcastOptions()
         opts.rootRank, opts.rootTensor = args[2], args[3]
         if len(args) > 4:
             opts.asyncOp = args[4]
         work = ProcessGroup.unbox(args[1]).broadcast(args[0], opts)
-        # NCCL returns no work for a blocking broadcast (it ran on the current stream).
-        return args[0], work.boxed() if work is not None else None
+        return args[0], work.boxed()
     return func._op(*args, **kwargs)
 
 
