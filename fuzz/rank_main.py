@@ -150,7 +150,7 @@ _WARM_SCENARIO = Scenario.from_dict({
               for ix, dt in (((1, 0), "int64"), ((0, 1), "int32"))]})
 
 _GATES: Gates | None = None
-"""The rank's gate pool, made once (loading the kernel, proving it holds) before the first example."""
+"""The rank's gate pool, made once (the kernel loaded and proved) before the first example."""
 
 
 def memory(device: torch.device) -> Memory:
