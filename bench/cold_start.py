@@ -44,6 +44,7 @@ _PG = ("import os, torch, torch.distributed as dist\n"
 _GATES = ("import torch\nfrom fuzz.gates import Gates\n"
           "Gates.create(torch.device('cuda', 0), kinds=({kind!r},))\n")
 
+
 def _phases(device: str) -> dict[str, str]:
     out = {
         "interpreter": "pass",

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# A change's before and after on one GPU in one bounded command (under 10 minutes:
-# the steps' own timeouts add up to 570 s), the two trees alternating on the same
-# node: the lifetime oracle's cost on CUDA and on the CPU simulation
+# A change's before and after on one GPU in one bounded command (the steps' own
+# timeouts add up to 810 s), the two trees alternating
+# on the same node: the lifetime oracle's cost on CUDA and on the CPU simulation
 # (bench/lifetime_cost.py), what a dispatch mode and the oracle cost one broadcast
 # (bench/broadcast_cost.py), the bench's throughput and stage breakdown for
-# main-gather, the cold start to pre-fix's first failure, then the GPU tests on the after tree. Each log is written as it goes,
-# and everything (logs, tables, cProfiles) is packed into OUTDIR/all.tgz after each step;
-# OUTDIR/summary.txt has the lines that matter.
+# main-gather, the cold start to pre-fix's first failure, then the GPU tests on the
+# after tree. Each log is written as it goes, and everything (logs, tables,
+# cProfiles) is packed into OUTDIR/all.tgz after each step; OUTDIR/summary.txt has
+# the lines that matter.
 # Usage, from the repository root of the after tree:
 #   bash bench/gpu_ab.sh OUTDIR BEFORE_TREE
 # BEFORE_TREE is a copy of the code before the change (`git archive REV | tar x -C DIR`),

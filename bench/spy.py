@@ -33,7 +33,7 @@ from pathlib import Path
 
 import _script  # bench/_script.py, beside this script
 
-_READY_S = 120.0  # the ranks' start, NCCL and the gate compile included
+_READY_S = 120.0  # the ranks' start, NCCL's and the gate pool's included
 
 
 def _py_spy(given: str | None) -> str | None:

@@ -267,12 +267,7 @@ class Gates:
             self._waits.clear()
 
     # -- trace callbacks: a host sync opens the gates it would wait for ----------
-    # Each returns at once while no gate has been held since the last reset:
-    # every record, wait and deletion of the process comes through here, and
-    # with no gate held there is nothing to follow (the bookkeeping is empty).
     def _on_sync(self, which: str, *handle: int) -> None:
-        if not self._next:
-            return
         with self._lock:
             due = getattr(self._waits, which)(*handle)
             for g in due:
@@ -280,20 +275,14 @@ class Gates:
             self.opened_by_sync += len(due)
 
     def _on_record(self, event: int, stream: int) -> None:
-        if not self._next:
-            return
         with self._lock:
             self._waits.record(event, stream)
 
     def _on_wait(self, event: int, stream: int) -> None:
-        if not self._next:
-            return
         with self._lock:
             self._waits.wait(stream, event)
 
     def _on_event_deleted(self, event: int) -> None:
-        if not self._next:
-            return
         with self._lock:
             self._waits.forget(event)
 
@@ -362,9 +351,12 @@ _HOOKED = False
 
 
 def _each(method: str, *args: Any) -> None:
+    """A trace callback, for each pool that has held a gate since its last
+    reset: every record, wait and deletion of the process comes through here,
+    and a pool with no gate held has nothing to follow (its bookkeeping is empty)."""
     for ref in _POOLS:
         pool = ref()
-        if pool is not None:
+        if pool is not None and pool._next:
             getattr(pool, method)(*args)
 
 

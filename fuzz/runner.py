@@ -81,11 +81,9 @@ class _Staging:
     _BYTES = 1 << 20
     _by_device: dict[Any, _Staging | None] = {}
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self) -> None:
         self._buf = torch.empty(self._BYTES, dtype=torch.uint8)
         self._used = 0
-        self._dirty = False
 
     @classmethod
     def begin(cls, device: torch.device) -> _Staging | None:
@@ -93,14 +91,14 @@ class _Staging:
         if device not in cls._by_device:
             cls._by_device[device] = cls._make(device)
         staging = cls._by_device[device]
-        if staging is not None and staging._dirty:
+        if staging is not None and staging._used:
             torch.cuda.synchronize(device)  # the last example's copies may still read it
             staging.done()
         return staging
 
     @classmethod
     def _make(cls, device: torch.device) -> _Staging | None:
-        staging = cls(device)
+        staging = cls()
         try:
             err = torch.cuda.cudart().cudaHostRegister(staging._buf.data_ptr(), cls._BYTES, 0)
         except Exception:  # no runtime binding in this torch
@@ -115,13 +113,11 @@ class _Staging:
         view = self._buf[self._used:self._used + n].view(host.dtype).view(host.shape)
         view.copy_(host)
         self._used += (n + 15) & ~15  # the next slice 16-byte aligned, for any dtype
-        self._dirty = True
         return view
 
     def done(self) -> None:
         """After a synchronize: every slice is free again."""
         self._used = 0
-        self._dirty = False
 
 
 class _Run:

@@ -146,5 +146,3 @@ def test_the_gpu_count_says_whether_the_zygote_still_forks(monkeypatch, compiled
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda)
     assert zygote._count_gpus() == expect
     assert bool(touched) == (compiled and nvml < 0)
-
-
