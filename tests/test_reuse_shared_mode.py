@@ -64,6 +64,7 @@ def test_trace_events_reach_every_live_gate_pool_and_skip_dead_ones(monkeypatch)
     class _Pool:
         def __init__(self) -> None:
             self.records: list = []
+            self._next = 1  # a gate held in this example, as Gates counts them
 
         def _on_record(self, event, stream):  # noqa: ANN001, ANN202
             self.records.append((event, stream))
