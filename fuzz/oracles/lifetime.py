@@ -126,9 +126,10 @@ def _ordered(a: Access, point: Clock) -> bool:
 
 
 def _unordered(last: dict[Any, Access], s: Any, point: Clock) -> Access | None:
-    """The first of another stream's last accesses not ordered before ``point``."""
+    """The first of another stream's last accesses not ordered before ``point``
+    (``_ordered``, inlined: asked at every access)."""
     for t, a in last.items():
-        if t != s and not _ordered(a, point):
+        if t != s and point.get(a.stream, 0) < a.time:
             return a
     return None
 
@@ -149,6 +150,8 @@ class StorageInfo:
     last_write: dict[Any, Access] = field(default_factory=dict)
     last_read: dict[Any, Access] = field(default_factory=dict)
     raced: bool = False
+    foreign: bool = False
+    """Whether a stream other than its own used it: only then can its free break the rule."""
 
 
 class LifetimeModel:
@@ -182,8 +185,11 @@ class LifetimeModel:
     def _enqueue(self, s: Any) -> Clock:
         """Work enqueued now on ``s`` starts after everything the host has done
         or waited for (for ``s`` the host itself: the host's next access)."""
-        c = self._clock(s)
-        _join(c, self.host)
+        c = self.clocks.get(s) or self._clock(s)
+        if c is not self.host:  # _join, inlined: once per access
+            for k, v in self.host.items():
+                if c.get(k, 0) < v:
+                    c[k] = v
         c[s] = c.get(s, 0) + 1
         return c
 
@@ -229,6 +235,8 @@ class LifetimeModel:
             return
         c = self._enqueue(s)
         now = Access(s, c[s], op, write, frames, self.step)
+        if s != info.stream:
+            info.foreign = True
         if not info.raced:
             prev = _unordered(info.last_write, s, c)
             if prev is None and write:
@@ -246,7 +254,7 @@ class LifetimeModel:
     def free(self, key: int, frames: Frames) -> None:
         """The rule fires here: a freed block is what the next allocation gets."""
         info = self.storages.pop(key, None)
-        if info is None or info.stream == HOST:
+        if info is None or info.stream == HOST or not info.foreign:
             return
         point = dict(self._clock(info.stream))
         _join(point, self.host)
@@ -378,11 +386,33 @@ def _leaves(x: Any) -> Any:
     return _NO_TENSORS
 
 
-_OpInfo = tuple[str, str, tuple[str, ...], tuple[bool, ...], bool, bool]
+_NO_TENSOR_TYPES = frozenset({"int", "SymInt", "bool", "number", "float", "complex", "str",
+                               "Device", "Generator", "Layout", "ScalarType", "MemoryFormat",
+                               "AnyEnumType", "Storage"})
+"""Schema argument types that never hold a tensor (after Optional[...] and List[...])."""
+_ONE, _MANY = 0, 1
+"""How an argument holds tensors: one (``Tensor``, ``Tensor?``), or any number
+(a list, or a type the schema does not pin down), found by ``tensors_in``."""
+
+
+def _holds(type_name: str) -> int | None:
+    base = type_name
+    for wrapper in ("Optional[", "List["):
+        while base.startswith(wrapper):
+            base = base[len(wrapper):-1]
+    if base in _NO_TENSOR_TYPES:
+        return None
+    return _ONE if type_name in ("Tensor", "Optional[Tensor]") else _MANY
+
+
+_OpInfo = tuple[str, str, tuple[str, ...], tuple[bool, ...], bool, bool,
+                tuple[tuple[int, str, bool, int], ...]]
 _OPS: dict[Any, _OpInfo] = {}
 """Per op overload, read from its schema once: (schema name, label, argument
 names, which arguments it writes, whether it touches no data: every result
-a view, or metadata only, whether it is a collective)."""
+a view, or metadata only, whether it is a collective, and the arguments that
+can hold a tensor: (position, name, written, ``_ONE`` or ``_MANY``)). An op's
+sizes, scalars and options are never searched for tensors."""
 
 
 def _op_info(func: Any) -> _OpInfo:
@@ -390,12 +420,15 @@ def _op_info(func: Any) -> _OpInfo:
     if info is None:
         schema = func._schema
         views = [r.alias_info is not None and not r.alias_info.is_write for r in schema.returns]
+        writes = tuple(a.alias_info is not None and a.alias_info.is_write
+                       for a in schema.arguments)
+        slots = tuple((i, a.name, writes[i], holds) for i, a in enumerate(schema.arguments)
+                      if (holds := _holds(str(a.type))) is not None)
         info = _OPS[func] = (
             schema.name, str(func).replace(".default", ""),
-            tuple(a.name for a in schema.arguments),
-            tuple(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments),
+            tuple(a.name for a in schema.arguments), writes,
             bool(views) and all(views) or schema.name in _METADATA_OPS,
-            schema.name.startswith("c10d::"))
+            schema.name.startswith("c10d::"), slots)
     return info
 
 
@@ -518,7 +551,7 @@ class TensorTracker:
     def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any) -> None:
         """One aten or c10d op issued while ``s`` was the current stream."""
         frames = self.poll()
-        name, label, arg_names, arg_writes, view_op, collective = _op_info(func)
+        name, label, arg_names, arg_writes, view_op, collective, slots = _op_info(func)
         storages = self.model.storages
         classify = self._classify
         reads: list[tuple[torch.Tensor, int, str]] = []
@@ -530,18 +563,19 @@ class TensorTracker:
         if collective:
             self._collective(name, arg_names, arg_writes, args, kwargs, reads, writes, kinds)
         else:
-            # Without keyword arguments the rest would all be None: no tensors.
-            positional = (list(args) + [kwargs.get(n) for n in arg_names[len(args):]]
-                          if kwargs else args)
-            n_writes = len(arg_writes)
-            for i, arg in enumerate(positional):
-                if isinstance(arg, torch.Tensor):
+            n_args = len(args)
+            for i, arg_name, write, holds in slots:
+                arg = args[i] if i < n_args else kwargs.get(arg_name) if kwargs else None
+                if arg is None:
+                    continue
+                if holds == _ONE:
                     leaves: Any = (arg,)
+                elif isinstance(arg, torch.Tensor):
+                    leaves = (arg,)
                 elif isinstance(arg, (list, tuple)):
                     leaves = tensors_in(arg)
                 else:
                     continue
-                write = i < n_writes and arg_writes[i]
                 for leaf in leaves:
                     key, kind = classify(leaf)
                     kinds.add(kind)
@@ -552,8 +586,12 @@ class TensorTracker:
                         (writes if write else reads).append((leaf, key, kind))
             view = view_op
         fresh: list[tuple[torch.Tensor, int, str]] = []
-        if not view:
+        if not view and not collective:  # a collective returns its arguments (and a work)
+            # An in-place op's result is its first argument, classified above.
+            written = args[0] if args and arg_writes and arg_writes[0] else None
             for leaf in _leaves(out):
+                if leaf is written:
+                    continue
                 key, kind = classify(leaf)
                 if key is None or (key not in in_keys and key not in storages):
                     kinds.add(kind)
@@ -574,10 +612,12 @@ class TensorTracker:
         if view:
             return  # metadata only, no data touched
         access = self.model.access
-        for key in dict.fromkeys([k for _, k, _ in reads]):
-            access(key, party, False, label, frames)
-        for key in dict.fromkeys([k for _, k, _ in writes]):
-            access(key, party, True, label, frames)
+        for table, write in ((reads, False), (writes, True)):
+            if len(table) == 1:
+                access(table[0][1], party, write, label, frames)
+            elif table:
+                for key in dict.fromkeys([k for _, k, _ in table]):
+                    access(key, party, write, label, frames)
         for leaf, key, kind in fresh:
             if key not in storages:
                 self._follow(leaf, key, party, label, frames, kind)
@@ -604,17 +644,20 @@ class TensorTracker:
                     kinds: set[str]) -> None:
         """c10d ops as NCCL runs them: async on the current stream. Their
         tensors are in lists (or lists of lists), never in other containers."""
-        bound = dict(zip(arg_names, args))
-        bound.update(kwargs)
-        if name == "c10d::broadcast_":
-            root = bound.get("root_rank", 0)
+        if name == "c10d::broadcast_":  # most of them: read without binding every argument
+            if len(args) > 2:
+                tensors, root = args[0], args[2]
+            else:
+                bound = {**dict(zip(arg_names, args)), **kwargs}
+                tensors, root = bound.get("tensors"), bound.get("root_rank", 0)
             target = reads if root == self.group_rank else writes
-            for leaf in tensors_in(bound.get("tensors")):
+            for leaf in tensors_in(tensors):
                 key, kind = self._classify(leaf)
                 kinds.add(kind)
                 if key is not None:
                     target.append((leaf, key, kind))
             return
+        bound = {**dict(zip(arg_names, args)), **kwargs}
         for arg_name, write in zip(arg_names, arg_writes):
             for leaf in tensors_in(bound.get(arg_name)):
                 key, kind = self._classify(leaf)

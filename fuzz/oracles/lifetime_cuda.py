@@ -38,7 +38,7 @@ def _forward(method: str) -> Any:
     def callback(*args: Any) -> None:
         checker = _active
         if checker is not None:
-            checker._guarded(getattr(checker, method), *args)
+            checker._guarded(getattr(checker, method), *args, torch_ops=False)
     return callback
 
 
@@ -154,15 +154,22 @@ class CudaLifetimeChecker(TensorTracker):
             self._reads.__exit__(None, None, None)
             self._mode.__exit__(None, None, None)
 
-    def _guarded(self, fn: Any, *args: Any) -> None:
-        """A checker bug becomes one finding; it never breaks the example."""
+    def _guarded(self, fn: Any, *args: Any, torch_ops: bool = True) -> None:
+        """``fn(*args)``, one event at a time from whichever thread. A checker
+        bug becomes one finding; it never breaks the example. With
+        ``torch_ops``, the torch calls ``fn`` makes (reading a tensor's memory
+        kind) are hidden from every dispatch mode: they are not the user's.
+        A trace callback makes none, and goes without."""
         if self._error is not None:
             return
         stages.enter(stages.LIFETIME)
         try:
-            # One event at a time from whichever thread; the checker's own ops are not the user's.
-            with self._lock, unobserved():
-                fn(*args)
+            with self._lock:
+                if torch_ops:
+                    with unobserved():
+                        fn(*args)
+                else:
+                    fn(*args)
         except Exception as exc:
             self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             self.model.findings.append(Failure("crash", f"lifetime oracle internal error: "
