@@ -133,6 +133,7 @@ class CudaLifetimeChecker(TensorTracker):
         self._reads = _HostReads()
         self._error: str | None = None
         self._lock = threading.RLock()
+        self._handles: dict[tuple[int, int, int], int] = {}
 
     @property
     def mode(self) -> _CudaDispatch:
@@ -188,7 +189,7 @@ class CudaLifetimeChecker(TensorTracker):
         return handle
 
     def _current(self) -> int:
-        # A raw handle at every op: no Stream object made (and noted by a session).
+        # A raw handle at every op: no Stream object made.
         return self._sid(current_stream_handle(self.device))
 
     def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
@@ -198,9 +199,14 @@ class CudaLifetimeChecker(TensorTracker):
 
     # -- dispatch ---------------------------------------------------------------
     def _on_record_stream(self, t: torch.Tensor, stream: Any) -> None:
-        s = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
-                              device_type=stream.device_type)
-        self.record_stream(t, self._sid(s.cuda_stream))
+        # The op's stream argument is a torch.Stream (ids, no handle): a
+        # torch.cuda.Stream made from it once per stream gives the handle.
+        ids = (stream.stream_id, stream.device_index, stream.device_type)
+        handle = self._handles.get(ids)
+        if handle is None:
+            handle = self._handles[ids] = torch.cuda.Stream(
+                stream_id=ids[0], device_index=ids[1], device_type=ids[2]).cuda_stream
+        self.record_stream(t, self._sid(handle))
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         # Blocking copies and .item() make the host wait: TensorTracker.op says so.
