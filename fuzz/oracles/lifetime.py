@@ -482,6 +482,16 @@ class TensorTracker:
         """(storage key or None where not followed, memory kind or None for a non-tensor)."""
         if not isinstance(t, torch.Tensor):
             return None, None
+        if not t.is_cuda:
+            # Host memory followed already is pinned: no ``is_pinned`` (on a CUDA
+            # build, a driver query) again. Callers poll first, so a key here
+            # is a live storage's, never a freed one's reused address.
+            try:
+                key = t.untyped_storage()._cdata
+            except (RuntimeError, NotImplementedError):
+                key = None
+            if key is not None and key in self.model.storages:
+                return key, PINNED
         kind = self.kind(t)
         if kind == PAGEABLE:
             return None, kind
@@ -520,10 +530,10 @@ class TensorTracker:
 
     def name(self, t: torch.Tensor, name: str, s: Any) -> None:
         """Give ``t``'s storage a name for reports (registers it on ``s`` if new)."""
+        self.poll()
         key, kind = self._classify(t)
         if key is None:
             return
-        self.poll()
         if key not in self.model.storages:  # the frames only for a storage first seen here
             self._follow(t, key, s, "a host copy", frames_here(), kind)
         self.model.storages[key].name = name

@@ -88,7 +88,7 @@ def _host_read_method(name: str, method: Any) -> Any:
 
     def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         checker = _active
-        if checker is not None and self.device.type == "cpu":
+        if checker is not None and self.is_cpu:
             checker._guarded(checker.host_read, self, label)
         return method(self, *args, **kwargs)
     read.__name__ = read.__qualname__ = name
