@@ -126,10 +126,9 @@ def _ordered(a: Access, point: Clock) -> bool:
 
 
 def _unordered(last: dict[Any, Access], s: Any, point: Clock) -> Access | None:
-    """The first of another stream's last accesses not ordered before ``point``
-    (``_ordered``, inlined: asked at every access)."""
+    """The first of another stream's last accesses not ordered before ``point``."""
     for t, a in last.items():
-        if t != s and point.get(a.stream, 0) < a.time:
+        if t != s and not _ordered(a, point):
             return a
     return None
 
@@ -150,8 +149,6 @@ class StorageInfo:
     last_write: dict[Any, Access] = field(default_factory=dict)
     last_read: dict[Any, Access] = field(default_factory=dict)
     raced: bool = False
-    foreign: bool = False
-    """Whether a stream other than its own used it: only then can its free break the rule."""
 
 
 class LifetimeModel:
@@ -185,11 +182,8 @@ class LifetimeModel:
     def _enqueue(self, s: Any) -> Clock:
         """Work enqueued now on ``s`` starts after everything the host has done
         or waited for (for ``s`` the host itself: the host's next access)."""
-        c = self.clocks.get(s) or self._clock(s)
-        if c is not self.host:  # _join, inlined: once per access
-            for k, v in self.host.items():
-                if c.get(k, 0) < v:
-                    c[k] = v
+        c = self._clock(s)
+        _join(c, self.host)
         c[s] = c.get(s, 0) + 1
         return c
 
@@ -235,8 +229,6 @@ class LifetimeModel:
             return
         c = self._enqueue(s)
         now = Access(s, c[s], op, write, frames, self.step)
-        if s != info.stream:
-            info.foreign = True
         if not info.raced:
             prev = _unordered(info.last_write, s, c)
             if prev is None and write:
@@ -254,15 +246,17 @@ class LifetimeModel:
     def free(self, key: int, frames: Frames) -> None:
         """The rule fires here: a freed block is what the next allocation gets."""
         info = self.storages.pop(key, None)
-        if info is None or info.stream == HOST or not info.foreign:
+        if info is None or info.stream == HOST:
             return
-        point = dict(self._clock(info.stream))
-        _join(point, self.host)
         uses: dict[Any, Access] = {}
         for table in (info.last_write, info.last_read):
             for t, a in table.items():
                 if t != info.stream and (t not in uses or a.time > uses[t].time):
                     uses[t] = a
+        if not uses:  # only its own stream used it: nothing to order
+            return
+        point = dict(self._clock(info.stream))
+        _join(point, self.host)
         for t, a in uses.items():
             if t not in info.recorded and not _ordered(a, point):
                 self._lifetime(info, a, frames)
@@ -397,9 +391,8 @@ _ONE, _MANY = 0, 1
 
 def _holds(type_name: str) -> int | None:
     base = type_name
-    for wrapper in ("Optional[", "List["):
-        while base.startswith(wrapper):
-            base = base[len(wrapper):-1]
+    while base.startswith(("Optional[", "List[")):
+        base = base[base.index("[") + 1:-1]
     if base in _NO_TENSOR_TYPES:
         return None
     return _ONE if type_name in ("Tensor", "Optional[Tensor]") else _MANY
@@ -482,23 +475,17 @@ class TensorTracker:
         """(storage key or None where not followed, memory kind or None for a non-tensor)."""
         if not isinstance(t, torch.Tensor):
             return None, None
-        if not t.is_cuda:
+        try:
+            key = t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):
+            key = None
+        if key is not None and not t.is_cuda and key in self.model.storages:
             # Host memory followed already is pinned: no ``is_pinned`` (on a CUDA
             # build, a driver query) again. Callers poll first, so a key here
             # is a live storage's, never a freed one's reused address.
-            try:
-                key = t.untyped_storage()._cdata
-            except (RuntimeError, NotImplementedError):
-                key = None
-            if key is not None and key in self.model.storages:
-                return key, PINNED
+            return key, PINNED
         kind = self.kind(t)
-        if kind == PAGEABLE:
-            return None, kind
-        try:
-            return t.untyped_storage()._cdata, kind
-        except (RuntimeError, NotImplementedError):
-            return None, kind
+        return (None if kind == PAGEABLE else key), kind
 
     def _key(self, t: Any) -> int | None:
         return self._classify(t)[0]
@@ -623,7 +610,7 @@ class TensorTracker:
             return  # metadata only, no data touched
         access = self.model.access
         for table, write in ((reads, False), (writes, True)):
-            if len(table) == 1:
+            if len(table) == 1:  # the usual op: no list and dict built to dedupe one key
                 access(table[0][1], party, write, label, frames)
             elif table:
                 for key in dict.fromkeys([k for _, k, _ in table]):
@@ -654,20 +641,18 @@ class TensorTracker:
                     kinds: set[str]) -> None:
         """c10d ops as NCCL runs them: async on the current stream. Their
         tensors are in lists (or lists of lists), never in other containers."""
-        if name == "c10d::broadcast_":  # most of them: read without binding every argument
-            if len(args) > 2:
-                tensors, root = args[0], args[2]
-            else:
-                bound = {**dict(zip(arg_names, args)), **kwargs}
-                tensors, root = bound.get("tensors"), bound.get("root_rank", 0)
-            target = reads if root == self.group_rank else writes
-            for leaf in tensors_in(tensors):
+        if name == "c10d::broadcast_" and len(args) > 2:  # the usual call: two arguments read
+            bound = {"tensors": args[0], "root_rank": args[2]}
+        else:
+            bound = {**dict(zip(arg_names, args)), **kwargs}
+        if name == "c10d::broadcast_":
+            target = reads if bound.get("root_rank", 0) == self.group_rank else writes
+            for leaf in tensors_in(bound.get("tensors")):
                 key, kind = self._classify(leaf)
                 kinds.add(kind)
                 if key is not None:
                     target.append((leaf, key, kind))
             return
-        bound = {**dict(zip(arg_names, args)), **kwargs}
         for arg_name, write in zip(arg_names, arg_writes):
             for leaf in tensors_in(bound.get(arg_name)):
                 key, kind = self._classify(leaf)
