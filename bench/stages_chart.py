@@ -28,9 +28,12 @@ def main() -> None:
     for spec in args.runs:
         label, _, path = spec.partition("=")
         report = json.loads(Path(path).read_text())
-        run = next(r for r in report["runs"] if r["device"] == args.device)
+        run = next((r for r in report["runs"] if r["device"] == args.device), None)
+        row = run and next((t for t in run["targets"] if t["target"] == args.target), None)
+        if row is None:
+            raise SystemExit(f"stages_chart: {path} has no {args.target} row on "
+                             f"{args.device}; pass --device and --target as the run had them")
         world = run["world_size"]
-        row = next(t for t in run["targets"] if t["target"] == args.target)
         breakdowns.append(dict(row["stages"], target=f"{args.target} ({label})"))
     stages_report.plot(args.out, breakdowns, f"{args.device}, world size {world}: ms per "
                                              f"example by stage")
