@@ -4,7 +4,8 @@ Starts ``python -m fuzz run`` on one target (its own corpus, in ``--out``), wait
 until its ranks are up and a few seconds of examples have run, then samples
 the driver and every rank with py-spy (``--nonblocking``: the processes are
 never paused) for ``--seconds``, and stops the campaign with a Ctrl-C. Native
-frames (gloo, NCCL, the CUDA driver) show as the Python call that made them.
+frames (gloo, NCCL, the CUDA driver) show as the Python call that made them,
+unless ``--native`` asks for them (each sample then pauses the process).
 
 The report ranks functions by their share of each process's samples: inclusive
 (time under the function) and own (the function itself was on top). py-spy
@@ -72,7 +73,7 @@ def _ranks(driver: int) -> list[int]:
 def _frame(f: str) -> str:
     """``func (path/to/file.py:LINE)`` as ``func (file.py)``: lines summed."""
     name, _, where = f.partition(" (")
-    file = where.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+    file = where.removesuffix(")").rsplit(":", 1)[0].rsplit("/", 1)[-1]
     return f"{name} ({file})" if file else name
 
 
@@ -100,6 +101,8 @@ def main() -> int:
     p.add_argument("--rate", type=int, default=250, help="samples per second")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--py-spy", dest="py_spy", default=None)
+    p.add_argument("--native", action="store_true",
+                   help="C and C++ frames too (py-spy then pauses each process per sample)")
     args = p.parse_args()
     spy = _py_spy(args.py_spy)
     problem = _script.error(args.device, seconds=int(args.seconds), rate=args.rate)
@@ -134,7 +137,8 @@ def main() -> int:
             return 1
         procs = {"driver": campaign.pid, **{f"rank{i}": pid for i, pid in enumerate(ranks)}}
         spies = {name: subprocess.Popen(
-            [spy, "record", "--pid", str(pid), "--nonblocking", "--rate", str(args.rate),
+            [spy, "record", "--pid", str(pid), "--native" if args.native else "--nonblocking",
+             "--rate", str(args.rate),
              "--duration", str(int(args.seconds)), "--format", "raw",
              "--output", str(args.out / f"{name}.raw")],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in procs.items()}
