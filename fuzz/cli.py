@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,34 +44,28 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
-def _positive(text: str) -> int:
+def _number(text: str, parse: Callable[[str], Any], what: str, ok: Callable[[Any], bool],
+            rule: str) -> Any:
+    """An option's number, or the one line that says what it must be."""
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not ok(value):  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{text!r} must be {rule}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _number(text, int, "an integer", lambda v: v >= 1, ">= 1")
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+    return _number(text, float, "a number of seconds", lambda v: v > 0, "> 0")
 
 
 def _mib(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+    return _number(text, float, "a number of MiB", lambda v: v >= 0, ">= 0")
 
 
 def _duration(text: str) -> float:

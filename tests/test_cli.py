@@ -21,6 +21,8 @@ def _cli(*args, cwd=ROOT):
     (["run", "--target", "tests.targets:not_callable"], "is not callable"),
     (["run", "--world-size", "0"], "must be >= 1"),
     (["run", "--max-examples", "many"], "is not an integer"),
+    (["run", "--budget", "nan"], "'nan' must be > 0"),
+    (["run", "--timeout", "soon"], "is not a number of seconds"),
     (["run", "--device", "tpu"], "invalid choice"),
     (["run", "--device", "cuda", "--target", "pre-fix"], "no CUDA GPU"),
     (["run", "--device", "cpu", "--world-size", "100000"], "this machine holds at most"),
