@@ -150,3 +150,26 @@ def test_ops_that_read_only_metadata_are_no_access():
     for op in (torch.ops.aten.add.Tensor, torch.ops.aten.copy_.default,
                torch.ops.aten._local_scalar_dense.default):
         assert not _op_info(op)[4], op
+
+
+def test_a_checker_bug_is_one_finding_that_blames_streamfuzz_not_the_target(monkeypatch):
+    """The model raising must not reach the code under test (it would read as
+    the target's crash): the example runs on, and one finding says whose bug."""
+    from fuzz.oracles.lifetime import LifetimeModel
+
+    def broken(self, *args):
+        raise KeyError("no such stream")
+
+    monkeypatch.setattr(LifetimeModel, "wait_stream", broken)
+    ran = []
+
+    def body(side):
+        torch.cuda.current_stream().wait_stream(side)
+        _copy_to_pinned(side).sum()  # later events: not checked any more
+        ran.append(True)
+
+    (f,) = _run(body)
+    assert ran and f.kind == "crash"
+    assert f.message.startswith("lifetime oracle internal error (a bug in streamfuzz, not in "
+                                "the code under test): KeyError: 'no such stream' at ")
+    assert "test_host_party.py:" in f.message

@@ -37,6 +37,7 @@ import importlib.util
 import os
 import sys
 import threading
+import traceback
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from pathlib import Path
@@ -451,6 +452,8 @@ class TensorTracker:
     def __init__(self, model: LifetimeModel, my_group_rank: int = 0) -> None:
         self.model = model
         self.group_rank = my_group_rank
+        self._error: str | None = None
+        """A bug of the checker's own, once one was met: it checks no more."""
         self.names: dict[int, str] = {}
         self._live: dict[int, int] = {}
         """Each followed storage's weak reference as the raw handle ``poll`` tests,
@@ -663,8 +666,23 @@ class TensorTracker:
                     if write or "output" in arg_name or name.startswith("c10d::allreduce"):
                         writes.append((leaf, key, kind))
 
+    def _failed(self, exc: Exception) -> None:
+        """A bug in the checker, not in the code under test: one finding that
+        says so and where, and no more checking this example (the model missed
+        an event, so what it said next could be wrong). The example runs on."""
+        self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = f" at {_short(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+        self.model.findings.append(Failure(
+            "crash", f"lifetime oracle internal error (a bug in streamfuzz, not in the code "
+                     f"under test): {self._error}{at}", self.model.rank, self.model.step))
+
     def finish(self) -> list[Failure]:
-        self.poll()
+        if self._error is None:
+            try:
+                self.poll()
+            except Exception as exc:
+                self._failed(exc)
         return self.model.report()
 
 
@@ -705,9 +723,13 @@ class LifetimeChecker(TensorTracker):
         super().name(t, name, self._sid(s or self.streams.current_stream()))
 
     def __call__(self, what: str, *args: Any) -> None:
+        if self._error is not None:
+            return
         stages.enter(stages.LIFETIME)
         try:
             self._handle(what, args)
+        except Exception as exc:
+            self._failed(exc)
         finally:
             stages.leave()
 

@@ -14,7 +14,6 @@ runs.
 from __future__ import annotations
 
 import threading
-import traceback
 from typing import Any
 
 import torch
@@ -28,7 +27,6 @@ from fuzz.dispatch_mode import (
     unobserved,
 )
 from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
-from fuzz.verdict import Failure
 
 _active: CudaLifetimeChecker | None = None
 _installed = False
@@ -131,7 +129,6 @@ class CudaLifetimeChecker(TensorTracker):
         self.model.new_stream(self.main)
         self._mode = _CudaDispatch(self)
         self._reads = _HostReads()
-        self._error: str | None = None
         self._lock = threading.RLock()
         self._handles: dict[tuple[int, int, int], int] = {}
 
@@ -172,10 +169,7 @@ class CudaLifetimeChecker(TensorTracker):
                 else:
                     fn(*args)
         except Exception as exc:
-            self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            self.model.findings.append(Failure("crash", f"lifetime oracle internal error: "
-                                                        f"{self._error}", self.model.rank,
-                                                self.model.step))
+            self._failed(exc)
         finally:
             stages.leave()
 
