@@ -37,11 +37,17 @@ timeout 25 "$py" bench/broadcast_cost.py --device cuda --out "$w/broadcast" \
     > "$w/broadcast.log" 2>&1
 say "broadcast_cost: exit $?"; tail -12 "$w/broadcast.log" | tee -a "$out/summary.txt"
 
-timeout 150 make test > "$w/test.log" 2>&1
-say "make test: exit $? ($(tail -1 "$w/test.log"))"
+t0=$(date +%s)
+timeout 180 make test > "$w/test.log" 2>&1
+rc=$?
+if [ $rc = 124 ]; then  # what was still running when the bound came: tests or their teardown
+  ps -eo pid,ppid,etime,args | grep -E 'pytest|fuzz' | grep -v grep >> "$w/test.log"
+  pkill -f -- '-m pytest' ; sleep 2  # not left running beside the bench
+fi
+say "make test: exit $rc after $(( $(date +%s) - t0 ))s ($(tail -1 "$w/test.log"))"
 grep -E '^(FAILED|ERROR)' "$w/test.log" | tee -a "$out/summary.txt"
 
-timeout 285 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
+timeout 255 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
     --target main-gather --target main-gather-synced --target pr-fix --target pre-fix --examples 80 \
     --oracle-examples 20 --detect-examples 100 --random-examples 50 --seeds 3 \
     --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 --no-waiting --out "$w/bench" \
