@@ -211,9 +211,7 @@ class _Run:
     def _name(self, t: torch.Tensor | None, name: str) -> None:
         """Name a storage for the lifetime oracle's reports; keeps no reference."""
         if self.checker is not None and t is not None:
-            stages.enter(stages.LIFETIME)
             self.checker.name(t, name, self.main)
-            stages.leave()
 
     # -- the step -----------------------------------------------------------
     def _call(self, i: int, step: Step) -> None:
@@ -242,9 +240,7 @@ class _Run:
         # The runner keeps nothing of the batch once the call returns.
         del batch
         if self.checker is not None:
-            stages.enter(stages.LIFETIME)
             self.checker.poll()  # so a report's free frame is this line, not a later op
-            stages.leave()
 
     def _apply_due(self, now: int | None) -> None:
         depth = self.sc.pipeline_depth
@@ -355,9 +351,7 @@ class _Run:
         (on a GPU they still take the caching allocator's blocks)."""
         if step.churn and self.checker is not None:
             # Where the first churn op would have seen what was freed since the call.
-            stages.enter(stages.LIFETIME)
             self.checker.poll()
-            stages.leave()
         kept = []
         for c in step.churn:
             s = self._stream(c.stream)

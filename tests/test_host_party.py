@@ -173,3 +173,29 @@ def test_a_checker_bug_is_one_finding_that_blames_streamfuzz_not_the_target(monk
     assert f.message.startswith("lifetime oracle internal error (a bug in streamfuzz, not in "
                                 "the code under test): KeyError: 'no such stream' at ")
     assert "test_host_party.py:" in f.message
+
+
+def test_a_checker_bug_met_where_the_runner_names_or_polls_is_a_finding_not_a_crash(
+        monkeypatch):
+    """The runner calls the checker directly too (naming its batch tensors,
+    polling after the call): a bug there must not raise into the runner either."""
+    from fuzz.oracles.lifetime import TensorTracker
+
+    def broken(self, *args):
+        raise RuntimeError("naming went wrong")
+
+    monkeypatch.setattr(TensorTracker, "_name", broken)
+    api = SimStreams()
+    checker = LifetimeChecker(api).attach()
+    try:
+        with api.session():
+            t = torch.ones(4, device="cuda")
+            checker.name(t, "batch")  # raised into the runner before
+            checker.name(t, "again")  # checks no more: one finding
+            checker.poll()
+        found = checker.finish()
+    finally:
+        checker.detach()
+    (f,) = found
+    assert f.kind == "crash" and "lifetime oracle internal error" in f.message
+    assert "RuntimeError: naming went wrong at tests/test_host_party.py:" in f.message

@@ -83,3 +83,31 @@ def test_both_cuda_oracles_read_the_stream_handle_of_their_own_device(monkeypatc
     monkeypatch.setattr(dispatch_mode, "_RAW_STREAM", lambda index: 0x7000 + index)
     assert dispatch_mode.current_stream_handle(torch.device("cuda", 3)) == 0x7003
     assert reuse.current_stream_handle is lifetime_cuda.current_stream_handle
+
+
+class _BrokenEvent:
+    def query(self) -> bool:
+        raise RuntimeError("event query failed")
+
+
+class _CudaLike:
+    """Stands for a CUDA tensor just allocated on main (``check`` reads its storage)."""
+
+    is_cuda = True
+
+    def untyped_storage(self):  # noqa: ANN201
+        return torch.ones(4).untyped_storage()
+
+
+def test_a_reuse_watch_bug_is_one_finding_that_blames_streamfuzz_not_the_target():
+    """Raised into the runner or the handler's op, it read as the target's crash."""
+    watch = reuse.ReuseWatch(_Main(), rank=1)
+    watch.step = 2
+    watch._used.append((0, 1 << 62, _BrokenEvent(), 1, "copy_"))
+    watch.check(_CudaLike(), "churn")
+    watch.check(_CudaLike(), "churn")  # watches no more
+    (f,) = watch.findings
+    assert (f.kind, f.rank, f.step) == ("crash", 1, 2)
+    assert f.message.startswith("reuse oracle internal error (a bug in streamfuzz, not in the "
+                                "code under test): RuntimeError: event query failed at ")
+    assert "test_reuse_shared_mode.py:" in f.message

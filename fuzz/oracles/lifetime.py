@@ -436,6 +436,17 @@ def _short(path: str) -> str:
     return "/".join(Path(path).parts[-2:])
 
 
+def internal_error(oracle: str, exc: BaseException, rank: int | None,
+                   step: int | None) -> Failure:
+    """A rank-side oracle's own bug as one finding that says whose it is and
+    where: read as the target's crash, it would send the user after the wrong code."""
+    what = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" at {_short(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return Failure("crash", f"{oracle} oracle internal error (a bug in streamfuzz, not in the "
+                            f"code under test): {what}{at}", rank, step)
+
+
 def _fmt(frames: Frames) -> str:
     if not frames:
         return "(no Python frame)"
@@ -503,7 +514,31 @@ class TensorTracker:
         info.name = self.names.pop(key, None)
         self._live[key] = ref.cdata
 
-    def poll(self, frames: Frames | None = None) -> Frames | None:
+    def poll(self, frames: Frames | None = None) -> None:
+        """For the runner: report what was freed since the last event, at
+        ``frames`` (default: here), so a report's free frame is the runner's
+        line, not a later op's."""
+        self._guarded(self._poll, frames)
+
+    def name(self, t: torch.Tensor, name: str, s: Any) -> None:
+        """For the runner: give ``t``'s storage a name for reports (registers
+        it on ``s`` if new); keeps no reference."""
+        self._guarded(self._name, t, name, s)
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        """``fn(*args)`` unless a bug of the checker's own was met; a bug now
+        becomes one finding (``_failed``), never the code under test's crash."""
+        if self._error is not None:
+            return
+        stages.enter(stages.LIFETIME)
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            stages.leave()
+
+    def _poll(self, frames: Frames | None = None) -> Frames | None:
         """Report the storages freed since the last call; returns the frames
         they were reported with (``frames``, walked here when None and needed),
         so that an op walks the stack once."""
@@ -518,9 +553,8 @@ class TensorTracker:
                 self.model.free(k, frames)
         return frames
 
-    def name(self, t: torch.Tensor, name: str, s: Any) -> None:
-        """Give ``t``'s storage a name for reports (registers it on ``s`` if new)."""
-        self.poll()
+    def _name(self, t: torch.Tensor, name: str, s: Any) -> None:
+        self._poll()
         key, kind = self._classify(t)
         if key is None:
             return
@@ -529,14 +563,14 @@ class TensorTracker:
         self.model.storages[key].name = name
 
     def record_stream(self, t: torch.Tensor, s: Any) -> None:
-        self.poll()
+        self._poll()
         key = self._key(t)
         if key is not None:
             self.model.record_stream(key, s)
 
     def host_read(self, t: torch.Tensor, op: str) -> None:
         """The host reads ``t``'s data directly (``tolist``, ``numpy``): no aten op says so."""
-        frames = self.poll()
+        frames = self._poll()
         key, kind = self._classify(t)
         if key is None:
             return  # pageable memory: not followed, so no frames walked for it
@@ -550,7 +584,7 @@ class TensorTracker:
 
     def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any) -> None:
         """One aten or c10d op issued while ``s`` was the current stream."""
-        frames = self.poll()
+        frames = self._poll()
         name, label, arg_names, arg_writes, view_op, collective, slots = _op_info(func)
         storages = self.model.storages
         classify = self._classify
@@ -670,19 +704,12 @@ class TensorTracker:
         """A bug in the checker, not in the code under test: one finding that
         says so and where, and no more checking this example (the model missed
         an event, so what it said next could be wrong). The example runs on."""
-        self._error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        frames = traceback.extract_tb(exc.__traceback__)
-        at = f" at {_short(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
-        self.model.findings.append(Failure(
-            "crash", f"lifetime oracle internal error (a bug in streamfuzz, not in the code "
-                     f"under test): {self._error}{at}", self.model.rank, self.model.step))
+        found = internal_error("lifetime", exc, self.model.rank, self.model.step)
+        self._error = found.message
+        self.model.findings.append(found)
 
     def finish(self) -> list[Failure]:
-        if self._error is None:
-            try:
-                self.poll()
-            except Exception as exc:
-                self._failed(exc)
+        self._guarded(self._poll)
         return self.model.report()
 
 
@@ -723,15 +750,7 @@ class LifetimeChecker(TensorTracker):
         super().name(t, name, self._sid(s or self.streams.current_stream()))
 
     def __call__(self, what: str, *args: Any) -> None:
-        if self._error is not None:
-            return
-        stages.enter(stages.LIFETIME)
-        try:
-            self._handle(what, args)
-        except Exception as exc:
-            self._failed(exc)
-        finally:
-            stages.leave()
+        self._guarded(self._handle, what, args)
 
     def _handle(self, what: str, args: tuple) -> None:
         if what == "op":
@@ -741,7 +760,7 @@ class LifetimeChecker(TensorTracker):
         if what == "host_read":
             self.host_read(*args)
             return
-        self.poll()
+        self._poll()
         m = self.model
         if what == "record_stream":
             self.record_stream(args[0], self._sid(args[1]))

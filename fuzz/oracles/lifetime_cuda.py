@@ -214,17 +214,17 @@ class CudaLifetimeChecker(TensorTracker):
         self.model.record_event(event, self._sid(stream))
 
     def _on_event_wait(self, event: int, stream: int) -> None:
-        self.poll()
+        self._poll()
         self.model.wait_event(self._sid(stream), event)
 
     def _on_event_sync(self, event: int) -> None:
-        self.poll()
+        self._poll()
         self.model.sync_event(event)
 
     def _on_stream_sync(self, stream: int) -> None:
-        self.poll()
+        self._poll()
         self.model.sync_stream(self._sid(stream))
 
     def _on_device_sync(self) -> None:
-        self.poll()
+        self._poll()
         self.model.sync_device()

@@ -29,7 +29,7 @@ import torch
 
 from fuzz import stages
 from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle, run_op
-from fuzz.oracles.lifetime import tensors_in
+from fuzz.oracles.lifetime import internal_error, tensors_in
 from fuzz.verdict import Failure
 
 _MAKES_BLOCKS: dict[Any, bool] = {}
@@ -59,6 +59,8 @@ class ReuseWatch:
         self._streams: dict[int, Any] = {}
         """Stream objects by raw handle: an op's stream is read as a handle."""
         self._shared: Any = None
+        self._broken = False
+        """A bug of the watch's own was met: one finding says so, and it watches no more."""
 
     def share(self, mode: Any) -> None:
         """Watch from ``mode`` (the lifetime oracle's, which has a ``reuse``
@@ -73,8 +75,19 @@ class ReuseWatch:
 
     def check(self, t: torch.Tensor, what: str) -> None:
         """``t`` was just allocated on the main stream: did it get a busy block?"""
-        if not self._used or not t.is_cuda:
+        if not self._used or self._broken or not t.is_cuda:
             return
+        try:
+            self._check(t, what)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        # Raised into the runner or the handler, it would read as the target's crash.
+        self._broken = True
+        self.findings.append(internal_error("reuse", exc, self.rank, self.step))
+
+    def _check(self, t: torch.Tensor, what: str) -> None:
         s = t.untyped_storage()
         start = s.data_ptr()
         end = start + max(1, s.nbytes())
@@ -95,22 +108,30 @@ class ReuseWatch:
 
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """One op of the handler call, just issued on the current stream."""
+        if self._broken:
+            return
         stages.enter(stages.REUSE)
         try:
-            handle = current_stream_handle(self.main.device)
-            if handle == self._main_handle:
-                if not self._used or not _makes_blocks(func):
-                    return  # nothing off main to collide with, or a view / in-place result
-                for t in tensors_in(out):
-                    self.check(t, f"output of {func.__name__}")
-                return
-            used = [t for t in tensors_in(args) if t.is_cuda]
-            if kwargs:
-                used += [t for t in tensors_in(list(kwargs.values())) if t.is_cuda]
-            if used:
-                self._note(func.__name__, used, self._stream(handle))
+            self._observe(func, args, kwargs, out)
+        except Exception as exc:
+            self._failed(exc)
         finally:
             stages.leave()
+
+    def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        handle = current_stream_handle(self.main.device)
+        if handle == self._main_handle:
+            if not self._used or not _makes_blocks(func):
+                return  # nothing off main to collide with, or a view / in-place result
+            for t in tensors_in(out):
+                if t.is_cuda:
+                    self._check(t, f"output of {func.__name__}")
+            return
+        used = [t for t in tensors_in(args) if t.is_cuda]
+        if kwargs:
+            used += [t for t in tensors_in(list(kwargs.values())) if t.is_cuda]
+        if used:
+            self._note(func.__name__, used, self._stream(handle))
 
     def _stream(self, handle: int) -> Any:
         s = self._streams.get(handle)
