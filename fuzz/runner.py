@@ -27,7 +27,7 @@ from fuzz.dispatch_mode import unobserved
 from fuzz.draft_protocol import DraftObservations
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.oracles.lifetime import DEVICE, PINNED
-from fuzz.reference import Applied, token_rows
+from fuzz.reference import Applied, draft_rows, token_rows
 from fuzz.scenario import DEFAULT_SPIN, GATE_UNTIL, ITEMSIZE, Scenario, Step
 from fuzz.targets import Batch, Factory, TargetContext
 
@@ -218,7 +218,7 @@ class _Run:
         batch = self._batch(i, step)
         if self.ctx.is_last_rank:
             if step.num_reqs:
-                self._drafter(i, batch.idx_mapping)
+                self._drafter(i, step, batch.idx_mapping)
             # Earlier steps' gates held "until the next call": after this drafter.
             self._release(3, before_step=i)
             if self.watch is not None:
@@ -276,29 +276,33 @@ class _Run:
         return batch
 
     def _to_device(self, values: list, dtype: torch.dtype,
-                   shape: tuple | None = None) -> torch.Tensor:
+                   shape: tuple | None = None, seen: bool = True) -> torch.Tensor:
         """A fresh device tensor, copied non-blocking on the current stream
         from pinned memory. The pinned buffer is the harness's: the copy out
-        of it, which the oracles see, is its only use, so making it is unseen."""
+        of it, which the oracles see (unless not ``seen``), is its only use,
+        so making it is unseen."""
         with _unseen():
             host = torch.tensor(values, dtype=dtype)
             if shape is not None:
                 host = host.reshape(shape)
+            if self.memory is not None and not seen:
+                return host  # the simulation's device memory is CPU memory
             if self.memory is None:
                 staged = self.staging.put(host) if self.staging is not None else None
                 host = staged if staged is not None else host.pin_memory()
+            if not seen:
+                return host.to(self.dev, non_blocking=True)
         if self.memory is not None:
             self.memory.mark(host, PINNED)
         return host.to(self.dev, non_blocking=True)
 
-    def _drafter(self, i: int, idx: torch.Tensor) -> None:
-        """The draft model writing this step's rows, on the main stream. The
-        oracles see the write (what a race can involve); working out the rows
-        from ``idx`` is the harness's own and unseen."""
+    def _drafter(self, i: int, step: Step, idx: torch.Tensor) -> None:
+        """The draft model writing this step's rows (``reference.draft_rows``)
+        on the main stream. The oracles see the write (what a race can
+        involve); the rows' own copy from the host is the harness's, unseen."""
         k = self.sc.num_spec_steps
-        with _unseen():
-            pos = torch.arange(k, dtype=torch.int64, device=self.raw_dev)
-            rows = (i + 1) * 100_000 + idx.to(torch.int64).unsqueeze(1) * 16 + pos
+        rows = self._to_device(draft_rows(i, step, k), torch.int64, (step.num_reqs, k),
+                               seen=False)
         if self.memory is not None:
             self.memory.mark(rows, DEVICE)
         self.table[idx] = rows
