@@ -13,6 +13,7 @@ import pickle
 import random
 import time
 import unittest
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,10 @@ Scenario = Any
 """Any protocol's scenario type (``fuzz.protocols``)."""
 
 Progress = Callable[[int, float, int], None]
-OnExample = Callable[[Scenario], None]
+OnExample = Callable[[tuple[Scenario, ...]], None]
+"""Called before each dispatch with the examples then in flight, oldest first:
+the one about to be sent last, and (drawing ahead) the one sent before it whose
+verdict is not read yet."""
 OnVerdict = Callable[[Scenario, Verdict, list[str]], None]
 
 def evaluate(pool: RankPool, target: str, scenario: Scenario,
@@ -175,15 +179,15 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     CUDA context per shrink step; a smaller case found late is worth less than
     one saved now).
 
-    ``on_example`` runs before each dispatch (a journal can make it durable
-    first); ``on_verdict`` gets each verdict with its behaviour labels (a
-    campaign can save a failure before shrinking starts). When ``stop``
-    returns true the run ends before the next dispatch, even while shrinking:
-    the smallest failure so far is still saved.
+    ``on_example`` runs before each dispatch with the examples then in
+    flight (a journal can make them durable first); ``on_verdict`` gets each
+    verdict with its behaviour labels (a campaign can save a failure before
+    shrinking starts). When ``stop`` returns true the run ends before the next
+    dispatch, even while shrinking: the smallest failure so far is still saved.
 
     With ``pipeline`` (the default) Hypothesis draws the next scenario while
-    the ranks run the last one: see ``_Campaign``. The examples, the first
-    failure and the shrunk case are those of a run without it.
+    the ranks run the last one: see ``_Campaign``. The examples judged, the
+    first failure and the shrunk case are those of a run without it.
     """
     result = CampaignResult(target=target)
     protocol = protocols.of_target(target, _factory_or_none(target))
@@ -257,12 +261,14 @@ class _Campaign:
     """One target's Hypothesis runs, their test body and what they found.
 
     A run is in one of three modes. ``sync``: each example runs and is judged
-    before Hypothesis draws the next. ``ahead``: each example is sent to the
-    ranks and the body returns; the next call judges it before sending its
-    own, so Hypothesis draws while the ranks work. Hypothesis decides what to
-    draw next from outcomes only, and every outcome before a first failure is
-    a pass, so its examples are the same; a failure seen one call late ends
-    the run, and ``replay`` runs Hypothesis again with the same seed, skips the examples that passed
+    before Hypothesis draws the next. ``ahead``: each call sends its example
+    to the ranks, then judges the last call's, and returns: Hypothesis draws
+    while the ranks work, and the ranks go from one example to the next
+    without waiting for the driver. Hypothesis decides what to draw next from
+    outcomes only, and every outcome before a first failure is a pass, so its
+    examples are the same. A failure seen one call late ends the run (the
+    example sent behind it is dropped unjudged), and ``replay`` runs
+    Hypothesis again with the same seed, skips the examples that passed
     (checking each is the one drawn before), raises at the failing one with
     its verdict, and shrinks in sync: what a sync run would have done.
     """
@@ -280,7 +286,8 @@ class _Campaign:
         self.held: set[str] = set()
         self.mode = "sync"
         self.calls = 0
-        self.sent: _Sent | None = None
+        self.flight: deque[_Sent] = deque()
+        """Examples sent and not yet judged (ahead mode), oldest first: at most two."""
         self.digests: list[bytes] = []
         self.deferred: int | None = None
         """The call whose failure was seen late (ahead mode), replayed up to."""
@@ -326,23 +333,28 @@ class _Campaign:
         self._last()
 
     def _last(self) -> None:
-        """The example still in flight when an ahead run ended."""
-        sent, self.sent = self.sent, None
-        if sent is None:
-            return
-        if self.result.interrupted:
-            # Ctrl-C: keep what is already in, wait for nothing else.
-            outcome = self.pool.collect(sent.ticket, patience=_CTRL_C_PATIENCE_S)
-            if outcome is None:
-                return
-            verdict = _judge(outcome, sent.scenario, self.options.values)
-        else:
-            verdict = _settle(self.pool, sent.ticket)
-        try:
-            self._account(sent.scenario, verdict, sent.call)
-        except _Ahead:
+        """The examples still in flight when an ahead run ended."""
+        flight, self.flight = self.flight, deque()
+        for sent in flight:
+            if self.deferred is not None or self.result.failure is not None:
+                # Sent behind the example that failed: a run that waited would
+                # not have drawn it. Its replies are read, its outcome dropped.
+                self.pool.discard(sent.ticket)
+                continue
             if self.result.interrupted:
-                self.deferred = None  # saved unshrunk: the user asked to stop
+                # Ctrl-C: keep what is already in, wait for nothing else.
+                outcome = self.pool.collect(sent.ticket, patience=_CTRL_C_PATIENCE_S)
+                if outcome is None:
+                    self.pool.discard(sent.ticket)
+                    continue
+                verdict = _judge(outcome, sent.scenario, self.options.values)
+            else:
+                verdict = _settle(self.pool, sent.ticket)
+            try:
+                self._account(sent.scenario, verdict, sent.call)
+            except _Ahead:
+                if self.result.interrupted:
+                    self.deferred = None  # saved unshrunk: the user asked to stop
 
     def _test(self, strategy: st.SearchStrategy[Scenario], settings: hypothesis.settings,
               max_examples: int, seed: int | None, phases: tuple[Phase, ...]) -> Any:
@@ -392,18 +404,20 @@ class _Campaign:
                 and elapsed - result.first_failure_s > self.shrink_budget_s):
             result.shrink_truncated = True
             return
-        if self.mode == "ahead":
-            # The last example first: a failure there ends the run before this
-            # one is sent, as a sync run would have ended before drawing it.
-            sent, self.sent = self.sent, None
-            if sent is not None:
-                self._account(sent.scenario, _settle(self.pool, sent.ticket), sent.call)
         if self.on_example is not None:
-            self.on_example(scenario)
+            self.on_example((*(sent.scenario for sent in self.flight), scenario))
         if self.mode == "ahead":
             self.digests.append(_digest(scenario))
-            self.sent = _Sent(scenario, self.pool.submit(self.target, scenario, self.options),
-                              self.calls)
+            self.flight.append(_Sent(scenario, self.pool.submit(self.target, scenario,
+                                                                self.options), self.calls))
+            if len(self.flight) > 1:
+                # The last example's verdict, read once this one is queued
+                # behind it, so that the ranks never wait for the driver. A
+                # failure there ends the run: this one is then dropped
+                # (``_last``), as a run that waited would not have drawn it.
+                verdict = _settle(self.pool, self.flight[0].ticket)
+                sent = self.flight.popleft()
+                self._account(sent.scenario, verdict, sent.call)
             return
         self._account(scenario, evaluate(self.pool, self.target, scenario, self.options),
                       self.calls)

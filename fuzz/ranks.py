@@ -250,6 +250,8 @@ class RankPool:
         self._eid = 0
         self._open: dict[int, _Example] = {}
         self._settled: dict[int, Outcome] = {}
+        self._dropped: set[int] = set()
+        """Examples sent whose outcomes nobody will collect (``discard``)."""
 
     # -- lifecycle ---------------------------------------------------------
     def __enter__(self) -> RankPool:
@@ -319,6 +321,7 @@ class RankPool:
         if graceful:
             self._settle_open()
         self._open.clear()
+        self._dropped.clear()
         if self._world is not None:
             self._world.stop() if graceful else self._world.kill()
             self._world = None
@@ -338,6 +341,7 @@ class RankPool:
         """Stop the ranks and remove their logs (a finding quotes what it needs)."""
         self._open.clear()
         self._settled.clear()
+        self._dropped.clear()
         for w in (self._world, self._spare):
             if w is not None:
                 w.stop() if w.conns else w.kill()
@@ -453,6 +457,14 @@ class RankPool:
         # example that broke it): run it on this one.
         return self.run(ticket.target, ticket.scenario, ticket.options)
 
+    def discard(self, ticket: Ticket) -> None:
+        """Nobody will collect this example: its replies are still read in
+        turn (ranks answer in order), and its outcome dropped. One sent to a
+        world since replaced is gone already."""
+        if ticket.eid in self._open:
+            self._dropped.add(ticket.eid)
+        self._settled.pop(ticket.eid, None)
+
     def _settle_open(self) -> None:
         """Wait for every example sent, keeping outcomes for ``collect``: the
         replies must be read before another question or a new world."""
@@ -470,7 +482,10 @@ class RankPool:
             if outcome is None:
                 return False
             self._open.pop(eid, None)
-            self._settled[eid] = outcome
+            if eid in self._dropped:
+                self._dropped.discard(eid)
+            else:
+                self._settled[eid] = outcome
         return True
 
     def _await(self, ex: _Example, patience: float | None) -> Outcome | None:
@@ -529,6 +544,7 @@ class RankPool:
         broken = ex.broken
         if broken:
             self._open.clear()  # what was sent after it goes to a world that is gone
+            self._dropped.intersection_update((ex.eid,))
             if self.external:
                 self.lost = failure.message if failure else "broken"
                 self._world.kill()

@@ -5,9 +5,11 @@ A campaign rotates over its targets in rounds; each round is one
 shrinking or one crashed world never starves the others. Everything that must
 outlive the driver is written to the campaign directory before it matters:
 
-* ``journal.json``: the example about to be dispatched, fsynced first. A start
-  that finds one replays it before anything else (the driver died mid-example,
-  perhaps because of it) and records a failure if it fails.
+* ``journal.json``: the examples in flight once the next is dispatched (at
+  most two: the driver sends an example before reading the last one's
+  verdict), fsynced first. A start that finds one replays them, in order,
+  before anything else (the driver died mid-example, perhaps because of one)
+  and records the first that fails.
 * ``state.json``: running totals, rewritten atomically at every failure, stats
   sample and round end, so a restarted campaign resumes its budget and counts.
 * ``stats.jsonl``: one memory/throughput sample per line (a line cut by a kill
@@ -221,12 +223,13 @@ class Soak:
             per["failures"] += 1
             self._settle(res)
 
-    def _on_example(self, scenario: Scenario) -> None:
+    def _on_example(self, in_flight: tuple[Scenario, ...]) -> None:
         ranks = self._sample()
         if ranks is not None:
             self._maybe_recycle(ranks)
         write_json_atomic(self.journal, {"target": self._target, "round": self.state["rounds"],
-                                         "scenario": scenario.to_dict(), "replays": 0})
+                                         "scenarios": [s.to_dict() for s in in_flight],
+                                         "replays": 0})
 
     def _on_verdict(self, scenario: Scenario, verdict: Verdict, labels: list[str]) -> None:
         self.state["examples"] += 1
@@ -297,11 +300,15 @@ class Soak:
 
     # -- recovery --------------------------------------------------------------
     def _recover(self) -> None:
-        """Replay the example a killed driver left in the journal."""
+        """Replay the examples a killed driver left in the journal, in order,
+        until one fails: one sent behind a failure is dropped, as a run drops it."""
         try:
             data = json.loads(self.journal.read_text())
             target = str(data["target"])
-            scenario = protocols.of_target(target).part("scenario").from_dict(data["scenario"])
+            # "scenario": one example, as journals written before two could be in flight.
+            raw = data["scenarios"] if "scenarios" in data else [data["scenario"]]
+            part = protocols.of_target(target).part("scenario")
+            scenarios = [part.from_dict(d) for d in raw]
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError, ScenarioError) as exc:
@@ -309,22 +316,29 @@ class Soak:
             _unlink(self.journal)
             return
         self._target = target
-        replays = int(data.get("replays", 0))
-        if replays >= 1:
-            # It was being replayed when the driver died again: record, do not retry.
+        if not scenarios:
+            _unlink(self.journal)
+            return
+        if int(data.get("replays", 0)) >= 1:
+            # The first was being replayed when the driver died again: record, do not retry.
             fail = Failure("crash", "the driver died twice while running this example")
-            self._record(target, fail, self._save(target, fail, scenario, shrunk=False),
+            self._record(target, fail, self._save(target, fail, scenarios[0], shrunk=False),
                          shrunk=False, flaky=False, recovered=True)
             _unlink(self.journal)
             return
-        write_json_atomic(self.journal, dict(data, replays=replays + 1))
-        self._say(f"soak: replaying the example in flight when the last run ended ({target})")
-        verdict = driver.evaluate(self.pool, target, scenario, self.cfg.options)
-        if not verdict.ok:
-            path = self._save(target, verdict.first, scenario, shrunk=False)
-            self._record(target, verdict.first, path, shrunk=False, flaky=False, recovered=True)
-            self._say(f"soak: recovered {verdict.first.kind} saved to {path}")
-        else:
+        for i, scenario in enumerate(scenarios):
+            write_json_atomic(self.journal, {"target": target, "round": data.get("round"),
+                                             "scenarios": raw[i:], "replays": 1})
+            of = f"; {i + 1} of {len(scenarios)}" if len(scenarios) > 1 else ""
+            self._say(f"soak: replaying the example in flight when the last run ended "
+                      f"({target}{of})")
+            verdict = driver.evaluate(self.pool, target, scenario, self.cfg.options)
+            if not verdict.ok:
+                path = self._save(target, verdict.first, scenario, shrunk=False)
+                self._record(target, verdict.first, path, shrunk=False, flaky=False,
+                             recovered=True)
+                self._say(f"soak: recovered {verdict.first.kind} saved to {path}")
+                break
             self._say("soak: it passes now")
         _unlink(self.journal)
 

@@ -138,7 +138,7 @@ def test_soak_recovery_replays_the_example_in_flight_with_the_runs_oracles(
     finally:
         proc.kill()  # no handler, no cleanup
         proc.wait()
-    journaled = json.loads((out / "journal.json").read_text())["scenario"]
+    journaled = json.loads((out / "journal.json").read_text())["scenarios"]
 
     state = json.loads((out / "state.json").read_text())
     monkeypatch.chdir(ROOT)
@@ -150,4 +150,4 @@ def test_soak_recovery_replays_the_example_in_flight_with_the_runs_oracles(
     recovered = [f for f in rep["failures"] if f["recovered"]]
     assert [f["kind"] for f in recovered] == ["lifetime"], rep["failures"]
     entry = corpus.load(Path(recovered[0]["path"]))
-    assert entry.scenario.to_dict() == journaled and set(entry.found_on["oracles"]) == ALL
+    assert entry.scenario.to_dict() in journaled and set(entry.found_on["oracles"]) == ALL

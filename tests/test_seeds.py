@@ -22,7 +22,7 @@ with RankPool(2, "cpu", timeout=60) as pool:
         seen = []
         res = driver.fuzz(pool, target, profiles.get("ci"), max_examples=200, seed=7,
                           corpus_dir=Path(sys.argv[1]),
-                          on_example=lambda s: seen.append(json.dumps(s.to_dict(),
+                          on_example=lambda f: seen.append(json.dumps(f[-1].to_dict(),
                                                                       sort_keys=True)))
         out[target] = {"examples": [hashlib.sha1(e.encode()).hexdigest() for e in seen],
                        "first": res.first_failure_examples,

@@ -236,7 +236,7 @@ def test_driver_killed_mid_example_loses_nothing_on_restart(tmp_path):
             data = json.loads((out / "journal.json").read_text())
         except (OSError, ValueError):
             return False
-        return any(len(s["idx_mapping"]) >= 4 for s in data["scenario"]["steps"])
+        return any(len(s["idx_mapping"]) >= 4 for sc in data["scenarios"] for s in sc["steps"])
 
     proc = subprocess.Popen(_soak_cli("--budget", "10m", "--timeout", "600", *args),
                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -246,7 +246,9 @@ def test_driver_killed_mid_example_loses_nothing_on_restart(tmp_path):
     finally:
         proc.kill()  # SIGKILL: no handler, no cleanup
         proc.wait()
-    journaled = json.loads((out / "journal.json").read_text())["scenario"]
+    # The first in flight that hangs (one may be queued behind it).
+    journaled = next(sc for sc in json.loads((out / "journal.json").read_text())["scenarios"]
+                     if any(len(s["idx_mapping"]) >= 4 for s in sc["steps"]))
     assert not list((tmp_path / "corpus").rglob("*.json"))  # nothing was found before the kill
 
     # Same campaign directory: it resumes; a short remaining budget ends it quickly.
@@ -616,3 +618,52 @@ def test_the_example_database_is_written_and_replays_a_failure_first(tmp_path):
     assert first["path"] == second["path"]
     # The second round starts from the database: its first example is the failure.
     assert second["examples_to_find"] == 1 and first["examples_to_find"] >= 1
+
+
+@pytest.mark.parametrize("journal, replayed, found", [
+    # Two in flight: replayed in order until one fails; one behind it is dropped.
+    ({"scenarios": [2, 3, 4]}, 2, 3),
+    ({"scenarios": [1, 2]}, 2, None),
+    # The one-example journal of earlier versions.
+    ({"scenario": 3}, 1, 3),
+])
+def test_recovery_replays_the_journaled_examples_in_order_until_one_fails(
+        tmp_path, journal, replayed, found):
+    out = tmp_path / "out"
+    out.mkdir()
+    data = {"target": "tests.targets:shifted_rows", "round": 0, "replays": 0}
+    for key, reqs in journal.items():
+        as_dicts = [_scenario(n).to_dict() for n in (reqs if isinstance(reqs, list) else [reqs])]
+        data[key] = as_dicts if key == "scenarios" else as_dicts[0]
+    (out / "journal.json").write_text(json.dumps(data))
+    cfg = _cfg(tmp_path, ["main-gather"], 1.0, max_rounds=1)
+    log = []
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        soak = Soak(pool, cfg, stream=sys.stdout)
+        soak._say = log.append
+        soak._recover()
+    assert sum("replaying the example in flight" in line for line in log) == replayed
+    recovered = [f for f in soak.state["failures"] if f.get("recovered")]
+    if found is None:
+        assert not recovered
+    else:
+        (f,) = recovered
+        assert f["kind"] == "value"
+        assert corpus.load(Path(f["path"])).scenario.steps[0].num_reqs == found
+    assert not (out / "journal.json").exists()
+
+
+def test_recovery_after_dying_twice_records_the_first_and_drops_the_rest(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "journal.json").write_text(json.dumps({
+        "target": "main-gather", "round": 0, "replays": 1,
+        "scenarios": [_scenario(2).to_dict(), _scenario(3).to_dict()]}))
+    cfg = _cfg(tmp_path, ["main-gather"], 1.0, max_rounds=1)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        soak = Soak(pool, cfg, stream=sys.stdout)
+        soak._recover()
+    (f,) = [f for f in soak.state["failures"] if f.get("recovered")]
+    assert f["kind"] == "crash" and "driver died twice" in f["message"]
+    assert corpus.load(Path(f["path"])).scenario.steps[0].num_reqs == 2
+    assert not (out / "journal.json").exists()
