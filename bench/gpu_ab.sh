@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A change's before and after on one GPU in one bounded command (the steps' own
-# timeouts add up to 810 s), the two trees alternating
+# timeouts add up to 810 s with the default rounds), the two trees alternating
 # on the same node: the lifetime oracle's cost on CUDA and on the CPU simulation
 # (bench/lifetime_cost.py), what a dispatch mode and the oracle cost one broadcast
 # (bench/broadcast_cost.py), the bench's throughput and stage breakdown for
@@ -12,6 +12,8 @@
 #   bash bench/gpu_ab.sh OUTDIR BEFORE_TREE
 # BEFORE_TREE is a copy of the code before the change (`git archive REV | tar x -C DIR`),
 # with the same layout; its `fuzz` is imported in place of this tree's for its runs.
+# LIFETIME_ROUNDS (default 2) and BENCH_ROUNDS (default 1) repeat those steps, the trees
+# alternating in each round; keep the sum of the timeouts under the node's bound.
 set -uo pipefail
 out=${1:?usage: bench/gpu_ab.sh OUTDIR BEFORE_TREE}
 before=${2:?usage: bench/gpu_ab.sh OUTDIR BEFORE_TREE}
@@ -27,7 +29,7 @@ pack() { tar czf "$out/all.tgz" -C "$w" . ; }
 say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
 tree() { if [ "$1" = before ]; then echo "$before"; else pwd; fi; }
 
-for r in 1 2; do
+for r in $(seq "${LIFETIME_ROUNDS:-2}"); do
   for t in before after; do
     for d in cuda cpu; do
       PYTHONPATH=$(tree $t) timeout 30 "$py" bench/lifetime_cost.py --device $d --examples 40 \
@@ -44,14 +46,17 @@ for t in before after; do
   say "broadcast_cost $t: exit $?"; grep -E '^\|' "$w/broadcast-$t.log" | tee -a "$out/summary.txt"
 done
 
-for t in before after; do
-  # The bench from the tree itself: its own columns, its own stage counters.
-  (cd "$(tree $t)" && PYTHONPATH=. timeout 100 "$py" -m fuzz bench --device cuda \
-      --cuda-world-size 1 --target main-gather --examples 80 \
-      --oracle-examples 20 --detect-examples 10 --random-examples 5 --seeds 3 \
-      --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 \
-      --out "$w/bench-$t") > "$w/bench-$t.log" 2>&1
-  say "bench $t: exit $?"; head -24 "$w/bench-$t/bench.md" 2>/dev/null | tee -a "$out/summary.txt"
+for r in $(seq "${BENCH_ROUNDS:-1}"); do
+  for t in before after; do
+    # The bench from the tree itself: its own columns, its own stage counters.
+    (cd "$(tree $t)" && PYTHONPATH=. timeout 100 "$py" -m fuzz bench --device cuda \
+        --cuda-world-size 1 --target main-gather --examples 80 \
+        --oracle-examples 20 --detect-examples 10 --random-examples 5 --seeds 3 \
+        --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 \
+        --out "$w/bench-$t-$r") > "$w/bench-$t-$r.log" 2>&1
+    say "bench $t round $r: exit $?"; head -24 "$w/bench-$t-$r/bench.md" 2>/dev/null \
+        | tee -a "$out/summary.txt"
+  done
 done
 
 # Cold start, process start to the first failure (pre-fix), the trees alternating per seed.
