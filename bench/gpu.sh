@@ -13,14 +13,10 @@
 set -uo pipefail
 out=${1:?usage: bench/gpu.sh OUTDIR [VLLM_TREES]}
 trees=${2:-}
-w="$out/work"; mkdir -p "$w"
+source "$(dirname "$0")/_steps.sh"
 # The project's own environment (the Makefile's bootstrap): its pytest plugin is installed.
 make -s .venv/.ready > /dev/null || exit 1
 py=.venv/bin/python
-export PYTHONUNBUFFERED=1
-start=$(date +%s)
-pack() { tar czf "$out/all.tgz" -C "$w" . ; }
-say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 } > "$w/machine.txt" 2>&1

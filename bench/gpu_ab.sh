@@ -19,14 +19,9 @@ out=${1:?usage: bench/gpu_ab.sh OUTDIR BEFORE_TREE}
 before=${2:?usage: bench/gpu_ab.sh OUTDIR BEFORE_TREE}
 [ -d "$before/fuzz" ] || { echo "gpu_ab: $before has no fuzz/ package" >&2; exit 2; }
 before=$(cd "$before" && pwd)
-mkdir -p "$out/work" && out=$(cd "$out" && pwd)
-w="$out/work"
+source "$(dirname "$0")/_steps.sh"
 make -s .venv/.ready > /dev/null || exit 1
 py=$(pwd)/.venv/bin/python
-export PYTHONUNBUFFERED=1
-start=$(date +%s)
-pack() { tar czf "$out/all.tgz" -C "$w" . ; }
-say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
 tree() { if [ "$1" = before ]; then echo "$before"; else pwd; fi; }
 
 for r in $(seq "${LIFETIME_ROUNDS:-2}"); do

@@ -8,13 +8,7 @@
 set -u
 out=${1:?usage: bench/gpu_evidence.sh OUTDIR [SOAK]}
 soak=${2:-2m}
-# Logs go to OUTDIR/work, packed into OUTDIR/all.tgz after every step (a run cut
-# short still brings back what it did); OUTDIR/summary.txt has the lines that matter.
-w="$out/work"; mkdir -p "$w"
-pack() { tar czf "$out/all.tgz" -C "$w" . ; }
-export PYTHONUNBUFFERED=1
-start=$(date +%s)
-say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
+source "$(dirname "$0")/_steps.sh"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c 'import torch, hypothesis; print("torch", torch.__version__, "hypothesis", hypothesis.__version__)'
   nproc; git log -1 --format='%h %s' 2>/dev/null

@@ -8,13 +8,9 @@
 set -uo pipefail
 out=${1:?usage: bench/gpu_probe.sh OUTDIR [PY_SPY]}
 spy=${2:-}
-w="$out/work"; mkdir -p "$w"
+source "$(dirname "$0")/_steps.sh"
 make -s .venv/.ready > /dev/null || exit 1
 py=.venv/bin/python
-export PYTHONUNBUFFERED=1
-start=$(date +%s)
-pack() { tar czf "$out/all.tgz" -C "$w" . ; }
-say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
 say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader) $(nproc) cores"
 
 watch_tests() {  # the test processes left after 90 s, and what each one is doing

@@ -525,18 +525,22 @@ class TensorTracker:
         it on ``s`` if new); keeps no reference."""
         self._guarded(self._name, t, name, s)
 
-    def _guarded(self, fn: Any, *args: Any) -> None:
+    def _guarded(self, fn: Any, *args: Any, torch_ops: bool = True) -> None:
         """``fn(*args)`` unless a bug of the checker's own was met; a bug now
-        becomes one finding (``_failed``), never the code under test's crash."""
+        becomes one finding (``_failed``), never the code under test's crash.
+        ``torch_ops``: whether ``fn`` may call torch (see ``_invoke``)."""
         if self._error is not None:
             return
         stages.enter(stages.LIFETIME)
         try:
-            fn(*args)
+            self._invoke(fn, args, torch_ops)
         except Exception as exc:
             self._failed(exc)
         finally:
             stages.leave()
+
+    def _invoke(self, fn: Any, args: tuple, torch_ops: bool) -> None:
+        fn(*args)
 
     def _poll(self, frames: Frames | None = None) -> Frames | None:
         """Report the storages freed since the last call; returns the frames

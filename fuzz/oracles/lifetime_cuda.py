@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from fuzz import stages
 from fuzz.dispatch_mode import (
     RECORD_STREAM,
     DispatchMode,
@@ -152,26 +151,17 @@ class CudaLifetimeChecker(TensorTracker):
             self._reads.__exit__(None, None, None)
             self._mode.__exit__(None, None, None)
 
-    def _guarded(self, fn: Any, *args: Any, torch_ops: bool = True) -> None:
-        """``fn(*args)``, one event at a time from whichever thread. A checker
-        bug becomes one finding; it never breaks the example. With
-        ``torch_ops``, the torch calls ``fn`` makes (reading a tensor's memory
-        kind) are hidden from every dispatch mode: they are not the user's.
-        A trace callback makes none, and goes without."""
-        if self._error is not None:
-            return
-        stages.enter(stages.LIFETIME)
-        try:
-            with self._lock:
-                if torch_ops:
-                    with unobserved():
-                        fn(*args)
-                else:
+    def _invoke(self, fn: Any, args: tuple, torch_ops: bool) -> None:
+        """One event at a time from whichever thread. With ``torch_ops``, the
+        torch calls ``fn`` makes (reading a tensor's memory kind) are hidden
+        from every dispatch mode: they are not the user's. A trace callback
+        makes none, and goes without."""
+        with self._lock:
+            if torch_ops:
+                with unobserved():
                     fn(*args)
-        except Exception as exc:
-            self._failed(exc)
-        finally:
-            stages.leave()
+            else:
+                fn(*args)
 
     def _sid(self, handle: int) -> int:
         if handle not in self.model.stream_names:
