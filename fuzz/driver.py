@@ -335,16 +335,19 @@ class _Campaign:
     def _last(self) -> None:
         """The examples still in flight when an ahead run ended."""
         flight, self.flight = self.flight, deque()
+        waited_out = False
         for sent in flight:
-            if self.deferred is not None or self.result.failure is not None:
-                # Sent behind the example that failed: a run that waited would
-                # not have drawn it. Its replies are read, its outcome dropped.
+            if waited_out or self.deferred is not None or self.result.failure is not None:
+                # Sent behind the example that failed (a run that waited would
+                # not have drawn it), or behind one a Ctrl-C gave up on: its
+                # replies are read in turn, its outcome dropped.
                 self.pool.discard(sent.ticket)
                 continue
             if self.result.interrupted:
                 # Ctrl-C: keep what is already in, wait for nothing else.
                 outcome = self.pool.collect(sent.ticket, patience=_CTRL_C_PATIENCE_S)
                 if outcome is None:
+                    waited_out = True
                     self.pool.discard(sent.ticket)
                     continue
                 verdict = _judge(outcome, sent.scenario, self.options.values)
