@@ -9,12 +9,15 @@ Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,21 +268,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = _parser().parse_args(argv)
-        if args.command == "run":
-            return _run(args)
-        if args.command == "bench":
-            return _bench(args)
-        if args.command == "matrix":
-            from fuzz import matrix
-
-            device, gpus = _device(args.device)
-            return matrix.main(args, device, _world_size(device, gpus, None))
-        if args.command == "soak":
-            return _soak(args)
-        if args.command == "mutate":
-            return _mutate(args)
-        return _replay(args)
+        with _terminate_as_interrupt():
+            return _command(argv)
     except BadInput as exc:  # usage, target, corpus, options, upstream, ranks' start
         print(f"streamfuzz: error: {exc}", file=sys.stderr)
         return 2
@@ -291,6 +281,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"streamfuzz: crashed (exit {EXIT_CRASH}): a bug in streamfuzz or its "
               "environment, not a finding", file=sys.stderr)
         return EXIT_CRASH
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a job's time limit, ``kill``) is handled as Ctrl-C: what was
+    found is saved as shrunk so far and the report written, where the default
+    action would end the process at once. ``soak`` installs its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _command(argv: Sequence[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "matrix":
+        from fuzz import matrix
+
+        device, gpus = _device(args.device)
+        return matrix.main(args, device, _world_size(device, gpus, None))
+    if args.command == "soak":
+        return _soak(args)
+    if args.command == "mutate":
+        return _mutate(args)
+    return _replay(args)
 
 
 def _device(requested: str) -> tuple[str, int]:
@@ -424,11 +451,22 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
 
     for name in names:
         progress = _Progress(name)
+        first = corpus.FirstSight(args.corpus)
+
+        def on_verdict(scenario: Any, verdict: Any, labels: list[str], name: str = name,
+                       first: corpus.FirstSight = first) -> None:
+            # Saved before shrinking starts, as soak does: a kill loses nothing.
+            if not verdict.ok and first.path is None:
+                first.save(corpus.Entry(
+                    target=name, protocol=protocols.of_scenario(scenario).name,
+                    kind=verdict.first.kind, message=verdict.first.message, scenario=scenario,
+                    found_on=driver.found_on(pool, options, name)))
+
         try:
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget,
                               shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                              progress=progress, options=options,
+                              progress=progress, options=options, on_verdict=on_verdict,
                               strategy=_strategy(name, world, args.weight_scale))
         except driver.Interrupted as exc:  # before anything was found in this target
             res = exc.result
@@ -436,6 +474,7 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
             res = driver.CampaignResult(target=name, interrupted=True)
         finally:
             progress.done()
+        first.settle(res.corpus_path)
         results.append(res)
         _print_result(res)
         if res.interrupted:

@@ -74,11 +74,9 @@ def save(corpus: Path, entry: Entry) -> Path:
     unless only its ``flaky`` mark differs.
     """
     data = entry.to_dict()
-    digest = hashlib.sha256(json.dumps(data["scenario"], sort_keys=True).encode()).hexdigest()
-    directory = Path(corpus) / target_dir(entry.target)
-    directory.mkdir(parents=True, exist_ok=True)
-    sweep(directory)
-    path = directory / f"{entry.kind}-{digest[:12]}.json"
+    path = _path(corpus, entry, data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep(path.parent)
     try:
         if load(path).flaky == entry.flaky:
             return path
@@ -86,6 +84,35 @@ def save(corpus: Path, entry: Entry) -> Path:
         pass  # absent or unusable: write it
     write_json_atomic(path, data)
     return path
+
+
+def _path(corpus: Path, entry: Entry, data: dict[str, Any] | None = None) -> Path:
+    data = data if data is not None else entry.to_dict()
+    digest = hashlib.sha256(json.dumps(data["scenario"], sort_keys=True).encode()).hexdigest()
+    return Path(corpus) / target_dir(entry.target) / f"{entry.kind}-{digest[:12]}.json"
+
+
+class FirstSight:
+    """A failure saved the moment it is seen, before shrinking, so that a kill
+    loses nothing; dropped once the shrunk entry is saved. Only a file it wrote
+    itself is ever removed: an entry that was there before (a committed
+    regression found again) stays."""
+
+    def __init__(self, corpus: Path) -> None:
+        self.corpus = Path(corpus)
+        self.path: Path | None = None
+        self._wrote = False
+
+    def save(self, entry: Entry) -> Path:
+        self._wrote = not _path(self.corpus, entry).exists()
+        self.path = save(self.corpus, entry)
+        return self.path
+
+    def settle(self, final: Path | None) -> None:
+        """The shrunk entry is ``final`` (None: none was saved, so keep this one)."""
+        path, self.path = self.path, None
+        if path is not None and final is not None and path != final and self._wrote:
+            path.unlink(missing_ok=True)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

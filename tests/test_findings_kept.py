@@ -202,3 +202,82 @@ def _interrupted_before_any_target(tmp_path, capsys, device, said):
     assert data["interrupted"] and data["examples"] == 0
     assert data["failures"] == [] and data["targets"] == [] and data["target"] == []
     return data
+
+
+
+def _cli(tmp_path, hook, *args, **popen):
+    """``python -m fuzz``'s main in a fresh process, after ``hook`` (Python
+    source) has run in it."""
+    code = f"import os, signal, sys\nfrom fuzz import cli, driver\n{hook}\n" \
+           "sys.exit(cli.main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+_SHIFTED = ["run", "--device", "cpu", "--target", "tests.targets:shifted_rows", "--seed", "3",
+            "--profile", "ci"]
+
+
+def test_a_failure_is_on_disk_before_shrinking_so_a_kill_loses_nothing(tmp_path):
+    """``run`` killed (-9) once the replay reaches its first failure, before
+    any shrinking: the failure is in the corpus, unshrunk, as ``soak`` keeps it."""
+    store = tmp_path / "corpus"
+    hook = "driver._found = lambda verdict: os.kill(os.getpid(), signal.SIGKILL)"
+    proc = _cli(tmp_path, hook, *_SHIFTED, "--corpus", store)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err
+    (path,) = store.rglob("*.json")
+    entry = corpus.load(path)
+    assert entry.kind == "value" and max(s.num_reqs for s in entry.scenario.steps) >= 3
+
+
+def test_the_first_sight_gives_way_to_the_shrunk_entry_but_an_entry_already_there_stays(
+        tmp_path, monkeypatch):
+    store = tmp_path / "corpus"
+    args = [*_SHIFTED, "--corpus", str(store)]
+    seen = []
+    real = corpus.FirstSight.save
+
+    def save(self, entry):
+        seen.append(entry)
+        return real(self, entry)
+
+    monkeypatch.setattr(corpus.FirstSight, "save", save)
+    assert cli.main(args) == 1
+    (shrunk,) = store.rglob("*.json")  # the first sight was saved, then removed
+    assert len(seen) == 1 and corpus.load(shrunk).scenario != seen[0].scenario
+    # The same run again, with its first sight already a corpus entry: it stays.
+    older = corpus.save(store, seen[0])
+    assert cli.main(args) == 1
+    assert sorted(store.rglob("*.json")) == sorted({shrunk, older})
+
+
+def test_sigterm_is_handled_as_ctrl_c(tmp_path):
+    """A job's time limit or ``kill``: the report is written and says
+    interrupted, and the exit status is Ctrl-C's."""
+    report, mark = tmp_path / "r.json", tmp_path / "running"
+    hook = textwrap.dedent(f"""
+        real = cli._Progress.__call__
+        def progress(self, examples, elapsed, failed):
+            real(self, examples, elapsed, failed)
+            if examples == 5:
+                open({str(mark)!r}, "w").close()
+        cli._Progress.__call__ = progress
+        """)
+    proc = _cli(tmp_path, hook, "run", "--device", "cpu", "--target", "main-gather",
+                "--max-examples", "1000000", "--budget", "600", "--profile", "ci",
+                "--corpus", tmp_path / "corpus", "--report", report)
+    try:
+        deadline = time.monotonic() + 240
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    data = json.loads(report.read_text())
+    assert data["interrupted"] and data["targets"][0]["examples"] >= 5
+    assert not list(tmp_path.glob(".r.json*"))
