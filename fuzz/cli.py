@@ -451,22 +451,11 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
 
     for name in names:
         progress = _Progress(name)
-        first = corpus.FirstSight(args.corpus)
-
-        def on_verdict(scenario: Any, verdict: Any, labels: list[str], name: str = name,
-                       first: corpus.FirstSight = first) -> None:
-            # Saved before shrinking starts, as soak does: a kill loses nothing.
-            if not verdict.ok and first.path is None:
-                first.save(corpus.Entry(
-                    target=name, protocol=protocols.of_scenario(scenario).name,
-                    kind=verdict.first.kind, message=verdict.first.message, scenario=scenario,
-                    found_on=driver.found_on(pool, options, name)))
-
         try:
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget,
                               shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                              progress=progress, options=options, on_verdict=on_verdict,
+                              progress=progress, options=options,
                               strategy=_strategy(name, world, args.weight_scale))
         except driver.Interrupted as exc:  # before anything was found in this target
             res = exc.result
@@ -474,7 +463,6 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
             res = driver.CampaignResult(target=name, interrupted=True)
         finally:
             progress.done()
-        first.settle(res.corpus_path)
         results.append(res)
         _print_result(res)
         if res.interrupted:

@@ -196,10 +196,21 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     own_seed = pipeline and seed is None
     if own_seed:
         seed = random.SystemRandom().getrandbits(64)  # the replay must draw the same examples
+
+    def entry(failure: Failure, scenario: Scenario, flaky: bool = False) -> corpus.Entry:
+        return corpus.Entry(target=target, protocol=protocol.name, kind=failure.kind,
+                            message=failure.message, scenario=scenario,
+                            found_on=found_on(pool, options, target), flaky=flaky)
+
+    # The first failure is on disk before shrinking starts, so a kill loses nothing.
+    first = corpus.FirstSight(corpus_dir) if corpus_dir is not None and stop_on_failure \
+        else None
     campaign = _Campaign(pool, target, result, options, budget_s=budget_s,
                          stop_on_failure=stop_on_failure, shrink_budget_s=shrink_budget_s,
                          progress=progress, on_example=on_example, on_verdict=on_verdict,
-                         stop=stop, own_seed=own_seed)
+                         stop=stop, own_seed=own_seed,
+                         first_sight=None if first is None
+                         else lambda scenario, failure: first.save(entry(failure, scenario)))
     phases = tuple(settings.phases)
     ahead_phases = tuple(p for p in phases if p not in _SAVED_PHASES)
     if not pipeline or not ahead_phases:
@@ -222,10 +233,10 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     result.elapsed_s = time.monotonic() - campaign.start
     result.held = sorted(campaign.held)
     if result.failure is not None and corpus_dir is not None:
-        entry = corpus.Entry(target=target, protocol=protocol.name, kind=result.failure.kind,
-                             message=result.failure.message, scenario=result.scenario,
-                             found_on=found_on(pool, options, target), flaky=result.flaky)
-        result.corpus_path = corpus.save(corpus_dir, entry)
+        result.corpus_path = corpus.save(corpus_dir, entry(result.failure, result.scenario,
+                                                           result.flaky))
+    if first is not None:
+        first.settle(result.corpus_path)  # the shrunk entry replaces the first sight
     if result.interrupted and result.failure is None:
         raise Interrupted(result)
     return result
@@ -277,8 +288,11 @@ class _Campaign:
                  options: RunOptions, *, budget_s: float | None, stop_on_failure: bool,
                  shrink_budget_s: float | None, progress: Progress | None,
                  on_example: OnExample | None, on_verdict: OnVerdict | None,
-                 stop: Callable[[], bool] | None, own_seed: bool) -> None:
+                 stop: Callable[[], bool] | None, own_seed: bool,
+                 first_sight: Callable[[Scenario, Failure], Any] | None) -> None:
         self.pool, self.target, self.result, self.options = pool, target, result, options
+        self.first_sight = first_sight
+        """Saves the first failure as seen, before any caller hears of it."""
         self.budget_s, self.stop_on_failure = budget_s, stop_on_failure
         self.shrink_budget_s, self.progress = shrink_budget_s, progress
         self.on_example, self.on_verdict, self.stop = on_example, on_verdict, stop
@@ -433,6 +447,8 @@ class _Campaign:
         if hypothesis.currently_in_test_context():  # not for the last of an ahead run
             for label in labels:
                 hypothesis.event(label)
+        if not verdict.ok and result.failure is None and self.first_sight is not None:
+            self.first_sight(scenario, verdict.first)
         if self.on_verdict is not None:
             self.on_verdict(scenario, verdict, labels)
         if self.progress is not None:

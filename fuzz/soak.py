@@ -130,8 +130,8 @@ class Soak:
         self._last_sample_examples = 0
         self._last_draw = 0.0
         self._prev = (self._base_elapsed, int(self.state["examples"]))
-        self._first = corpus.FirstSight(cfg.corpus)
-        """The round's failure as first seen, saved before shrinking."""
+        self._pending: Path | None = None
+        """The round's failure as first seen (``driver.fuzz`` saved it before shrinking)."""
         self._target = ""
         self._log = open(self.out / "soak.log", "a", buffering=1)
 
@@ -200,7 +200,7 @@ class Soak:
 
     def _round(self, target: str, settings: Any, seed: int | None) -> None:
         self._target = target
-        self._first.path = None
+        self._pending = None
         before = self.state["examples"]
         t0 = time.monotonic()
         budget = min(self.cfg.round_s, max(1.0, self._remaining()))
@@ -240,12 +240,13 @@ class Soak:
         held = self.state.setdefault("held", {})
         for how in verdict.held:
             held[how] = held.get(how, 0) + 1
-        if not verdict.ok and self._first.path is None:
-            # Saved before shrinking starts: a kill during shrinking loses nothing.
-            path = self._save(self._target, verdict.first, scenario, shrunk=False, first=True)
+        if not verdict.ok and self._pending is None:
+            # On disk already (the driver saves a first failure before anyone
+            # hears of it): recorded before shrinking starts.
+            self._pending = self._save(self._target, verdict.first, scenario, shrunk=False)
             self._clear_line()
             self._say(f"soak: {self._target}: {verdict.first.kind} found, shrinking "
-                      f"(saved first as {path})")
+                      f"(saved first as {self._pending})")
         self._draw()
 
     def _settle(self, res: driver.CampaignResult) -> None:
@@ -253,10 +254,9 @@ class Soak:
         was replayed once. Hypothesis replays the shrunk example itself at the end
         (and says Flaky when it passes); only a round cut short needs our replay."""
         path = res.corpus_path
-        first = self._first.path
-        if first is not None and first != path:
-            self._forget(first)
-        self._first.settle(path)
+        if self._pending is not None and self._pending != path:
+            self._forget(self._pending)  # the driver removed the file, unless it was there before
+        self._pending = None
         entry = corpus.load(path)
         flaky = res.flaky
         if not flaky and res.stopped and self.cfg.replay_failures \
@@ -344,13 +344,11 @@ class Soak:
         _unlink(self.journal)
 
     # -- failures --------------------------------------------------------------
-    def _save(self, target: str, failure: Failure, scenario: Scenario, *, shrunk: bool,
-              first: bool = False) -> Path:
-        """``first``: the round's failure as first seen (``corpus.FirstSight``)."""
+    def _save(self, target: str, failure: Failure, scenario: Scenario, *, shrunk: bool) -> Path:
         entry = corpus.Entry(target=target, protocol=protocols.of_scenario(scenario).name,
                              kind=failure.kind, message=failure.message, scenario=scenario,
                              found_on=driver.found_on(self.pool, self.cfg.options, target))
-        path = self._first.save(entry) if first else corpus.save(self.cfg.corpus, entry)
+        path = corpus.save(self.cfg.corpus, entry)
         self._record(target, failure, path, shrunk=shrunk, flaky=False, pending=True)
         return path
 
