@@ -258,16 +258,18 @@ class _Run:
 
     def _batch(self, i: int, step: Step) -> Batch:
         k = self.sc.num_spec_steps
-        idx = self._to_device(list(step.idx_mapping), _DTYPES[step.idx_dtype])
+        idx = self._to_device(list(step.idx_mapping), _DTYPES[step.idx_dtype],
+                              name="idx_mapping")
         batch = Batch(step=i, idx_mapping=idx, final=list(step.final),
                       host_idx_mapping=tuple(step.idx_mapping))
         if self.ctx.is_last_rank:
             rows = token_rows(i, step, k) if step.num_reqs else []
-            batch.sampled_tokens = self._to_device(rows, torch.int64, shape=(step.num_reqs, k + 1))
-            batch.num_sampled = self._to_device(list(step.num_sampled), torch.int32)
-            batch.num_rejected = self._to_device(list(step.num_rejected), torch.int32)
-        for name in ("idx_mapping", "sampled_tokens", "num_sampled", "num_rejected"):
-            self._name(getattr(batch, name), name)
+            batch.sampled_tokens = self._to_device(rows, torch.int64, (step.num_reqs, k + 1),
+                                                   name="sampled_tokens")
+            batch.num_sampled = self._to_device(list(step.num_sampled), torch.int32,
+                                                name="num_sampled")
+            batch.num_rejected = self._to_device(list(step.num_rejected), torch.int32,
+                                                 name="num_rejected")
         if self.watch is not None:
             for name in ("idx_mapping", "sampled_tokens", "num_sampled", "num_rejected"):
                 t = getattr(batch, name)
@@ -275,34 +277,38 @@ class _Run:
                     self.watch.check(t, f"step {i}'s {name}")
         return batch
 
-    def _to_device(self, values: list, dtype: torch.dtype,
-                   shape: tuple | None = None, seen: bool = True) -> torch.Tensor:
+    def _to_device(self, values: list, dtype: torch.dtype, shape: tuple | None = None,
+                   name: str | None = None) -> torch.Tensor:
         """A fresh device tensor, copied non-blocking on the current stream
-        from pinned memory. The pinned buffer is the harness's: the copy out
-        of it, which the oracles see (unless not ``seen``), is its only use,
-        so making it is unseen."""
+        from pinned memory, the harness's (making it is unseen). With a
+        ``name``, the oracles see the tensor made: a write on the current
+        stream. In the simulation the copy itself is seen, being stream work
+        ordered with held streams there; on CUDA it runs unseen and the
+        lifetime oracle is handed its result (``_name``), so the runner's own
+        copies, half an example's ops, make no trip through its dispatch mode."""
         with _unseen():
             host = torch.tensor(values, dtype=dtype)
             if shape is not None:
                 host = host.reshape(shape)
-            if self.memory is not None and not seen:
-                return host  # the simulation's device memory is CPU memory
             if self.memory is None:
                 staged = self.staging.put(host) if self.staging is not None else None
                 host = staged if staged is not None else host.pin_memory()
-            if not seen:
-                return host.to(self.dev, non_blocking=True)
+                made = host.to(self.dev, non_blocking=True)
+            elif name is None:
+                return host  # the simulation's device memory is CPU memory
         if self.memory is not None:
             self.memory.mark(host, PINNED)
-        return host.to(self.dev, non_blocking=True)
+            made = host.to(self.dev, non_blocking=True)
+        if name is not None:
+            self._name(made, name)
+        return made
 
     def _drafter(self, i: int, step: Step, idx: torch.Tensor) -> None:
         """The draft model writing this step's rows (``reference.draft_rows``)
         on the main stream. The oracles see the write (what a race can
         involve); the rows' own copy from the host is the harness's, unseen."""
         k = self.sc.num_spec_steps
-        rows = self._to_device(draft_rows(i, step, k), torch.int64, (step.num_reqs, k),
-                               seen=False)
+        rows = self._to_device(draft_rows(i, step, k), torch.int64, (step.num_reqs, k))
         if self.memory is not None:
             self.memory.mark(rows, DEVICE)
         self.table[idx] = rows

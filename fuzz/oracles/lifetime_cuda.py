@@ -177,8 +177,7 @@ class CudaLifetimeChecker(TensorTracker):
         return self._sid(current_stream_handle(self.device))
 
     def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
-        handle = s.cuda_stream if s is not None else torch.cuda.current_stream(
-            self.device).cuda_stream
+        handle = s.cuda_stream if s is not None else current_stream_handle(self.device)
         super().name(t, name, self._sid(handle))
 
     # -- dispatch ---------------------------------------------------------------
