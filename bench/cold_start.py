@@ -10,7 +10,7 @@ Each phase is a subprocess timed from before it is spawned, median of
 rank come next. Last, end to end: ``python -m fuzz run`` from process start to
 its first failure (``fuzz.bench.from_process_start``) for pre-fix and pr-fix,
 with ranks forked from the zygote and spawned (``STREAMFUZZ_ZYGOTE=0``),
-alternating.
+alternating. ``--only TEXT`` runs the phases named with TEXT alone.
 
     PYTHONPATH=. python bench/cold_start.py --device cuda --out reports/cold-start
 """
@@ -35,11 +35,15 @@ _PG = ("import os, torch, torch.distributed as dist\n"
        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(29000 + os.getpid() % 1000),"
        " RANK='0', WORLD_SIZE='1')\n"
        "dev = torch.device({dev!r}, 0) if {dev!r} == 'cuda' else torch.device('cpu')\n"
-       "if dev.type == 'cuda': torch.cuda.set_device(dev)\n"
-       "dist.init_process_group('nccl' if dev.type == 'cuda' else 'gloo',"
-       " **({{'device_id': dev}} if dev.type == 'cuda' else {{}}))\n"
-       "t = torch.zeros(1, device=dev); dist.broadcast(t, 0)\n"
+       "cuda = dev.type == 'cuda'\n"
+       "if cuda: torch.cuda.set_device(dev)\n"
+       "dist.init_process_group('nccl' if cuda else 'gloo',"
+       " **({{'device_id': dev}} if cuda else {{}}))\n"
+       "g = dist.new_group(backend='nccl' if cuda else 'gloo')\n"
+       "t = torch.zeros(1, device=dev); dist.broadcast(t, 0, group=g)\n"
+       "if cuda: torch.cuda.synchronize(dev)\n"
        "dist.destroy_process_group()\n")
+"""A rank's process group as ``fuzz.rank_main`` makes it, and one broadcast on it."""
 
 _GATES = ("import torch\nfrom fuzz.gates import Gates\n"
           "Gates.create(torch.device('cuda', 0), kinds=({kind!r},))\n")
@@ -85,6 +89,8 @@ def main() -> int:
     p = _script.parser(__doc__)
     p.add_argument("--repeat", type=int, default=3, help="runs of each phase (default 3)")
     p.add_argument("--seeds", type=int, default=3, help="end-to-end runs of each kind (default 3)")
+    p.add_argument("--only", default="", help="only the phases whose names contain this "
+                   "(then no import times and no end-to-end runs)")
     args = p.parse_args()
     bad = _script.error(args.device, repeat=args.repeat, seeds=args.seeds)
     if bad:
@@ -95,20 +101,25 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
     result: dict[str, object] = {"device": args.device, "python": sys.executable, "phases": {}}
+    phases = {name: code for name, code in _phases(args.device).items() if args.only in name}
+    runs: dict[str, list[float]] = {name: [] for name in phases}
     with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
-        for name, code in _phases(args.device).items():
-            runs = []
-            for i in range(args.repeat):
+        for i in range(args.repeat):  # the phases interleaved: a slow minute hits them all
+            for name, code in phases.items():
                 e = dict(env)
                 if "Triton" in name:
-                    cache = Path(tmp) / ("warm" if "warm" in name else f"empty{len(runs)}{name}")
+                    cache = Path(tmp) / ("warm" if "warm" in name else f"empty{i}{name}")
                     e["TRITON_CACHE_DIR"] = str(cache)
                     if "warm" in name and i == 0:
                         _time(code, e)  # fill it
-                runs.append(_time(code, e))
-            result["phases"][name] = {"median_s": statistics.median(runs), "runs": runs}
-            print(f"{name:32s} {statistics.median(runs):6.2f} s  "
-                  f"({', '.join(f'{r:.2f}' for r in runs)})", flush=True)
+                runs[name].append(_time(code, e))
+    for name, got in runs.items():
+        result["phases"][name] = {"median_s": statistics.median(got), "runs": got}
+        print(f"{name:48s} {statistics.median(got):6.2f} s  "
+              f"({', '.join(f'{r:.2f}' for r in got)})", flush=True)
+    if args.only:
+        (args.out / "cold_start.json").write_text(json.dumps(result, indent=1))
+        return 0
     for module in ("fuzz.cli", "fuzz.rank_main"):
         rows = _heaviest(module, env)
         result[f"importtime {module}"] = rows
