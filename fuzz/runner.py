@@ -280,12 +280,12 @@ class _Run:
     def _to_device(self, values: list, dtype: torch.dtype, shape: tuple | None = None,
                    name: str | None = None) -> torch.Tensor:
         """A fresh device tensor, copied non-blocking on the current stream
-        from pinned memory, the harness's (making it is unseen). With a
-        ``name``, the oracles see the tensor made: a write on the current
-        stream. In the simulation the copy itself is seen, being stream work
-        ordered with held streams there; on CUDA it runs unseen and the
-        lifetime oracle is handed its result (``_name``), so the runner's own
-        copies, half an example's ops, make no trip through its dispatch mode."""
+        from pinned memory that is the harness's (making it is unseen). With
+        a ``name`` the oracles see the tensor made, a write on the current
+        stream: the simulation sees the copy itself (stream work there,
+        ordered with held streams); on CUDA the copy runs unseen and the
+        lifetime oracle is handed its result, so the runner's own
+        copies make no trip through the oracle's dispatch mode."""
         with _unseen():
             host = torch.tensor(values, dtype=dtype)
             if shape is not None:
@@ -299,8 +299,9 @@ class _Run:
         if self.memory is not None:
             self.memory.mark(host, PINNED)
             made = host.to(self.dev, non_blocking=True)
-        if name is not None:
-            self._name(made, name)
+        if name is not None and self.checker is not None:
+            # Called from here, so that the frames a report shows start at this line.
+            self.checker.name(made, name, self.main, made_by="aten._to_copy")
         return made
 
     def _drafter(self, i: int, step: Step, idx: torch.Tensor) -> None:

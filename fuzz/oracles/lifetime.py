@@ -520,10 +520,11 @@ class TensorTracker:
         line, not a later op's."""
         self._guarded(self._poll, frames)
 
-    def name(self, t: torch.Tensor, name: str, s: Any) -> None:
-        """For the runner: give ``t``'s storage a name for reports (registers
-        it on ``s`` if new); keeps no reference."""
-        self._guarded(self._name, t, name, s)
+    def name(self, t: torch.Tensor, name: str, s: Any, made_by: str = "a host copy") -> None:
+        """For the runner: give ``t``'s storage a name for reports; keeps no
+        reference. A storage not followed yet is followed from here, made
+        on ``s`` by ``made_by`` (a tensor the runner made unseen)."""
+        self._guarded(self._name, t, name, s, made_by)
 
     def _guarded(self, fn: Any, *args: Any, torch_ops: bool = True) -> None:
         """``fn(*args)`` unless a bug of the checker's own was met; a bug now
@@ -557,13 +558,13 @@ class TensorTracker:
                 self.model.free(k, frames)
         return frames
 
-    def _name(self, t: torch.Tensor, name: str, s: Any) -> None:
+    def _name(self, t: torch.Tensor, name: str, s: Any, made_by: str) -> None:
         self._poll()
         key, kind = self._classify(t)
         if key is None:
             return
         if key not in self.model.storages:  # the frames only for a storage first seen here
-            self._follow(t, key, s, "a host copy", frames_here(), kind)
+            self._follow(t, key, s, made_by, frames_here(), kind)
         self.model.storages[key].name = name
 
     def record_stream(self, t: torch.Tensor, s: Any) -> None:
@@ -750,8 +751,9 @@ class LifetimeChecker(TensorTracker):
         key, kind = self.streams.memory.key_kind(t)
         return (None if kind == PAGEABLE else key), kind
 
-    def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
-        super().name(t, name, self._sid(s or self.streams.current_stream()))
+    def name(self, t: torch.Tensor, name: str, s: Any = None,  # type: ignore[override]
+             made_by: str = "a host copy") -> None:
+        super().name(t, name, self._sid(s or self.streams.current_stream()), made_by)
 
     def __call__(self, what: str, *args: Any) -> None:
         self._guarded(self._handle, what, args)

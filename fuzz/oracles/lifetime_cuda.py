@@ -176,9 +176,10 @@ class CudaLifetimeChecker(TensorTracker):
         # A raw handle at every op: no Stream object made.
         return self._sid(current_stream_handle(self.device))
 
-    def name(self, t: torch.Tensor, name: str, s: Any = None) -> None:  # type: ignore[override]
+    def name(self, t: torch.Tensor, name: str, s: Any = None,  # type: ignore[override]
+             made_by: str = "a host copy") -> None:
         handle = s.cuda_stream if s is not None else current_stream_handle(self.device)
-        super().name(t, name, self._sid(handle))
+        super().name(t, name, self._sid(handle), made_by)
 
     # -- dispatch ---------------------------------------------------------------
     def _on_record_stream(self, t: torch.Tensor, stream: Any) -> None:
