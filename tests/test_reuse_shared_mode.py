@@ -1,12 +1,13 @@
-"""The reuse oracle watching from the lifetime oracle's dispatch mode: the
-wiring that runs without a GPU; the oracles themselves are in ``tests/test_gpu.py``."""
+"""The CUDA oracles' wiring that runs without a GPU: the reuse oracle watching
+from the lifetime oracle's dispatch mode, and the lifetime oracle handed a
+tensor the runner made unseen. The oracles themselves are in ``tests/test_gpu.py``."""
 
 import weakref
 
 import torch
 
 from fuzz import gates
-from fuzz.oracles import lifetime_cuda, reuse
+from fuzz.oracles import lifetime, lifetime_cuda, reuse
 
 
 class _Main:
@@ -111,3 +112,27 @@ def test_a_reuse_watch_bug_is_one_finding_that_blames_streamfuzz_not_the_target(
     assert f.message.startswith("reuse oracle internal error (a bug in streamfuzz, not in the "
                                 "code under test): RuntimeError: event query failed at ")
     assert "test_reuse_shared_mode.py:" in f.message
+
+
+class _Streams:
+    device = torch.device("cpu")
+    created: list = []
+
+    def current_stream(self) -> _Main:
+        return _Main()
+
+
+def test_a_tensor_made_unseen_is_followed_as_made_by_its_op_on_the_named_stream():
+    checker = lifetime_cuda.CudaLifetimeChecker(_Streams(), rank=0)
+    checker.kind = lambda t: lifetime.DEVICE  # a CPU tensor standing for device memory
+    t = torch.zeros(3, dtype=torch.int64)
+    checker.name(t, "idx_mapping", _Main(), made_by="aten._to_copy")
+    info = checker.model.storages[t.untyped_storage()._cdata]
+    assert (info.name, info.alloc_op, info.stream) == ("idx_mapping", "aten._to_copy",
+                                                       _Main.cuda_stream)
+    assert checker.model.name_of(info.stream) == "main"
+    (write,) = info.last_write.values()  # made is written, on main
+    assert write.stream == _Main.cuda_stream and write.op == "aten._to_copy"
+    checker.name(t, "renamed", _Main(), made_by="elsewhere")  # followed already: named only
+    assert (info.name, info.alloc_op) == ("renamed", "aten._to_copy")
+    assert checker.model.findings == []
