@@ -163,15 +163,19 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
     ``oracle_examples`` scenarios, the loop per oracle set. ``waiting``: also
     the fuzzer judging each example before drawing the next, on the same seeds
     (as long again as the fuzzer's own run, which for a target that crashes
-    its ranks is most of the row)."""
+    its ranks is most of the row). On CUDA, rank 0's reserved memory before
+    and after each seed's fuzzer run is kept beside the rates."""
     fuzzer, waits, loop, ratios, failures, held = [], [], [], [], [0, 0], set()
+    reserved: list[tuple[float | None, float | None]] = []
     restarts = pool.restarts
     first: list[Scenario] = []
     for seed in range(max(1, seeds)):
         drawn: list[Scenario] = []
         strategy = scenarios(world_size=pool.world_size).map(lambda s, d=drawn: d.append(s) or s)
+        before = _reserved_mib(pool)
         fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
                          strategy=strategy, options=options, stop_on_failure=False)
+        reserved.append((before, _reserved_mib(pool)))
         if waiting:  # the same fuzzer, judging each example before drawing the next
             waits.append(driver.fuzz(pool, target, _settings(True), max_examples=examples,
                                      seed=seed, options=options, stop_on_failure=False,
@@ -201,7 +205,7 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
         "waiting_ex_s": statistics.median(waits) if waits else None,
         "ratio": statistics.median(ratios),
         "per_seed": {"fuzzer_ex_s": fuzzer, "waiting_ex_s": waits, "loop_ex_s": loop,
-                     "ratio": ratios},
+                     "ratio": ratios, "gpu_reserved_mib": reserved},
         "fuzzer_failures": failures[0], "loop_failures": failures[1],
         "restarts_in_fuzzer_run": fuzz_restarts, "held_by": sorted(held),
         "oracle_examples": min(oracle_examples, len(first)),
@@ -298,6 +302,14 @@ def api_forms(pool: RankPool, target: str, batch: Sequence[Scenario], options: R
     return {"examples": len(batch), "rounds": rounds, "plain_ex_s": statistics.median(plain),
             "streams_ex_s": statistics.median(streams), "ratio": statistics.median(ratios),
             "ratios": ratios}
+
+
+def _reserved_mib(pool: RankPool) -> float | None:
+    """Rank 0's CUDA caching allocator, reserved MiB (None off CUDA): a fuzzer
+    run that grows it paid for new blocks the runs after it reuse."""
+    mem = pool.stats()
+    got = mem[0].gpu_reserved if mem and mem[0] is not None else None
+    return None if got is None else round(got / 2**20, 1)
 
 
 def first_failure(device: str, world: int, target: str, seed: int, max_examples: int,
@@ -450,9 +462,12 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
                                                     options=options,
                                                     oracle_examples=oracle_examples,
                                                     waiting=waiting)
+                grew = [pair for pair in tp["per_seed"]["gpu_reserved_mib"] if None not in pair]
                 log(f"  {name}: fuzzer {tp['fuzzer_ex_s']:.1f} ex/s (waiting for each "
                     f"verdict {_fmt(tp['waiting_ex_s'])}), loop {tp['loop_ex_s']:.1f} ex/s "
-                    f"(medians of {tp['seeds']} seeds)")
+                    f"(medians of {tp['seeds']} seeds)" + (
+                        "; rank 0 reserved MiB, each seed's fuzzer run before -> after: "
+                        + ", ".join(f"{a} -> {b}" for a, b in grew) if grew else ""))
                 save(report)
                 if device == "cpu":
                     continue  # simulated streams: nothing manifests, nothing to hold

@@ -39,6 +39,7 @@ def test_tiny_bench_writes_json_and_a_table_with_the_columns(tmp_path, rank_orac
     tp = row["throughput"]
     assert tp["examples"] == 4 and tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
     assert tp["waiting_ex_s"] > 0
+    assert tp["per_seed"]["gpu_reserved_mib"] == [[None, None]]  # no caching allocator on CPU
     assert tp["oracles"] == sorted(every)
     assert set(tp["oracle_cost_ms"]) == {"value", "reuse", "lifetime"}
     forms = tp["api_forms"]  # pre-fix against its ctx.streams form, same scenarios
@@ -136,3 +137,19 @@ def test_no_waiting_leaves_the_waiting_run_out(monkeypatch, cpu_pool):
     assert tp["fuzzer_ex_s"] > 0 and tp["loop_ex_s"] > 0
     bench.throughput(cpu_pool, "main-gather", 3, seeds=1, oracle_examples=2, oracle_rounds=1)
     assert pipelines == [True, True, True, False]
+
+
+def test_reserved_memory_is_rank_0s_in_mib_and_none_where_unknown():
+    from fuzz.messages import Memory
+
+    class _Pool:
+        def __init__(self, mem):
+            self.mem = mem
+
+        def stats(self):
+            return self.mem
+
+    assert bench._reserved_mib(_Pool([Memory(rss=1, gpu_reserved=3 << 20), None])) == 3.0
+    assert bench._reserved_mib(_Pool([Memory(rss=1)])) is None  # CPU
+    assert bench._reserved_mib(_Pool([None])) is None  # rank 0 did not answer
+    assert bench._reserved_mib(_Pool([])) is None
