@@ -74,7 +74,7 @@ def save(corpus: Path, entry: Entry) -> Path:
     unless only its ``flaky`` mark differs.
     """
     data = entry.to_dict()
-    path = _path(corpus, entry, data)
+    path = path_of(corpus, entry.target, entry.kind, data["scenario"])
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep(path.parent)
     try:
@@ -86,10 +86,12 @@ def save(corpus: Path, entry: Entry) -> Path:
     return path
 
 
-def _path(corpus: Path, entry: Entry, data: dict[str, Any] | None = None) -> Path:
-    data = data if data is not None else entry.to_dict()
-    digest = hashlib.sha256(json.dumps(data["scenario"], sort_keys=True).encode()).hexdigest()
-    return Path(corpus) / target_dir(entry.target) / f"{entry.kind}-{digest[:12]}.json"
+def path_of(corpus: Path, target: str, kind: str, scenario: Any) -> Path:
+    """Where ``save`` puts an entry of ``target`` and ``kind`` for ``scenario``
+    (a scenario or its ``to_dict()``): the name is the scenario's hash."""
+    raw = scenario if isinstance(scenario, dict) else scenario.to_dict()
+    digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+    return Path(corpus) / target_dir(target) / f"{kind}-{digest[:12]}.json"
 
 
 class FirstSight:
@@ -104,7 +106,7 @@ class FirstSight:
         self._wrote = False
 
     def save(self, entry: Entry) -> Path:
-        self._wrote = not _path(self.corpus, entry).exists()
+        self._wrote = not path_of(self.corpus, entry.target, entry.kind, entry.scenario).exists()
         self.path = save(self.corpus, entry)
         return self.path
 

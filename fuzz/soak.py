@@ -243,7 +243,10 @@ class Soak:
         if not verdict.ok and self._pending is None:
             # On disk already (the driver saves a first failure before anyone
             # hears of it): recorded before shrinking starts.
-            self._pending = self._save(self._target, verdict.first, scenario, shrunk=False)
+            self._pending = corpus.path_of(self.cfg.corpus, self._target, verdict.first.kind,
+                                           scenario)
+            self._record(self._target, verdict.first, self._pending, shrunk=False,
+                         flaky=False, pending=True)
             self._clear_line()
             self._say(f"soak: {self._target}: {verdict.first.kind} found, shrinking "
                       f"(saved first as {self._pending})")
