@@ -14,9 +14,7 @@ set -uo pipefail
 out=${1:?usage: bench/gpu.sh OUTDIR [VLLM_TREES]}
 trees=${2:-}
 source "$(dirname "$0")/_steps.sh"
-# The project's own environment (the Makefile's bootstrap): its pytest plugin is installed.
-make -s .venv/.ready > /dev/null || exit 1
-py=.venv/bin/python
+venv
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 } > "$w/machine.txt" 2>&1

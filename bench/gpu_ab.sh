@@ -20,8 +20,7 @@ before=${2:?usage: bench/gpu_ab.sh OUTDIR BEFORE_TREE}
 [ -d "$before/fuzz" ] || { echo "gpu_ab: $before has no fuzz/ package" >&2; exit 2; }
 before=$(cd "$before" && pwd)
 source "$(dirname "$0")/_steps.sh"
-make -s .venv/.ready > /dev/null || exit 1
-py=$(pwd)/.venv/bin/python
+venv
 tree() { if [ "$1" = before ]; then echo "$before"; else pwd; fi; }
 
 for r in $(seq "${LIFETIME_ROUNDS:-2}"); do

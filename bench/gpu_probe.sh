@@ -9,8 +9,7 @@ set -uo pipefail
 out=${1:?usage: bench/gpu_probe.sh OUTDIR [PY_SPY]}
 spy=${2:-}
 source "$(dirname "$0")/_steps.sh"
-make -s .venv/.ready > /dev/null || exit 1
-py=.venv/bin/python
+venv
 say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader) $(nproc) cores"
 
 watch_tests() {  # the test processes left after 90 s, and what each one is doing
