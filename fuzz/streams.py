@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
+from torch._C._distributed_c10d import ProcessGroup, Work, _create_work_from_future
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fuzz import cuda_on_cpu, stages, threads
@@ -261,6 +261,10 @@ class SimStreams:
         lands in the program's tensors before anything touches them."""
         self._arriving: set[int] = set()
         """The storages ``receiving`` lands in."""
+        self.from_any_source: list[_Received] = []
+        """Receives from any source handed to the program as finished (``_waited``),
+        kept for the example: C++ holds them only through their boxed handles,
+        and the program must get back these objects, which know the source."""
         self.memory = cuda_on_cpu.Memory()
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
@@ -471,9 +475,8 @@ def _collective(func: Any, args: tuple, kwargs: dict, api: SimStreams) -> Any:
             else:
                 api.receive(_Receiving(work, pairs), [orig for orig, _ in pairs])
             return _back((tensors, _finished(_back(tensors, originals))), originals)
-        for leaf in out if isinstance(out, (list, tuple)) else (out,):
-            if not isinstance(leaf, (list, tuple, torch.Tensor)) and hasattr(leaf, "wait"):
-                leaf.wait()
+        out = _waited(out, [orig for orig, _ in pairs],
+                      api.from_any_source if func is _RECV_ANY_SOURCE else None)
         for orig, copy in pairs:
             orig.copy_(copy)
     return _back(out, originals)
@@ -526,6 +529,52 @@ def _finished(result: Any) -> Any:
     done = torch.futures.Future()
     done.set_result(result)
     return _create_work_from_future(done).boxed()  # what a c10d op returns
+
+
+_RECV_ANY_SOURCE = torch.ops.c10d.recv_any_source_.default
+
+
+def _waited(x: Any, result: list[torch.Tensor], any_source: list[_Received] | None) -> Any:
+    """``x`` with every work handle in it waited for and replaced by a finished
+    one. The program waits for the handle it gets too, and gloo's
+    point-to-point handles (``send``, ``recv``) block for good on a second wait.
+    A receive from any source keeps the rank it came from, in an object kept
+    in ``any_source``."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(_waited(v, result, any_source) for v in x)
+    if not isinstance(x, torch.Tensor) and hasattr(x, "wait"):
+        x.wait()
+        if any_source is None:
+            return _finished(result)
+        any_source.append(_Received(Work.unbox(x)._source_rank(), result))
+        return any_source[-1].boxed()
+    return x
+
+
+class _Received(Work):
+    """A finished receive from any source, which the program asks for the
+    rank that sent it (``dist.recv`` without ``src``)."""
+
+    def __init__(self, source: int, result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._source, self._result = source, result
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    source_rank = _source_rank
 
 
 def _own(x: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:

@@ -7,6 +7,7 @@ import signal
 import time
 
 import torch
+import torch.distributed as dist
 
 from fuzz.targets import Batch, TargetContext
 from fuzz.targets.pp_draft import MainGather, MainGatherSynced, PreFix
@@ -286,3 +287,65 @@ class ReceivesThroughAView(MainGather):
 
 def receives_through_a_view(ctx: TargetContext) -> ReceivesThroughAView:
     return ReceivesThroughAView(ctx)
+
+
+class PointToPoint(MainGather):
+    """main-gather whose broadcasts are point-to-point calls: the last rank
+    sends each tensor to every other rank, which receives it. ``how``:
+    ``blocking`` (``send``/``recv``), ``async`` (``isend``/``irecv``, then
+    ``wait``) or ``any_source`` (``recv`` with no source, which says the source)."""
+
+    how = "blocking"
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        ctx = self.ctx
+        if ctx.rank == ctx.last_rank:
+            for dst in range(ctx.world_size):
+                if dst == ctx.rank:
+                    continue
+                if self.how == "async":
+                    dist.isend(t, dst, group=ctx.group).wait()
+                else:
+                    dist.send(t, dst, group=ctx.group)
+        elif self.how == "async":
+            dist.irecv(t, ctx.last_rank, group=ctx.group).wait()
+        elif self.how == "any_source":
+            src = dist.recv(t, group=ctx.group)
+            if src != ctx.last_rank:
+                raise RuntimeError(f"recv says rank {src} sent, not {ctx.last_rank}")
+        else:
+            dist.recv(t, ctx.last_rank, group=ctx.group)
+
+
+def point_to_point(ctx: TargetContext) -> PointToPoint:
+    return PointToPoint(ctx)
+
+
+class PointToPointAsync(PointToPoint):
+    how = "async"
+
+
+def point_to_point_async(ctx: TargetContext) -> PointToPointAsync:
+    return PointToPointAsync(ctx)
+
+
+class PointToPointAnySource(PointToPoint):
+    how = "any_source"
+
+
+def point_to_point_any_source(ctx: TargetContext) -> PointToPointAnySource:
+    return PointToPointAnySource(ctx)
+
+
+class PointToPointUnrecorded(PointToPointAsync):
+    """``PointToPointAsync`` whose last rank sends the batch's tensors on the
+    side stream without ``record_stream``: freed with the batch while the
+    side stream may still be sending them."""
+
+    def _send_sampled(self, batch: Batch) -> None:
+        for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected):
+            self._bcast(t)
+
+
+def point_to_point_unrecorded(ctx: TargetContext) -> PointToPointUnrecorded:
+    return PointToPointUnrecorded(ctx)

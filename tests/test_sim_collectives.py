@@ -1,0 +1,26 @@
+"""Point-to-point calls on simulated streams (CPU ranks, real gloo): the
+program waits for the work handle it gets, as it would on a GPU, and the
+lifetime oracle follows what the calls read and write."""
+
+import pytest
+
+from fuzz import driver
+from fuzz.scenario import Scenario, Step
+
+_STEP = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(2, 1), num_rejected=(0, 1))
+_SCENARIO = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP, _STEP), pipeline_depth=1)
+
+
+@pytest.mark.parametrize("target", ["point_to_point", "point_to_point_async",
+                                    "point_to_point_any_source"])
+def test_drafts_sent_point_to_point_arrive_and_are_clean(cpu_pool, target):
+    verdict = driver.evaluate(cpu_pool, f"tests.targets:{target}", _SCENARIO)
+    assert verdict.ok, verdict.summary()
+
+
+def test_a_send_on_a_side_stream_without_record_stream_is_a_lifetime_finding(cpu_pool):
+    verdict = driver.evaluate(cpu_pool, "tests.targets:point_to_point_unrecorded", _SCENARIO)
+    assert not verdict.ok
+    first = verdict.failures[0]
+    assert first.kind == "lifetime", verdict.summary()
+    assert "sampled_tokens" in first.message and "c10d.send" in first.message, first.message
