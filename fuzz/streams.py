@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -261,10 +262,11 @@ class SimStreams:
         lands in the program's tensors before anything touches them."""
         self._arriving: set[int] = set()
         """The storages ``receiving`` lands in."""
-        self.from_any_source: list[_Received] = []
-        """Receives from any source handed to the program as finished (``_waited``),
-        kept for the example: C++ holds them only through their boxed handles,
-        and the program must get back these objects, which know the source."""
+        self.handles: list[_Handle] = []
+        """The work handles of async calls handed to the program (``_Handle``),
+        kept for the example: C++ holds them only through their boxed form, and
+        the program must get these objects back, not a bare ``Work``."""
+        self._handle_keys = itertools.count(1)
         self.memory = cuda_on_cpu.Memory()
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
@@ -423,9 +425,10 @@ class _SimDispatch(DispatchMode):
             api.land()
         stages.enter(stages.SIMULATION)
         try:
+            handle = None
             if func.namespace == "c10d":
                 stages.enter(stages.COLLECTIVES)
-                out = _collective(func, args, kwargs, api)
+                out, handle = _collective(func, args, kwargs, api)
             else:
                 stages.enter(stages.RUNNER)
                 out = run_op(func, args, kwargs)
@@ -434,12 +437,17 @@ class _SimDispatch(DispatchMode):
         api.memory.classify(args, out)
         stages.leave()
         if api.listeners:
-            api.emit("op", func, args, kwargs, out, api._current)
+            if handle is None:
+                api.emit("op", func, args, kwargs, out, api._current)
+            else:
+                api.emit("async_op", func, args, kwargs, out, api._current, handle)
         return out
 
 
-def _collective(func: Any, args: tuple, kwargs: dict, api: SimStreams) -> Any:
-    """Run a c10d op on copies of its tensors and copy the results back.
+def _collective(func: Any, args: tuple, kwargs: dict,
+                api: SimStreams) -> tuple[Any, _Handle | None]:
+    """Run a c10d op on copies of its tensors and copy the results back; the
+    op's result, and the handle of an async call (``_Handle``), else None.
 
     gloo keeps its own reference to a collective's tensors for a moment after
     the call returns; a storage the program drops then would be freed (and
@@ -465,21 +473,34 @@ def _collective(func: Any, args: tuple, kwargs: dict, api: SimStreams) -> Any:
     so every read sees what it would have seen had the call waited.
     """
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    asynchronous = _is_async(func, args, kwargs)
     with torch._C.DisableTorchFunction():
         out = run_op(func, _own(args, pairs), {k: _own(v, pairs) for k, v in kwargs.items()})
         originals = {id(copy): orig for orig, copy in pairs}
+        programs = [orig for orig, _ in pairs]
         if func is BROADCAST:
             tensors, work = out
             if _sends_only(func, args, kwargs):
                 api.sending.append(work)
             else:
-                api.receive(_Receiving(work, pairs), [orig for orig, _ in pairs])
-            return _back((tensors, _finished(_back(tensors, originals))), originals)
-        out = _waited(out, [orig for orig, _ in pairs],
-                      api.from_any_source if func is _RECV_ANY_SOURCE else None)
+                api.receive(_Receiving(work, pairs), programs)
+            if not asynchronous:
+                return _back((tensors, _finished(_back(tensors, originals))), originals), None
+            handle = _Handle(api, func, args, kwargs, programs, None)
+            return _back((tensors, handle.boxed()), originals), handle
+        handles: list[_Handle] = []
+
+        def finished(work: Any) -> Any:
+            if not asynchronous:
+                return _finished(programs)
+            source = Work.unbox(work)._source_rank() if func is _RECV_ANY_SOURCE else None
+            handles.append(_Handle(api, func, args, kwargs, programs, source))
+            return handles[-1].boxed()
+
+        out = _waited(out, finished)
         for orig, copy in pairs:
             orig.copy_(copy)
-    return _back(out, originals)
+    return _back(out, originals), (handles[0] if handles else None)
 
 
 class _Receiving:
@@ -532,35 +553,78 @@ def _finished(result: Any) -> Any:
 
 
 _RECV_ANY_SOURCE = torch.ops.c10d.recv_any_source_.default
+_POINT_TO_POINT = frozenset({torch.ops.c10d.send.default, torch.ops.c10d.recv_.default,
+                             _RECV_ANY_SOURCE})
+_SYNC_ONLY = frozenset({"c10d::barrier", "c10d::monitored_barrier_"})
+"""Ops that move none of the program's data: whatever their ``async_op``,
+nothing to follow on a backend stream."""
 
 
-def _waited(x: Any, result: list[torch.Tensor], any_source: list[_Received] | None) -> Any:
-    """``x`` with every work handle in it waited for and replaced by a finished
-    one. The program waits for the handle it gets too, and gloo's
-    point-to-point handles (``send``, ``recv``) block for good on a second wait.
-    A receive from any source keeps the rank it came from, in an object kept
-    in ``any_source``."""
+def _is_async(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether NCCL runs the call on a stream of its own: point-to-point calls
+    always, collectives called with ``async_op`` (a blocking collective runs on
+    the current stream and returns no work to wait for)."""
+    if func in _POINT_TO_POINT:
+        return True
+    where = _ASYNC_ARG.get(func)
+    if where is None:
+        where = _ASYNC_ARG[func] = next(
+            ((i, a.default_value) for i, a in enumerate(func._schema.arguments)
+             if a.name == "async_op" and func._schema.name not in _SYNC_ONLY), (-1, False))
+    i, default = where
+    if i < 0:
+        return False
+    return bool(args[i] if i < len(args) else kwargs.get("async_op", default))
+
+
+_ASYNC_ARG: dict[Any, tuple[int, bool]] = {}
+"""Per op overload: where its ``async_op`` argument is, and its default (-1: none)."""
+
+
+def _waited(x: Any, finished: Callable[[Any], Any]) -> Any:
+    """``x`` with every work handle in it waited for and replaced by
+    ``finished(handle)``. The program waits for the handle it gets too, and
+    gloo's point-to-point handles (``send``, ``recv``) block for good on a
+    second wait."""
     if isinstance(x, (list, tuple)):
-        return type(x)(_waited(v, result, any_source) for v in x)
+        return type(x)(_waited(v, finished) for v in x)
     if not isinstance(x, torch.Tensor) and hasattr(x, "wait"):
         x.wait()
-        if any_source is None:
-            return _finished(result)
-        any_source.append(_Received(Work.unbox(x)._source_rank(), result))
-        return any_source[-1].boxed()
+        return finished(x)
     return x
 
 
-class _Received(Work):
-    """A finished receive from any source, which the program asks for the
-    rank that sent it (``dist.recv`` without ``src``)."""
+class _Handle(Work):
+    """The work handle of an async call on simulated streams (an ``isend``, a
+    ``broadcast(..., async_op=True)``), as the program gets it.
 
-    def __init__(self, source: int, result: list[torch.Tensor]) -> None:
+    NCCL runs such a call on a stream of its own (one per process group, one
+    per pair of ranks for point-to-point calls), after the current stream's
+    work so far; waiting for the handle makes the waiting thread's current
+    stream wait for it, and NCCL holds the call's tensors until then. The data
+    is already there (the call waited for it); the listeners get the call as
+    ``async_op`` and each wait as ``wait_work``. A receive from any source
+    keeps the rank it came from."""
+
+    def __init__(self, api: SimStreams, func: Any, args: tuple, kwargs: dict,
+                 result: list[torch.Tensor], source: int | None) -> None:
         super().__init__()
-        self._source, self._result = source, result
+        # Weakly: the handle lives as long as the example, the tensors as long
+        # as the program keeps them.
+        self._api, self._source = api, source
+        self._result = [weakref.ref(t) for t in result]
+        self.key = ("work", next(api._handle_keys))
+        """The handle's event among the listeners' events."""
+        self.stream, self.stream_name = _backend_stream(func, args, kwargs, source)
+        """The backend stream the call runs on: its key and its name in reports."""
+        api.handles.append(self)
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
+        self._api.emit("wait_work", self, self._api.current_stream())
         return True
+
+    def synchronize(self) -> None:
+        self.wait()
 
     def is_completed(self) -> bool:
         return True
@@ -569,12 +633,26 @@ class _Received(Work):
         return True
 
     def result(self) -> list[torch.Tensor]:
-        return self._result
+        return [t for t in (ref() for ref in self._result) if t is not None]
 
     def _source_rank(self) -> int:
+        if self._source is None:
+            raise RuntimeError("source rank is known only for a receive from any source")
         return self._source
 
     source_rank = _source_rank
+
+
+def _backend_stream(func: Any, args: tuple, kwargs: dict,
+                    source: int | None) -> tuple[tuple[Any, ...], str]:
+    bound = {**dict(zip((a.name for a in func._schema.arguments), args)), **kwargs}
+    group = ProcessGroup.unbox(bound["process_group"])
+    name = group.group_name
+    if func not in _POINT_TO_POINT:
+        return ("nccl", name), f"nccl(group {name})"
+    peer = source if func is _RECV_ANY_SOURCE else bound.get("dst", bound.get("src"))
+    low, high = sorted((group.rank(), peer))
+    return ("nccl", name, low, high), f"nccl(group {name}, p2p {low}-{high})"
 
 
 def _own(x: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:

@@ -338,9 +338,10 @@ def point_to_point_any_source(ctx: TargetContext) -> PointToPointAnySource:
 
 
 class PointToPointUnrecorded(PointToPointAsync):
-    """``PointToPointAsync`` whose last rank sends the batch's tensors on the
-    side stream without ``record_stream``: freed with the batch while the
-    side stream may still be sending them."""
+    """``PointToPointAsync`` whose last rank sends the batch's tensors without
+    ``record_stream(side)``: NCCL lets them go when the side stream waits for
+    each send, and nothing orders main, where they were made and are freed
+    with the batch, after the sends."""
 
     def _send_sampled(self, batch: Batch) -> None:
         for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected):
@@ -349,3 +350,29 @@ class PointToPointUnrecorded(PointToPointAsync):
 
 def point_to_point_unrecorded(ctx: TargetContext) -> PointToPointUnrecorded:
     return PointToPointUnrecorded(ctx)
+
+
+class AsyncBroadcast(MainGather):
+    """main-gather with ``async_op=True`` broadcasts, each waited for at once on
+    the side stream, as ``dist.broadcast`` without it would. With ``wait``
+    False the receivers never wait for theirs: on a GPU the data arrives on
+    NCCL's own stream, ordered with nothing the receiver does."""
+
+    wait = True
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        work = dist.broadcast(t, src=self.ctx.last_rank, group=self.ctx.group, async_op=True)
+        if self.wait or self.ctx.rank == self.ctx.last_rank:
+            work.wait()
+
+
+def async_broadcast(ctx: TargetContext) -> AsyncBroadcast:
+    return AsyncBroadcast(ctx)
+
+
+class AsyncBroadcastNoWait(AsyncBroadcast):
+    wait = False
+
+
+def async_broadcast_no_wait(ctx: TargetContext) -> AsyncBroadcastNoWait:
+    return AsyncBroadcastNoWait(ctx)

@@ -170,3 +170,63 @@ def test_frames_are_the_callers_without_a_user_defined_mode_hook():
     assert [fn for _, _, fn in frames] == [
         "caller", "test_frames_are_the_callers_without_a_user_defined_mode_hook"]
     assert all(path == __file__ for path, _, _ in frames)
+
+
+NCCL = ("nccl", "1")
+
+
+def test_a_use_that_a_recorded_stream_waited_for_is_covered():
+    # side waited for the backend's use; record_stream(side) holds the block
+    # until side's work so far is done, the backend's use included.
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(NCCL, MAIN)
+    m.access(k, NCCL, False, "c10d.send", ())
+    m.wait_stream(SIDE, NCCL)
+    m.record_stream(k, SIDE)
+    m.free(k, ())
+    assert m.findings == []
+
+
+def _async_send(m, k):
+    m.wait_stream(NCCL, MAIN)
+    m.access(k, NCCL, False, "c10d.send", ())
+    m.hold("w", NCCL, [k])
+
+
+def test_an_async_collective_holds_its_storage_until_its_handle_is_waited_for():
+    m = _model()
+    k = _alloc(m)
+    _async_send(m, k)
+    m.free(k, ())  # dropped before the wait: the backend still holds it
+    assert m.findings == []
+
+
+@pytest.mark.parametrize("waiter, kinds", [(MAIN, []), (SIDE, ["lifetime"])],
+                         ids=["waited-on-its-stream", "waited-on-another-stream"])
+def test_once_waited_for_the_free_must_be_ordered_after_the_collective(waiter, kinds):
+    m = _model()
+    k = _alloc(m)
+    _async_send(m, k)
+    m.wait_work(waiter, "w")
+    m.free(k, ())
+    assert _kinds(m) == kinds
+
+
+def test_reading_what_an_async_collective_writes_needs_a_wait_for_its_handle():
+    m = _model()
+    k = _alloc(m, name="drafts")
+    m.wait_stream(NCCL, MAIN)
+    m.access(k, NCCL, True, "c10d.recv_", ())
+    m.hold("w", NCCL, [k])
+    m.access(k, MAIN, False, "aten.index.Tensor", ())
+    assert _kinds(m) == ["race"]
+
+    m = _model()
+    k = _alloc(m, name="drafts")
+    m.wait_stream(NCCL, MAIN)
+    m.access(k, NCCL, True, "c10d.recv_", ())
+    m.hold("w", NCCL, [k])
+    m.wait_work(MAIN, "w")
+    m.access(k, MAIN, False, "aten.index.Tensor", ())
+    assert m.findings == []

@@ -1,6 +1,7 @@
-"""Point-to-point calls on simulated streams (CPU ranks, real gloo): the
-program waits for the work handle it gets, as it would on a GPU, and the
-lifetime oracle follows what the calls read and write."""
+"""Point-to-point calls and async collectives on simulated streams (CPU
+ranks, real gloo): the program waits for the work handle it gets, as it
+would on a GPU, and the lifetime oracle follows them as NCCL runs them, on a
+stream of the backend's own that a wait for the handle orders."""
 
 import pytest
 
@@ -12,8 +13,8 @@ _SCENARIO = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP, _STEP), pipelin
 
 
 @pytest.mark.parametrize("target", ["point_to_point", "point_to_point_async",
-                                    "point_to_point_any_source"])
-def test_drafts_sent_point_to_point_arrive_and_are_clean(cpu_pool, target):
+                                    "point_to_point_any_source", "async_broadcast"])
+def test_drafts_sent_point_to_point_or_async_arrive_and_are_clean(cpu_pool, target):
     verdict = driver.evaluate(cpu_pool, f"tests.targets:{target}", _SCENARIO)
     assert verdict.ok, verdict.summary()
 
@@ -24,3 +25,11 @@ def test_a_send_on_a_side_stream_without_record_stream_is_a_lifetime_finding(cpu
     first = verdict.failures[0]
     assert first.kind == "lifetime", verdict.summary()
     assert "sampled_tokens" in first.message and "c10d.send" in first.message, first.message
+
+
+def test_a_receive_never_waited_for_races_with_the_apply_on_main(cpu_pool):
+    verdict = driver.evaluate(cpu_pool, "tests.targets:async_broadcast_no_wait", _SCENARIO)
+    assert not verdict.ok
+    first = verdict.failures[0]
+    assert first.kind == "race" and first.rank == 0, verdict.summary()
+    assert "nccl(group" in first.message and "c10d.broadcast_" in first.message, first.message

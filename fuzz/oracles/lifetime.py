@@ -168,6 +168,8 @@ class LifetimeModel:
         self.host: Clock = {HOST: 0}
         self.clocks: dict[Any, Clock] = {HOST: self.host}
         self.events: dict[Any, Clock] = {}
+        self.held: dict[Any, tuple[Any, list[int]]] = {}
+        """Async collectives not waited for yet: their stream and storages (``hold``)."""
         self.storages: dict[int, StorageInfo] = {}
         self.findings: list[Failure] = []
         self.dropped = 0
@@ -200,6 +202,29 @@ class LifetimeModel:
     def wait_event(self, s: Any, event: Any) -> None:
         # Waiting on a never-recorded event is a no-op, as in CUDA.
         _join(self._enqueue(s), self.events.get(event, {}))
+
+    def hold(self, work: Any, s: Any, keys: list[int]) -> None:
+        """An async collective enqueued on ``s`` (a backend's own stream): its
+        work handle is an event, and the backend holds its storages until the
+        handle is waited for (what NCCL does instead of ``record_stream``)."""
+        self.record_event(work, s)
+        self.held[work] = (s, keys)
+        for key in keys:
+            info = self.storages.get(key)
+            if info is not None and s != info.stream:
+                info.recorded.add(s)
+
+    def wait_work(self, waiter: Any, work: Any) -> None:
+        """``waiter`` waits for an async collective's handle, and the backend
+        lets its storages go: from now on, their free must be ordered after
+        the collective, like any other use."""
+        self.wait_event(waiter, work)
+        s, keys = self.held.pop(work, (None, ()))
+        still = {k for t, ks in self.held.values() if t == s for k in ks}
+        for key in keys:
+            info = self.storages.get(key)
+            if info is not None and key not in still:
+                info.recorded.discard(s)
 
     def sync_stream(self, s: Any) -> None:
         _join(self.host, self._clock(s))
@@ -256,10 +281,15 @@ class LifetimeModel:
                     uses[t] = a
         if not uses:  # only its own stream used it: nothing to order
             return
+        # The allocator hands the block out once the work now queued on its own
+        # stream and on every recorded stream is done: whatever that work waited for
+        # is done too.
         point = dict(self._clock(info.stream))
         _join(point, self.host)
-        for t, a in uses.items():
-            if t not in info.recorded and not _ordered(a, point):
+        for r in info.recorded:
+            _join(point, self._clock(r))
+        for a in uses.values():
+            if not _ordered(a, point):
                 self._lifetime(info, a, frames)
                 break
 
@@ -587,8 +617,14 @@ class TensorTracker:
             self._follow(t, key, HOST, op, frames, kind)
         self.model.access(key, HOST, False, op, frames)
 
-    def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any) -> None:
-        """One aten or c10d op issued while ``s`` was the current stream."""
+    def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any,
+           on: tuple[Any, Any] | None = None) -> None:
+        """One aten or c10d op issued while ``s`` was the current stream.
+
+        ``on``: for an async collective, (the backend stream it runs on, its
+        work handle's key): it runs after ``s``'s work so far, and what orders
+        it with later work is a wait for the handle (``LifetimeModel.wait_work``).
+        """
         frames = self._poll()
         name, label, arg_names, arg_writes, view_op, collective, slots = _op_info(func)
         storages = self.model.storages
@@ -650,6 +686,9 @@ class TensorTracker:
                 self._follow(leaf, key, party, label, frames, kind)
         if view:
             return  # metadata only, no data touched
+        if on is not None and party != HOST:
+            self.model.wait_stream(on[0], party)
+            party = on[0]
         access = self.model.access
         for table, write in ((reads, False), (writes, True)):
             if len(table) == 1:  # the usual op: no list and dict built to dedupe one key
@@ -662,8 +701,10 @@ class TensorTracker:
                 self._follow(leaf, key, party, label, frames, kind)
                 if kind == PINNED and party != HOST:
                     access(key, party, True, label, frames)  # a copy into it
-        if party != HOST and (name in _HOST_SYNC_OPS
-                              or self._blocking_copy(name, args, kwargs, kinds, host_writes)):
+        if on is not None and party != HOST:
+            self.model.hold(on[1], party, [k for _, k, _ in used])
+        elif party != HOST and (name in _HOST_SYNC_OPS
+                                or self._blocking_copy(name, args, kwargs, kinds, host_writes)):
             self.model.sync_stream(s)
 
     @staticmethod
@@ -763,6 +804,11 @@ class LifetimeChecker(TensorTracker):
             func, a, kw, out, s = args
             self.op(func, a, kw, out, self._sid(s))
             return
+        if what == "async_op":
+            func, a, kw, out, s, handle = args
+            self.model.stream_names.setdefault(handle.stream, handle.stream_name)
+            self.op(func, a, kw, out, self._sid(s), on=(handle.stream, handle.key))
+            return
         if what == "host_read":
             self.host_read(*args)
             return
@@ -784,3 +830,5 @@ class LifetimeChecker(TensorTracker):
             m.sync_event(args[0].event_id)
         elif what == "sync_device":
             m.sync_device()
+        elif what == "wait_work":
+            m.wait_work(self._sid(args[1]), args[0].key)
