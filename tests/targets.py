@@ -376,3 +376,20 @@ class AsyncBroadcastNoWait(AsyncBroadcast):
 
 def async_broadcast_no_wait(ctx: TargetContext) -> AsyncBroadcastNoWait:
     return AsyncBroadcastNoWait(ctx)
+
+
+class PointToPointNoWait(PointToPoint):
+    """``isend``/``irecv`` whose receivers never wait for their receives."""
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        ctx = self.ctx
+        if ctx.rank != ctx.last_rank:
+            dist.irecv(t, ctx.last_rank, group=ctx.group)
+            return
+        for dst in range(ctx.world_size):
+            if dst != ctx.rank:
+                dist.isend(t, dst, group=ctx.group).wait()
+
+
+def point_to_point_no_wait(ctx: TargetContext) -> PointToPointNoWait:
+    return PointToPointNoWait(ctx)

@@ -3,6 +3,8 @@ ranks, real gloo): the program waits for the work handle it gets, as it
 would on a GPU, and the lifetime oracle follows them as NCCL runs them, on a
 stream of the backend's own that a wait for the handle orders."""
 
+import re
+
 import pytest
 
 from fuzz import driver
@@ -27,9 +29,12 @@ def test_a_send_on_a_side_stream_without_record_stream_is_a_lifetime_finding(cpu
     assert "sampled_tokens" in first.message and "c10d.send" in first.message, first.message
 
 
-def test_a_receive_never_waited_for_races_with_the_apply_on_main(cpu_pool):
-    verdict = driver.evaluate(cpu_pool, "tests.targets:async_broadcast_no_wait", _SCENARIO)
+@pytest.mark.parametrize("target, op", [("async_broadcast_no_wait", "c10d.broadcast_"),
+                                        ("point_to_point_no_wait", "c10d.recv_")])
+def test_a_receive_never_waited_for_races_with_the_apply_on_main(cpu_pool, target, op):
+    verdict = driver.evaluate(cpu_pool, f"tests.targets:{target}", _SCENARIO)
     assert not verdict.ok
     first = verdict.failures[0]
     assert first.kind == "race" and first.rank == 0, verdict.summary()
-    assert "nccl(group" in first.message and "c10d.broadcast_" in first.message, first.message
+    stream = r"nccl\(group [^,)]+, p2p 0-1\)" if "recv" in op else r"nccl\(group [^,)]+\)"
+    assert re.search(f"{stream}'s write \\({op}", first.message), first.message

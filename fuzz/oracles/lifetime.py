@@ -93,6 +93,10 @@ _METADATA_OPS = frozenset({"aten::is_pinned", "aten::sym_size", "aten::sym_strid
                            "aten::is_same_size", "aten::storage_offset"})
 _COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from",
                        "aten::_copy_from_and_resize"})
+_RECEIVES = frozenset({"c10d::recv_", "c10d::recv_any_source_"})
+_REDUCTIONS = frozenset({"c10d::reduce_"})
+"""c10d ops whose schemas mark no argument written, though they write the
+program's tensors: a receive's, and a reduction's on its root."""
 _MAX_FINDINGS = 8
 _expired = torch.UntypedStorage._expired
 """Whether a storage weak reference's storage is gone (what ``StorageWeakRef.expired`` asks)."""
@@ -736,14 +740,17 @@ class TensorTracker:
                 if key is not None:
                     target.append((leaf, key, kind))
             return
+        receive = name in _RECEIVES
         for arg_name, write in zip(arg_names, arg_writes):
             for leaf in tensors_in(bound.get(arg_name)):
                 key, kind = self._classify(leaf)
                 kinds.add(kind)
                 if key is not None:
-                    # Reduction buffers are read and written.
-                    reads.append((leaf, key, kind))
-                    if write or "output" in arg_name or name.startswith("c10d::allreduce"):
+                    # Reduction buffers are read and written; a receive only writes.
+                    if not receive:
+                        reads.append((leaf, key, kind))
+                    if write or receive or "output" in arg_name or name in _REDUCTIONS \
+                            or name.startswith("c10d::allreduce"):
                         writes.append((leaf, key, kind))
 
     def _failed(self, exc: Exception) -> None:
