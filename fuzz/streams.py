@@ -170,6 +170,10 @@ class SimStream(torch.Stream):
         self._api.emit("sync_stream", self)
 
     def query(self) -> bool:  # type: ignore[override]
+        """True: every op has run. A program that goes on because of it has
+        seen the stream's work done, as a host polling until True on a GPU
+        has: a sync for the listeners."""
+        self._api.emit("sync_stream", self)
         return True
 
     def __enter__(self) -> SimStream:
@@ -216,6 +220,8 @@ class SimEvent:
         self._api.emit("wait_event", stream, self)
 
     def query(self) -> bool:
+        """True, and a sync for the listeners (see ``SimStream.query``)."""
+        self._api.emit("sync_event", self)
         return True
 
     def synchronize(self) -> None:

@@ -393,3 +393,34 @@ class PointToPointNoWait(PointToPoint):
 
 def point_to_point_no_wait(ctx: TargetContext) -> PointToPointNoWait:
     return PointToPointNoWait(ctx)
+
+
+class SyncedByPolling(MainGatherSynced):
+    """``main-gather-synced`` polling until its work is done instead of
+    synchronizing: the side stream's ``query()`` on the last rank, an event's
+    before the receivers read the counts. Correct on a GPU."""
+
+    def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+        send = self._rows(draft_table, batch)
+        with torch.cuda.stream(self.side):
+            self.side.wait_stream(self.main)
+            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
+                self._bcast(t)
+        while not self.side.query():
+            pass
+        return send
+
+    def apply_received(self, draft_table: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        tokens, num_sampled, num_rejected = MainGather.apply_received(self, draft_table)
+        host = torch.empty(num_sampled.shape, dtype=num_sampled.dtype, pin_memory=True)
+        host.copy_(num_sampled, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        while not done.query():
+            pass
+        self.counts = host.tolist()
+        return tokens, num_sampled, num_rejected
+
+
+def synced_by_polling(ctx: TargetContext) -> SyncedByPolling:
+    return SyncedByPolling(ctx)

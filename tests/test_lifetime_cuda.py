@@ -41,3 +41,45 @@ def test_host_reads_report_nothing_once_no_checker_is_active(monkeypatch):
     monkeypatch.setattr(lifetime_cuda, "_active", None)
     with lifetime_cuda._HostReads():
         assert torch.ones(2).tolist() == [1.0, 1.0]
+
+
+class _Syncs:
+    """Records the syncs the adapter would hand the lifetime checker."""
+
+    def __init__(self) -> None:
+        self.syncs: list[tuple[str, int]] = []
+
+    def _guarded(self, fn, *args, torch_ops=True):  # noqa: ANN001, ANN202
+        fn(*args)
+
+    def _on_event_sync(self, event: int) -> None:
+        self.syncs.append(("event", event))
+
+
+class _Event:
+    cuda_event = 0xE1
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+
+def test_a_query_that_says_done_is_a_sync_for_the_program_not_for_the_harness(monkeypatch):
+    checker = _Syncs()
+    monkeypatch.setattr(lifetime_cuda, "_active", checker)
+    query = lifetime_cuda._query_method(lambda ev: ev.done, "_on_event_sync", "cuda_event")
+    assert query(_Event(False)) is False  # not done: the program learns nothing
+    assert query(_Event(True)) is True
+    assert checker.syncs == [("event", 0xE1)]
+    # The harness's own poll (the reuse oracle's, in fuzz/oracles/) is no sync.
+    harness = {"query": query, "ev": _Event(True)}
+    exec(compile("query(ev)", lifetime_cuda.__file__, "eval"), harness)
+    assert checker.syncs == [("event", 0xE1)]
+
+
+def test_event_and_stream_queries_are_wrapped_while_attached_and_restored_after():
+    before = [torch.cuda.Event.__dict__.get("query"), torch.cuda.Stream.__dict__.get("query")]
+    with lifetime_cuda._HostReads():
+        assert torch.cuda.Event.query.__module__ == lifetime_cuda.__name__
+        assert torch.cuda.Stream.query.__module__ == lifetime_cuda.__name__
+    assert [torch.cuda.Event.__dict__.get("query"),
+            torch.cuda.Stream.__dict__.get("query")] == before

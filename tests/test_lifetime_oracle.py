@@ -54,6 +54,15 @@ def test_host_syncs_order_what_the_side_stream_read_before_its_free(cpu_pool):
     assert not v.ok and v.first.kind == "lifetime", v.summary()
 
 
+def test_a_query_that_says_done_orders_the_host_like_a_synchronize(cpu_pool):
+    # Polling a stream's or an event's query() until True, then freeing or
+    # reading on the host: what a GPU program may do in place of a synchronize.
+    for steps in (1, 3):
+        v = driver.evaluate(cpu_pool, "tests.targets:synced_by_polling", _scn(steps=steps),
+                            LIFETIME)
+        assert v.ok, v.summary()
+
+
 def test_value_only_runs_have_no_rank_findings(cpu_pool):
     assert driver.evaluate(cpu_pool, "pre-fix", _scn(), RunOptions(oracles={Oracle.VALUE})).ok
 

@@ -361,6 +361,13 @@ by file name, not by code object: a code object's hash is not cached (every
 lookup hashes its constants and names again), a string's is."""
 
 
+def user_code(path: str) -> bool:
+    """Whether a frame in the file at ``path`` is the code under test's (not
+    torch's, the standard library's nor the harness's)."""
+    kind = _FILE_KINDS.get(path)
+    return (kind if kind is not None else _file_kind(path)) != _SKIP
+
+
 def _file_kind(path: str) -> int:
     kind = (_RUNNER if path.startswith(_RUNNER_DIRS) else
             _USER if (not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES)

@@ -13,6 +13,7 @@ runs.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -25,7 +26,7 @@ from fuzz.dispatch_mode import (
     run_op,
     unobserved,
 )
-from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
+from fuzz.oracles.lifetime import LifetimeModel, TensorTracker, user_code
 
 _active: CudaLifetimeChecker | None = None
 _installed = False
@@ -92,27 +93,55 @@ def _host_read_method(name: str, method: Any) -> Any:
     return read
 
 
+def _query_method(method: Any, sync: str, handle: str) -> Any:
+    """``query`` of an event or stream: True tells the program that the work
+    is done, as a synchronize would, though no trace callback says so. A poll
+    from the harness's own code (the reuse oracle's) is not the program's."""
+
+    def query(self: Any) -> bool:
+        done = method(self)
+        checker = _active
+        if done and checker is not None and user_code(sys._getframe(1).f_code.co_filename):
+            checker._guarded(getattr(checker, sync), getattr(self, handle), torch_ops=False)
+        return done
+    query.__name__ = query.__qualname__ = "query"
+    return query
+
+
+def _patches() -> list[tuple[type, str, Any]]:
+    """(class, method name, wrapper maker) for every method ``_HostReads`` wraps."""
+    return ([(torch.Tensor, name, lambda m, n=name: _host_read_method(n, m))
+             for name in _HOST_READS]
+            + [(torch.cuda.Event, "query", lambda m: _query_method(m, "_on_event_sync",
+                                                                   "cuda_event")),
+               (torch.cuda.Stream, "query", lambda m: _query_method(m, "_on_stream_sync",
+                                                                    "cuda_stream"))])
+
+
 class _HostReads:
-    """``tolist``/``numpy`` on ``torch.Tensor`` wrapped while a checker is attached.
+    """While a checker is attached, the methods by which the host learns what
+    the device did with no aten op or trace callback saying so: ``tolist`` and
+    ``numpy`` on ``torch.Tensor`` (the host reads pinned memory), ``query`` on
+    ``torch.cuda.Event`` and ``torch.cuda.Stream`` (True: the work is done).
 
     Not a ``TorchFunctionMode``: a mode runs Python for every torch call and
-    every tensor attribute of the whole example, to catch two methods.
+    every tensor attribute of the whole example, to catch four methods.
     """
 
     def __init__(self) -> None:
-        self._saved: dict[str, Any] = {}
+        self._saved: list[tuple[type, str, Any]] = []
 
     def __enter__(self) -> None:
-        for name in _HOST_READS:
-            self._saved[name] = torch.Tensor.__dict__.get(name)
-            setattr(torch.Tensor, name, _host_read_method(name, getattr(torch.Tensor, name)))
+        for owner, name, wrap in _patches():
+            self._saved.append((owner, name, owner.__dict__.get(name)))
+            setattr(owner, name, wrap(getattr(owner, name)))
 
     def __exit__(self, *exc: Any) -> None:
-        for name, own in self._saved.items():
+        for owner, name, own in reversed(self._saved):
             if own is None:
-                delattr(torch.Tensor, name)
+                delattr(owner, name)
             else:
-                setattr(torch.Tensor, name, own)
+                setattr(owner, name, own)
         self._saved.clear()
 
 
