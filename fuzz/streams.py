@@ -641,12 +641,28 @@ class _Handle(Work):
     def result(self) -> list[torch.Tensor]:
         return [t for t in (ref() for ref in self._result) if t is not None]
 
+    def get_future(self) -> torch.futures.Future:
+        """A completed future whose ``wait`` is the handle's (as NCCL's is)."""
+        done = _HandleFuture(self)
+        done.set_result(self.result())
+        return done
+
     def _source_rank(self) -> int:
         if self._source is None:
             raise RuntimeError("source rank is known only for a receive from any source")
         return self._source
 
     source_rank = _source_rank
+
+
+class _HandleFuture(torch.futures.Future):
+    def __init__(self, handle: _Handle) -> None:
+        super().__init__()
+        self._handle = handle
+
+    def wait(self) -> Any:
+        self._handle.wait()
+        return super().wait()
 
 
 def _backend_stream(func: Any, args: tuple, kwargs: dict,

@@ -424,3 +424,15 @@ class SyncedByPolling(MainGatherSynced):
 
 def synced_by_polling(ctx: TargetContext) -> SyncedByPolling:
     return SyncedByPolling(ctx)
+
+
+class AsyncBroadcastViaFuture(AsyncBroadcast):
+    """``AsyncBroadcast`` waiting through each handle's future."""
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        work = dist.broadcast(t, src=self.ctx.last_rank, group=self.ctx.group, async_op=True)
+        work.get_future().wait()
+
+
+def async_broadcast_via_future(ctx: TargetContext) -> AsyncBroadcastViaFuture:
+    return AsyncBroadcastViaFuture(ctx)

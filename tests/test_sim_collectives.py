@@ -15,7 +15,8 @@ _SCENARIO = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP, _STEP), pipelin
 
 
 @pytest.mark.parametrize("target", ["point_to_point", "point_to_point_async",
-                                    "point_to_point_any_source", "async_broadcast"])
+                                    "point_to_point_any_source", "async_broadcast",
+                                    "async_broadcast_via_future"])
 def test_drafts_sent_point_to_point_or_async_arrive_and_are_clean(cpu_pool, target):
     verdict = driver.evaluate(cpu_pool, f"tests.targets:{target}", _SCENARIO)
     assert verdict.ok, verdict.summary()
