@@ -40,6 +40,22 @@ def test_a_file_target_runs_on_the_ranks_with_its_sibling_imports(cpu_pool, tmp_
     assert good.ok, good.summary()
 
 
+def test_a_file_in_a_package_is_imported_as_part_of_it_and_its_relative_imports_work(
+        cpu_pool, tmp_path):
+    pkg = tmp_path / "engine_pkg_t" / "pp"
+    pkg.mkdir(parents=True)
+    for d in (pkg.parent, pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "base.py").write_text(_SIBLING.format(cls="PlainPreFix"))
+    (pkg / "handler.py").write_text("from .base import base\n\n\n"
+                                    "def make(ctx):\n    return base(ctx)\n")
+    target = f"{pkg / 'handler.py'}:make"
+    assert targets.import_name(target, str(pkg / "handler.py")) == "engine_pkg_t.pp.handler"
+    bad = driver.evaluate(cpu_pool, target, _one_step(),
+                          RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE}))
+    assert not bad.ok and bad.first.kind == "lifetime", bad.summary()
+
+
 @pytest.mark.parametrize(("file", "says"), [
     ("missing.py", "no such file"),
     ("my-handler.py", "rename it to a valid Python module name"),

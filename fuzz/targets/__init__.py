@@ -258,7 +258,10 @@ def import_name(name: str, module_name: str) -> str:
     """What to import a target's module by: a dotted name as it is; for the path
     of a ``.py`` file, its own name, with its folder put first on ``sys.path``,
     as ``python file.py`` would run it: its imports of the files beside it work,
-    and the ranks, given the same target, import the same module.
+    and the ranks, given the same target, import the same module. A file
+    inside a package (folders with an ``__init__.py``) is imported as part of
+    it, by its dotted name from the folder above the outermost one, as
+    ``python -m`` would: its relative imports work too.
     """
     if not module_name.endswith(".py"):
         return module_name
@@ -268,14 +271,25 @@ def import_name(name: str, module_name: str) -> str:
     if not path.stem.isidentifier():
         raise TargetError(f"target {name!r}: {path.name!r} cannot be imported by its name; "
                           f"rename it to a valid Python module name")
-    known = sys.modules.get(path.stem)
+    root, parts = path.parent, [path.stem]
+    while (root / "__init__.py").is_file() and root.name.isidentifier():
+        parts.insert(0, root.name)
+        root = root.parent
+    dotted = ".".join(parts)
+    top = sys.modules.get(parts[0])
+    if len(parts) > 1 and top is not None and str(root / parts[0]) not in {
+            str(Path(p).resolve()) for p in getattr(top, "__path__", ())}:
+        raise TargetError(f"target {name!r}: {path.name!r} is in package {parts[0]!r}, but "
+                          f"a package of that name is already imported from "
+                          f"{getattr(top, '__file__', None) or 'elsewhere'}")
+    known = sys.modules.get(dotted)
     known_file = getattr(known, "__file__", None)
     if known is not None and (known_file is None or Path(known_file).resolve() != path):
-        raise TargetError(f"target {name!r}: a module named {path.stem!r} is already imported "
+        raise TargetError(f"target {name!r}: a module named {dotted!r} is already imported "
                           f"from {known_file or 'elsewhere'}; rename {path.name!r}")
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    return path.stem
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return dotted
 
 
 def _import_failure(name: str, module_name: str, exc: BaseException) -> str:
