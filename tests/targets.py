@@ -395,17 +395,13 @@ def point_to_point_no_wait(ctx: TargetContext) -> PointToPointNoWait:
     return PointToPointNoWait(ctx)
 
 
-class SyncedByPolling(MainGatherSynced):
+class SyncedByPolling(SyncedWithoutTheSync):
     """``main-gather-synced`` polling until its work is done instead of
     synchronizing: the side stream's ``query()`` on the last rank, an event's
     before the receivers read the counts. Correct on a GPU."""
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        send = self._rows(draft_table, batch)
-        with torch.cuda.stream(self.side):
-            self.side.wait_stream(self.main)
-            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
-                self._bcast(t)
+        send = super()._send(draft_table, batch)
         while not self.side.query():
             pass
         return send
