@@ -15,6 +15,9 @@ from fuzz.messages import Observations
 from fuzz.protocols import Protocol, RankEnv
 from fuzz.reference import Applied
 
+LAST_RANK, OTHER_RANKS = "the last rank", "the other ranks"
+"""The handler's two roles, as reports name them."""
+
 PROTOCOL = Protocol(
     name="draft-broadcast",
     scenario="fuzz.scenario:Scenario",
@@ -33,6 +36,8 @@ PROTOCOL = Protocol(
     correct="main-gather",
     variants={"main-gather-synced": "fuzz.targets.pp_draft:main_gather_synced"},
     families=("vllm-pp", "vllm-pp-pre-pr"),
+    handler_methods={LAST_RANK: ("broadcast_drafts",),
+                     OTHER_RANKS: ("receive_drafts", "apply_received")},
 )
 
 

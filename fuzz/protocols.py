@@ -73,6 +73,8 @@ class Protocol:
     syncs): clean like it, runnable by name, not fuzzed by default."""
     families: tuple[str, ...] = ()
     """Upstream target families (``family@VERSION``) this protocol drives."""
+    handler_methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per role (as a report names it), the handler methods the runner calls there."""
 
     @property
     def targets(self) -> dict[str, str]:
@@ -116,6 +118,27 @@ def builtin_targets() -> dict[str, str]:
     for p in all_protocols().values():
         out.update(p.targets)
     return out
+
+
+def check_handler(p: Protocol, handler: Any, role: str | None = None) -> None:
+    """Raise ProtocolError, in one line, where ``handler`` (or a handler class)
+    lacks a method ``p``'s runner calls in ``role`` (None: in every role),
+    naming the protocol whose methods it has instead, if one."""
+    wanted = p.handler_methods.get(role, ()) if role is not None else tuple(
+        dict.fromkeys(m for ms in p.handler_methods.values() for m in ms))
+    missing = [m for m in wanted if not callable(getattr(handler, m, None))]
+    if not missing:
+        return
+    kind = handler if isinstance(handler, type) else type(handler)
+    where = f" on {role}" if role is not None else ""
+    hint = next((f"; it has the {q.name} protocol's methods: declare protocol = "
+                 f"{q.name!r} on the factory (a function attribute, or a class attribute "
+                 f"where the factory is the class)"
+                 for q in all_protocols().values() if q is not p and q.handler_methods
+                 and all(callable(getattr(handler, m, None))
+                         for ms in q.handler_methods.values() for m in ms)), "")
+    raise ProtocolError(f"the handler {kind.__qualname__} has no {', '.join(missing)}, which "
+                        f"the {p.name} protocol calls{where}{hint}")
 
 
 def of_target(name: str, factory: Callable[..., Any] | None = None) -> Protocol:

@@ -24,9 +24,10 @@ import torch
 
 from fuzz import stages
 from fuzz.dispatch_mode import unobserved
-from fuzz.draft_protocol import DraftObservations
+from fuzz.draft_protocol import LAST_RANK, OTHER_RANKS, PROTOCOL, DraftObservations
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.oracles.lifetime import DEVICE, PINNED
+from fuzz.protocols import check_handler
 from fuzz.reference import Applied, draft_rows, token_rows
 from fuzz.scenario import DEFAULT_SPIN, GATE_UNTIL, ITEMSIZE, Scenario, Step
 from fuzz.targets import Batch, Factory, TargetContext
@@ -137,6 +138,7 @@ class _Run:
         self.main = self.streams.current_stream()
         self.checker = lifetime_checker(ctx, options)
         self.handler = factory(ctx)
+        check_handler(PROTOCOL, self.handler, LAST_RANK if ctx.is_last_rank else OTHER_RANKS)
         k = scenario.num_spec_steps
         self.table = torch.zeros((scenario.max_num_reqs, k), dtype=torch.int64, device=self.dev)
         self._name(self.table, "draft_table")

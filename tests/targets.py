@@ -432,3 +432,21 @@ class AsyncBroadcastViaFuture(AsyncBroadcast):
 
 def async_broadcast_via_future(ctx: TargetContext) -> AsyncBroadcastViaFuture:
     return AsyncBroadcastViaFuture(ctx)
+
+
+class WeightSyncShaped:
+    """A handler class with the weight-sync protocol's methods and no
+    ``protocol`` attribute: as a factory it would be fuzzed as a draft broadcast."""
+
+    def __init__(self, ctx: TargetContext) -> None:
+        self.ctx = ctx
+
+    def send(self, named: object) -> None:
+        pass
+
+    def receive(self, meta: object, load: object) -> None:
+        pass
+
+
+def weight_sync_shaped(ctx: TargetContext) -> WeightSyncShaped:
+    return WeightSyncShaped(ctx)

@@ -19,6 +19,9 @@ def _cli(*args, cwd=ROOT):
     (["run", "--target", "no-such-target"], "unknown target 'no-such-target'"),
     (["run", "--target", "tests.nowhere:f"], "cannot import 'tests.nowhere'"),
     (["run", "--target", "tests.targets:not_callable"], "is not callable"),
+    (["run", "--target", "tests.targets:WeightSyncShaped"],
+     "has no broadcast_drafts, receive_drafts, apply_received, which the draft-broadcast "
+     "protocol calls; it has the weight-sync protocol's methods: declare protocol = "),
     (["run", "--world-size", "0"], "must be >= 1"),
     (["run", "--max-examples", "many"], "is not an integer"),
     (["run", "--budget", "nan"], "'nan' must be > 0"),

@@ -72,3 +72,15 @@ def test_a_file_target_that_cannot_load_says_why_in_one_line(tmp_path, file, say
 def test_a_file_target_names_no_hidden_corpus_folder():
     assert corpus.target_dir("./handler.py:make") == "handler.py-make"
     assert corpus.target_dir("pkg.mod:attr") == "pkg.mod-attr"
+
+
+def test_a_handler_without_its_protocols_methods_says_which_protocol_it_looks_like(cpu_pool):
+    verdict = driver.evaluate(cpu_pool, "tests.targets:weight_sync_shaped", _one_step())
+    first = verdict.first
+    assert first.kind == "crash", verdict.summary()
+    says = {1: "has no broadcast_drafts, which the draft-broadcast protocol calls on the "
+               "last rank",
+            0: "has no receive_drafts, apply_received, which the draft-broadcast protocol "
+               "calls on the other ranks"}[first.rank]
+    assert f"the handler WeightSyncShaped {says}; it has the weight-sync protocol's methods: " \
+           "declare protocol = 'weight-sync' on the factory" in first.message, first.message

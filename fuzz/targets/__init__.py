@@ -319,4 +319,9 @@ def check_importable(name: str) -> None:
     (a second or more of every start)."""
     if name in protocols.builtin_targets():
         return
-    load(name)
+    factory = load(name)
+    if isinstance(factory, type):  # the handler's class itself: its methods are known now
+        try:
+            protocols.check_handler(protocols.of_target(name, factory), factory)
+        except protocols.ProtocolError as exc:
+            raise TargetError(f"target {name!r}: {exc}") from None

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from fuzz.messages import Observations
 from fuzz.protocols import Protocol
 
+PRODUCER, CONSUMERS = "group rank 0", "the other ranks"
+"""The handler's two roles, as reports name them."""
+
 PROTOCOL = Protocol(
     name="weight-sync",
     scenario="fuzz.weight_sync.scenario:WeightSyncScenario",
@@ -34,6 +37,7 @@ PROTOCOL = Protocol(
                           "weight-sync-consumer-load-on-caller")},
     correct="weight-sync-ordered",
     families=("vllm-weights",),
+    handler_methods={PRODUCER: ("send",), CONSUMERS: ("receive",)},
 )
 
 

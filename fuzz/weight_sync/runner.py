@@ -18,10 +18,10 @@ import torch
 
 from fuzz.options import Hold as HoldMode
 from fuzz.options import RunOptions
-from fuzz.protocols import RankEnv
+from fuzz.protocols import RankEnv, check_handler
 from fuzz.runner import lifetime_checker
 from fuzz.scenario import DEFAULT_SPIN
-from fuzz.weight_sync import WeightSyncObservations
+from fuzz.weight_sync import CONSUMERS, PRODUCER, PROTOCOL, WeightSyncObservations
 from fuzz.weight_sync.context import Group, WeightSyncContext
 from fuzz.weight_sync.reference import TORCH_DTYPES, values
 from fuzz.weight_sync.scenario import Sync, WeightSyncScenario
@@ -55,6 +55,7 @@ class _Run:
             self._name(t, f"p{i}")
         self.streams.synchronize()
         self.handler = factory(ctx)
+        check_handler(PROTOCOL, self.handler, PRODUCER if ctx.is_producer else CONSUMERS)
         self.sent: list[tuple[int, list[torch.Tensor]]] = []
         self.received: list[tuple[int, list[torch.Tensor]]] = []
 
