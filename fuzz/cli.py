@@ -417,6 +417,7 @@ def _run(args: argparse.Namespace) -> int:
         if up is not None:
             print(f"{name}: {up.describe()}")
     results: list[Any] = []
+    misused: list[str] = []
     pool = RankPool(world, device, timeout=args.timeout)
     try:
         try:
@@ -425,7 +426,8 @@ def _run(args: argparse.Namespace) -> int:
             interrupted = True
             print(f"interrupted while the {world} ranks were starting: no target ran")
         else:
-            interrupted = _fuzz_each(pool, names, args, settings, options, world, results)
+            interrupted = _fuzz_each(pool, names, args, settings, options, world, results,
+                                     misused)
     finally:
         pool.close()
     restarts = pool.restarts
@@ -436,6 +438,8 @@ def _run(args: argparse.Namespace) -> int:
     if interrupted:
         _say_interrupted(args, [str(r.corpus_path) for r in results if r.corpus_path])
         return 130
+    if misused:
+        return 2
     return 1 if any(r.failure for r in results) else 0
 
 
@@ -445,8 +449,10 @@ def _say_interrupted(args: argparse.Namespace, saved: list[str]) -> None:
 
 
 def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, settings: Any,
-               options: RunOptions, world: int, results: list[Any]) -> bool:
-    """Fuzz each target in turn, appending to ``results``; True once Ctrl-C ended it."""
+               options: RunOptions, world: int, results: list[Any], misused: list[str]) -> bool:
+    """Fuzz each target in turn, appending to ``results``; True once Ctrl-C ended it.
+    A target the ranks find set up wrong is one line on stderr, in ``misused``,
+    and the next target runs."""
     from fuzz import driver
 
     for name in names:
@@ -461,6 +467,10 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
             res = exc.result
         except KeyboardInterrupt:  # outside the examples: nothing ran in this target
             res = driver.CampaignResult(target=name, interrupted=True)
+        except targets.TargetError as exc:
+            misused.append(str(exc))
+            print(f"streamfuzz: error: {exc}", file=sys.stderr, flush=True)
+            continue
         finally:
             progress.done()
         results.append(res)

@@ -68,6 +68,8 @@ def _settle(pool: RankPool, ticket: Ticket) -> Verdict:
     """
     outcome = pool.collect(ticket)
     assert outcome is not None
+    if outcome.usage is not None:
+        raise targets.TargetError(f"target {ticket.target!r}: {outcome.usage}")
     scenario, options = ticket.scenario, ticket.options
     verdict = _judge(outcome, scenario, options.values)
     if verdict.ok and "gate-timeout" in verdict.held:
@@ -92,6 +94,11 @@ def _judge(outcome: Outcome, scenario: Scenario, values: bool) -> Verdict:
 
 class _Found(FuzzError):
     """Raised into Hypothesis so that it shrinks; carries nothing Hypothesis needs."""
+
+
+class _Misused(KeyboardInterrupt):
+    """Carries a target set up wrong (``targets.TargetError``) out of Hypothesis,
+    which would take any other exception for a failure to shrink."""
 
 
 class _Stopped(KeyboardInterrupt):
@@ -332,6 +339,11 @@ class _Campaign:
             # that found none. A generating run always executes something.
             if Phase.generate in phases:
                 raise
+        except _Misused as exc:
+            for sent in self.flight:
+                self.pool.discard(sent.ticket)
+            self.flight.clear()
+            raise exc.args[0] from None
         except _Stopped:
             result.stopped = True
         except KeyboardInterrupt:
@@ -379,6 +391,8 @@ class _Campaign:
             stages.enter(stages.DRIVER)
             try:
                 self._body(scenario)
+            except targets.TargetError as exc:
+                raise _Misused(exc) from None
             finally:
                 stages.leave()
 

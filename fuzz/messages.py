@@ -139,10 +139,12 @@ class Done:
 @dataclass(frozen=True)
 class Raised:
     """Example ``eid`` raised on ``rank``: the exception line, the user's frames
-    (innermost first), and whether the rank exits after this (a CUDA error)."""
+    (innermost first), and whether the rank exits after this (a CUDA error).
+    ``usage``: the target is set up wrong (not a finding: the run stops)."""
 
     eid: int
     rank: int
     error: str
     frames: str
     fatal: bool
+    usage: bool = False

@@ -379,6 +379,8 @@ class _Serving:
                                        _env(self.device, self.group), msg.options)
             stages.restart(stages.MESSAGES)
             self.conn.send(Done(msg.eid, self.rank, obs))
+        except (targets.TargetError, protocols.ProtocolError) as exc:  # set up wrong
+            self.conn.send(Raised(msg.eid, self.rank, str(exc), "", False, usage=True))
         except Exception as exc:  # the target's failure is the finding
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             fatal = self.device.type == "cuda"

@@ -51,6 +51,8 @@ class Outcome:
 
     observations: list[Observations] = field(default_factory=list)
     failure: Failure | None = None
+    usage: str | None = None
+    """A rank found the target set up wrong (``Raised.usage``): what it said."""
 
 
 _PORT_TRIES = 3
@@ -551,7 +553,7 @@ class RankPool:
             else:
                 self.restart()
         if failure is not None:
-            return Outcome(failure=failure)
+            return Outcome(failure=failure, usage=ex.usage)
         return Outcome(observations=[ex.done[r] for r in range(self.world_size)])
 
 
@@ -574,6 +576,7 @@ class _Example:
         self.done: dict[int, Observations] = {}
         self.answered: set[int] = set()
         self.failure: Failure | None = None
+        self.usage: str | None = None
         self.broken = False
 
     def on_done(self, msg: Done) -> bool:
@@ -585,6 +588,8 @@ class _Example:
     def on_raised(self, msg: Raised) -> bool:
         if msg.eid != self.eid:
             return False
+        if msg.usage:
+            self.usage = self.usage or msg.error
         at = "".join(f"\n    {line}" for line in msg.frames.splitlines())
         self.failure = self.failure or Failure("crash", f"rank {msg.rank} raised {msg.error}{at}",
                                                msg.rank)

@@ -75,6 +75,20 @@ def test_run_finds_saves_and_reports_then_replay_confirms(tmp_path):
     assert "still fails" in rep.stdout
 
 
+def test_a_target_the_ranks_find_set_up_wrong_is_one_line_and_the_others_still_run(tmp_path):
+    report = tmp_path / "r.json"
+    out = _cli("run", "--target", "tests.targets:weight_sync_shaped", "--target", "main-gather",
+               "--device", "cpu", "--max-examples", "20", "--profile", "ci",
+               "--corpus", tmp_path / "corpus", "--report", report)
+    assert out.returncode == 2, out.stderr + out.stdout
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("streamfuzz: error: target 'tests.targets:weight_sync_shaped': "
+                           "the handler WeightSyncShaped has no "), line
+    assert "declare protocol = 'weight-sync'" in line
+    assert [t["target"] for t in json.loads(report.read_text())["targets"]] == ["main-gather"]
+    assert not any((tmp_path / "corpus").rglob("*.json"))  # no regression saved for it
+
+
 def test_replay_of_a_missing_path_is_one_line():
     out = _cli("replay", "no/such/dir")
     assert out.returncode == 2 and "no/such/dir: no such file or directory" in out.stderr
