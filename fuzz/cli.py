@@ -434,7 +434,8 @@ def _run(args: argparse.Namespace) -> int:
     if results:
         _print_table(results, device, world)
     if args.report:
-        _write_report(args.report, results, device, world, restarts, options, interrupted)
+        _write_report(args.report, results, device, world, restarts, options, interrupted,
+                      misused)
     if interrupted:
         _say_interrupted(args, [str(r.corpus_path) for r in results if r.corpus_path])
         return 130
@@ -554,7 +555,8 @@ def _print_table(results: list, device: str, world: int) -> None:
 
 
 def _write_report(path: Path, results: list, device: str, world: int, restarts: int,
-                  options: RunOptions, interrupted: bool = False) -> None:
+                  options: RunOptions, interrupted: bool = False,
+                  errors: list[str] | None = None) -> None:
     examples = sum(r.examples for r in results)
     elapsed = sum(r.elapsed_s for r in results)
     report = {
@@ -576,6 +578,7 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
                      "interrupted": r.interrupted,
                      "upstream": targets.provenance(r.target)}
                     for r in results],
+        "errors": list(errors or ()),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     corpus.write_json_atomic(path, report)

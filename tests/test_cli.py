@@ -85,7 +85,9 @@ def test_a_target_the_ranks_find_set_up_wrong_is_one_line_and_the_others_still_r
     assert line.startswith("streamfuzz: error: target 'tests.targets:weight_sync_shaped': "
                            "the handler WeightSyncShaped has no "), line
     assert "declare protocol = 'weight-sync'" in line
-    assert [t["target"] for t in json.loads(report.read_text())["targets"]] == ["main-gather"]
+    data = json.loads(report.read_text())
+    assert [t["target"] for t in data["targets"]] == ["main-gather"]
+    assert data["errors"] == [line.removeprefix("streamfuzz: error: ")]
     assert not any((tmp_path / "corpus").rglob("*.json"))  # no regression saved for it
 
 
