@@ -30,9 +30,9 @@ PROTOCOL = Protocol(
               "main-gather": "fuzz.targets.pp_draft:main_gather"},
     mutants={name: f"fuzz.targets.mutants:{name.replace('-', '_')}"
              for name in ("missing-wait", "wrong-record-stream", "receiver-no-wait",
-                          "receiver-no-record", "receiver-drops-idx", "sampled-before-wait",
-                          "early-event", "staging-buffer", "host-read-unsynced",
-                          "host-rewrites-staging")},
+                          "receiver-async-unwaited", "receiver-no-record", "receiver-drops-idx",
+                          "sampled-before-wait", "early-event", "staging-buffer",
+                          "host-read-unsynced", "host-rewrites-staging")},
     correct="main-gather",
     variants={"main-gather-synced": "fuzz.targets.pp_draft:main_gather_synced"},
     families=("vllm-pp", "vllm-pp-pre-pr"),

@@ -69,7 +69,7 @@ def _settle(pool: RankPool, ticket: Ticket) -> Verdict:
     outcome = pool.collect(ticket)
     assert outcome is not None
     if outcome.usage is not None:
-        raise targets.TargetError(f"target {ticket.target!r}: {outcome.usage}")
+        raise targets.TargetError(outcome.usage)
     scenario, options = ticket.scenario, ticket.options
     verdict = _judge(outcome, scenario, options.values)
     if verdict.ok and "gate-timeout" in verdict.held:

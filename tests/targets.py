@@ -354,28 +354,15 @@ def point_to_point_unrecorded(ctx: TargetContext) -> PointToPointUnrecorded:
 
 class AsyncBroadcast(MainGather):
     """main-gather with ``async_op=True`` broadcasts, each waited for at once on
-    the side stream, as ``dist.broadcast`` without it would. With ``wait``
-    False the receivers never wait for theirs: on a GPU the data arrives on
-    NCCL's own stream, ordered with nothing the receiver does."""
-
-    wait = True
+    the side stream, as ``dist.broadcast`` without it would (the built-in
+    mutant ``receiver-async-unwaited`` is its receivers never waiting)."""
 
     def _bcast(self, t: torch.Tensor) -> None:
-        work = dist.broadcast(t, src=self.ctx.last_rank, group=self.ctx.group, async_op=True)
-        if self.wait or self.ctx.rank == self.ctx.last_rank:
-            work.wait()
+        dist.broadcast(t, src=self.ctx.last_rank, group=self.ctx.group, async_op=True).wait()
 
 
 def async_broadcast(ctx: TargetContext) -> AsyncBroadcast:
     return AsyncBroadcast(ctx)
-
-
-class AsyncBroadcastNoWait(AsyncBroadcast):
-    wait = False
-
-
-def async_broadcast_no_wait(ctx: TargetContext) -> AsyncBroadcastNoWait:
-    return AsyncBroadcastNoWait(ctx)
 
 
 class PointToPointNoWait(PointToPoint):

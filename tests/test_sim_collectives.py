@@ -30,10 +30,10 @@ def test_a_send_on_a_side_stream_without_record_stream_is_a_lifetime_finding(cpu
     assert "sampled_tokens" in first.message and "c10d.send" in first.message, first.message
 
 
-@pytest.mark.parametrize("target, op", [("async_broadcast_no_wait", "c10d.broadcast_"),
-                                        ("point_to_point_no_wait", "c10d.recv_")])
+@pytest.mark.parametrize("target, op", [("receiver-async-unwaited", "c10d.broadcast_"),
+                                        ("tests.targets:point_to_point_no_wait", "c10d.recv_")])
 def test_a_receive_never_waited_for_races_with_the_apply_on_main(cpu_pool, target, op):
-    verdict = driver.evaluate(cpu_pool, f"tests.targets:{target}", _SCENARIO)
+    verdict = driver.evaluate(cpu_pool, target, _SCENARIO)
     assert not verdict.ok
     first = verdict.failures[0]
     assert first.kind == "race" and first.rank == 0, verdict.summary()

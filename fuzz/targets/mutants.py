@@ -8,6 +8,7 @@ fails CI. Every docstring states the planted bug.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from fuzz.targets import Batch, TargetContext
 from fuzz.targets.pp_draft import MainGather
@@ -46,6 +47,18 @@ class ReceiverNoWait(MainGather):
         idx_mapping, tokens, num_sampled, num_rejected, drafts, _done = self.pending.popleft()
         draft_table[idx_mapping] = drafts
         return tokens, num_sampled, num_rejected
+
+
+class ReceiverAsyncUnwaited(MainGather):
+    """The receiving ranks broadcast with ``async_op=True`` and never wait for
+    the work handles: NCCL writes the received tensors on a stream of its own,
+    which nothing the receiver does is ordered after, and main reads them when
+    it applies the step (read-after-write race)."""
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        work = dist.broadcast(t, src=self.ctx.last_rank, group=self.ctx.group, async_op=True)
+        if self.ctx.rank == self.ctx.last_rank:
+            work.wait()
 
 
 class ReceiverNoRecord(MainGather):
@@ -194,6 +207,10 @@ def wrong_record_stream(ctx: TargetContext) -> WrongRecordStream:
 
 def receiver_no_wait(ctx: TargetContext) -> ReceiverNoWait:
     return ReceiverNoWait(ctx)
+
+
+def receiver_async_unwaited(ctx: TargetContext) -> ReceiverAsyncUnwaited:
+    return ReceiverAsyncUnwaited(ctx)
 
 
 def receiver_no_record(ctx: TargetContext) -> ReceiverNoRecord:
