@@ -6,8 +6,8 @@ written against ``torch.cuda``: it makes streams and events, allocates with
 For the duration of one example (``session``), inside the rank process only:
 
 * ``torch.cuda``'s and ``torch.accelerator``'s stream, event and device calls,
-  and ``torch.Event``, are swapped for the simulated ones (``fuzz.streams``),
-  and restored after;
+  and ``torch.Event`` and ``torch.Stream``, are swapped for the simulated ones
+  (``fuzz.streams``), and restored after;
 * a torch-function mode rewrites every ``cuda`` device to ``cpu`` before torch
   parses the arguments (so nothing initialises CUDA), turns ``pin_memory``
   into a plain host copy, and keeps ``.cuda()``/``.to("cuda")`` copies;
@@ -345,6 +345,34 @@ def _torch_event(device: Any = None, **kwargs: Any) -> Any:
     return SimEvent(**kwargs)
 
 
+class _StreamType(type):
+    """``isinstance`` and ``issubclass`` against the stand-in ask torch's own ``Stream``."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        from fuzz.streams import _TORCH_STREAM
+
+        return isinstance(obj, _TORCH_STREAM)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        from fuzz.streams import _TORCH_STREAM
+
+        return issubclass(sub, _TORCH_STREAM)
+
+
+class _GenericStream(metaclass=_StreamType):
+    """``torch.Stream(device, priority=...)``, the device-generic stream: on a
+    CUDA device (or the current accelerator, which is CUDA here) a new simulated
+    stream; on the CPU, torch's own."""
+
+    def __new__(cls, device: Any = None, *, priority: int = 0, **kwargs: Any) -> Any:
+        from fuzz.streams import _TORCH_STREAM, SimStream
+
+        if device is not None and torch.device(device).type == "cpu":
+            return _TORCH_STREAM(device, priority=priority, **kwargs)
+        _check_index(device)
+        return SimStream(priority=priority)
+
+
 _KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
                    "cast", "lru_cache", "classproperty", "NewType", "Any", "Callable",
                    "Optional"})
@@ -428,6 +456,6 @@ def session(api: Any) -> Iterator[Memory]:
         stack.enter_context(_patched(torch.accelerator, accel))
         stack.enter_context(_patched(torch.cuda.graphs, _cuda_graphs()))
         stack.enter_context(_patched(torch.cuda.nvtx, _nvtx_patches()))
-        stack.enter_context(_patched(torch, {"Event": _torch_event}))
+        stack.enter_context(_patched(torch, {"Event": _torch_event, "Stream": _GenericStream}))
         stack.enter_context(_DeviceMode(memory))
         yield memory

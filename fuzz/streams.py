@@ -130,7 +130,12 @@ class _GpuSpan:
             pass
 
 
-class SimStream(torch.Stream):
+_TORCH_STREAM = torch.Stream
+"""torch's own ``Stream``, which a session swaps in the ``torch`` namespace
+(``cuda_on_cpu._GenericStream``)."""
+
+
+class SimStream(_TORCH_STREAM):
     """A CPU stream that exists only as an identity and a clock for listeners.
 
     Under CUDA on CPU it is also ``torch.cuda.Stream``: ``SimStream()`` then
@@ -144,7 +149,7 @@ class SimStream(torch.Stream):
 
     @classmethod
     def _make(cls, api: SimStreams, stream_id: int) -> SimStream:
-        self = torch.Stream.__new__(cls, stream_id=stream_id, device_type=0, device_index=0)
+        self = _TORCH_STREAM.__new__(cls, stream_id=stream_id, device_type=0, device_index=0)
         self._api = api
         return self
 

@@ -176,3 +176,11 @@ class ThreadedSendNoWait(ThreadedSend):
     """The sender thread's stream never waits for main, which wrote ``send``."""
 
     wait = False
+
+
+class GenericStreamPreFix(PlainPreFix):
+    """``PlainPreFix`` written device-generic: ``torch.Stream(device=...)``."""
+
+    def __init__(self, ctx) -> None:  # noqa: ANN001
+        super().__init__(ctx)
+        self.side = torch.Stream(device=ctx.device)

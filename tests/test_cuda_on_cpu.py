@@ -73,6 +73,29 @@ def test_torch_cuda_and_accelerator_run_on_the_simulated_streams():
             "record_stream"} <= set(seen)
 
 
+def test_the_device_generic_stream_and_event_are_simulated_on_a_cuda_device():
+    api = SimStreams()
+    seen = []
+    api.listeners.append(lambda what, *args: seen.append(what))
+    real = torch.Stream
+    with api.session():
+        for side in (torch.Stream(device="cuda"), torch.Stream("cuda:0", priority=-1),
+                     torch.Stream(), torch.Stream(device=torch.accelerator.current_accelerator())):
+            assert isinstance(side, SimStream) and isinstance(side, torch.Stream)
+            with torch.cuda.stream(side):
+                assert torch.cuda.current_stream() is side
+        assert issubclass(SimStream, torch.Stream)
+        ev = torch.Event(device="cuda")
+        ev.record(side)
+        assert isinstance(ev, SimEvent)
+        cpu = torch.Stream(device="cpu")  # torch's own
+        assert not isinstance(cpu, SimStream) and isinstance(cpu, torch.Stream)
+        with pytest.raises(NotSimulated):
+            torch.Stream(device="cuda:1")
+    assert torch.Stream is real
+    assert seen.count("new_stream") == 4
+
+
 def test_nvtx_annotations_run_and_order_nothing():
     # Engine code wraps its stream work in NVTX ranges; a CPU-only torch raises
     # for them, the simulation lets them through as the annotations they are.
@@ -101,12 +124,14 @@ def test_what_is_not_simulated_says_so_in_one_line():
 def test_every_patch_is_restored_after_the_session_even_on_error():
     cuda, accel = _names(torch.cuda), _names(torch.accelerator)
     graphs, nvtx = _names(torch.cuda.graphs), _names(torch.cuda.nvtx)
+    generic = (torch.Stream, torch.Event)
     real_gpu = torch.cuda.is_available()
     with pytest.raises(ZeroDivisionError), SimStreams().session():
         assert torch.cuda.is_available()
         raise ZeroDivisionError
     assert _names(torch.cuda) == cuda and _names(torch.accelerator) == accel
     assert _names(torch.cuda.graphs) == graphs and _names(torch.cuda.nvtx) == nvtx
+    assert (torch.Stream, torch.Event) == generic
     assert torch.cuda.is_available() == real_gpu
     if not real_gpu:
         with pytest.raises((RuntimeError, AssertionError)):  # torch's own "not compiled" error
@@ -121,6 +146,12 @@ def _one_step(world=2):
     step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
                 num_rejected=(0, 0))
     return Scenario(world_size=world, max_num_reqs=3, num_spec_steps=2, steps=(step,))
+
+
+def test_a_device_generic_handler_finds_pre_fix_on_cpu(cpu_pool):
+    v = driver.evaluate(cpu_pool, "tests.cuda_handlers:GenericStreamPreFix", _one_step(),
+                        LIFETIME)
+    assert v.first.kind == "lifetime" and v.first.message.startswith("idx_mapping"), v.summary()
 
 
 def test_an_unmodified_torch_cuda_handler_finds_pre_fix_on_cpu(cpu_pool, ci_settings):
