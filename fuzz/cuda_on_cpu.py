@@ -345,18 +345,18 @@ def _torch_event(device: Any = None, **kwargs: Any) -> Any:
     return SimEvent(**kwargs)
 
 
+TORCH_STREAM = torch.Stream
+"""torch's own ``Stream``: a session swaps ``_GenericStream`` in for it."""
+
+
 class _StreamType(type):
     """``isinstance`` and ``issubclass`` against the stand-in ask torch's own ``Stream``."""
 
     def __instancecheck__(cls, obj: Any) -> bool:
-        from fuzz.streams import _TORCH_STREAM
-
-        return isinstance(obj, _TORCH_STREAM)
+        return isinstance(obj, TORCH_STREAM)
 
     def __subclasscheck__(cls, sub: type) -> bool:
-        from fuzz.streams import _TORCH_STREAM
-
-        return issubclass(sub, _TORCH_STREAM)
+        return issubclass(sub, TORCH_STREAM)
 
 
 class _GenericStream(metaclass=_StreamType):
@@ -365,10 +365,10 @@ class _GenericStream(metaclass=_StreamType):
     stream; on the CPU, torch's own."""
 
     def __new__(cls, device: Any = None, *, priority: int = 0, **kwargs: Any) -> Any:
-        from fuzz.streams import _TORCH_STREAM, SimStream
+        from fuzz.streams import SimStream
 
         if device is not None and torch.device(device).type == "cpu":
-            return _TORCH_STREAM(device, priority=priority, **kwargs)
+            return TORCH_STREAM(device, priority=priority, **kwargs)
         _check_index(device)
         return SimStream(priority=priority)
 

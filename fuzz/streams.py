@@ -130,12 +130,7 @@ class _GpuSpan:
             pass
 
 
-_TORCH_STREAM = torch.Stream
-"""torch's own ``Stream``, which a session swaps in the ``torch`` namespace
-(``cuda_on_cpu._GenericStream``)."""
-
-
-class SimStream(_TORCH_STREAM):
+class SimStream(cuda_on_cpu.TORCH_STREAM):
     """A CPU stream that exists only as an identity and a clock for listeners.
 
     Under CUDA on CPU it is also ``torch.cuda.Stream``: ``SimStream()`` then
@@ -149,7 +144,8 @@ class SimStream(_TORCH_STREAM):
 
     @classmethod
     def _make(cls, api: SimStreams, stream_id: int) -> SimStream:
-        self = _TORCH_STREAM.__new__(cls, stream_id=stream_id, device_type=0, device_index=0)
+        self = cuda_on_cpu.TORCH_STREAM.__new__(cls, stream_id=stream_id, device_type=0,
+                                                device_index=0)
         self._api = api
         return self
 
@@ -612,10 +608,11 @@ class _Handle(Work):
     NCCL runs such a call on a stream of its own (one per process group, one
     per pair of ranks for point-to-point calls), after the current stream's
     work so far; waiting for the handle makes the waiting thread's current
-    stream wait for it, and NCCL holds the call's tensors until then. The data
-    is already there (the call waited for it); the listeners get the call as
-    ``async_op`` and each wait as ``wait_work``. A receive from any source
-    keeps the rank it came from."""
+    stream wait for it, and NCCL holds the call's tensors until then. Here the
+    data is there before anything reads it (the call waited for it, or it
+    lands first: ``_Receiving``); the listeners get the call as ``async_op``
+    and each wait as ``wait_work``. A receive from any source keeps the rank
+    it came from."""
 
     def __init__(self, api: SimStreams, func: Any, args: tuple, kwargs: dict,
                  result: list[torch.Tensor], source: int | None) -> None:
