@@ -307,6 +307,8 @@ def api_forms(pool: RankPool, target: str, batch: Sequence[Scenario], options: R
 def _reserved_mib(pool: RankPool) -> float | None:
     """Rank 0's CUDA caching allocator, reserved MiB (None off CUDA): a fuzzer
     run that grows it paid for new blocks the runs after it reuse."""
+    if pool.device != "cuda":
+        return None
     mem = pool.stats()
     got = mem[0].gpu_reserved if mem and mem[0] is not None else None
     return None if got is None else round(got / 2**20, 1)

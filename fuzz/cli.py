@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _terminate_as_interrupt():
             return _command(argv)
     except BadInput as exc:  # usage, target, corpus, options, upstream, ranks' start
-        print(f"streamfuzz: error: {exc}", file=sys.stderr)
+        _say_error(exc)
         return 2
     except KeyboardInterrupt:
         print("streamfuzz: interrupted", file=sys.stderr)
@@ -281,6 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"streamfuzz: crashed (exit {EXIT_CRASH}): a bug in streamfuzz or its "
               "environment, not a finding", file=sys.stderr)
         return EXIT_CRASH
+
+
+def _say_error(exc: BaseException) -> None:
+    """Bad usage or configuration, as the one line on stderr that says it."""
+    print(f"streamfuzz: error: {exc}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -470,7 +475,7 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
             res = driver.CampaignResult(target=name, interrupted=True)
         except targets.TargetError as exc:
             misused.append(str(exc))
-            print(f"streamfuzz: error: {exc}", file=sys.stderr, flush=True)
+            _say_error(exc)
             continue
         finally:
             progress.done()

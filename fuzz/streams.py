@@ -173,8 +173,8 @@ class SimStream(cuda_on_cpu.TORCH_STREAM):
     def query(self) -> bool:  # type: ignore[override]
         """True: every op has run. A program that goes on because of it has
         seen the stream's work done, as a host polling until True on a GPU
-        has: a sync for the listeners."""
-        self._api.emit("sync_stream", self)
+        has: a synchronize for the listeners."""
+        self.synchronize()
         return True
 
     def __enter__(self) -> SimStream:
@@ -221,8 +221,8 @@ class SimEvent:
         self._api.emit("wait_event", stream, self)
 
     def query(self) -> bool:
-        """True, and a sync for the listeners (see ``SimStream.query``)."""
-        self._api.emit("sync_event", self)
+        """True, and a synchronize for the listeners (see ``SimStream.query``)."""
+        self.synchronize()
         return True
 
     def synchronize(self) -> None:
@@ -492,7 +492,7 @@ def _collective(func: Any, args: tuple, kwargs: dict,
             else:
                 api.receive(_Receiving(work, pairs), programs)
             if not asynchronous:
-                return _back((tensors, _finished(_back(tensors, originals))), originals), None
+                return _back((tensors, _finished(programs)), originals), None
             handle = _Handle(api, func, args, kwargs, programs, None)
             return _back((tensors, handle.boxed()), originals), handle
         handles: list[_Handle] = []

@@ -143,6 +143,8 @@ def test_reserved_memory_is_rank_0s_in_mib_and_none_where_unknown():
     from fuzz.messages import Memory
 
     class _Pool:
+        device = "cuda"  # off CUDA the ranks are not asked
+
         def __init__(self, mem):
             self.mem = mem
 

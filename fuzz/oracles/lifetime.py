@@ -697,9 +697,10 @@ class TensorTracker:
                 self._follow(leaf, key, party, label, frames, kind)
         if view:
             return  # metadata only, no data touched
-        if on is not None and party != HOST:
-            self.model.wait_stream(on[0], party)
-            party = on[0]
+        backend = on if on is not None and party != HOST else None
+        if backend is not None:
+            self.model.wait_stream(backend[0], party)
+            party = backend[0]
         access = self.model.access
         for table, write in ((reads, False), (writes, True)):
             if len(table) == 1:  # the usual op: no list and dict built to dedupe one key
@@ -712,8 +713,8 @@ class TensorTracker:
                 self._follow(leaf, key, party, label, frames, kind)
                 if kind == PINNED and party != HOST:
                     access(key, party, True, label, frames)  # a copy into it
-        if on is not None and party != HOST:
-            self.model.hold(on[1], party, [k for _, k, _ in used])
+        if backend is not None:
+            self.model.hold(backend[1], party, [k for _, k, _ in used])
         elif party != HOST and (name in _HOST_SYNC_OPS
                                 or self._blocking_copy(name, args, kwargs, kinds, host_writes)):
             self.model.sync_stream(s)
