@@ -20,6 +20,7 @@ What is not simulated raises ``NotSimulated``: one line naming the call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 from collections.abc import Iterator
@@ -40,6 +41,33 @@ _expired = torch.UntypedStorage._expired
 DEVICE = torch.device("cuda", 0)
 """The device a target sees on the simulation (``ctx.device``)."""
 
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    """What ``torch.cuda.get_device_properties`` answers on the simulation: a
+    Hopper-class card, since engine code picks its kernels and buffer sizes by
+    capability and memory at start-up, and the fuzzer runs the paths it picks
+    for current GPUs."""
+
+    name: str = "simulated CUDA device (CPU)"
+    major: int = 9
+    minor: int = 0
+    total_memory: int = 80 * 2**30
+    multi_processor_count: int = 132
+    L2_cache_size: int = 50 * 2**20
+    warp_size: int = 32
+    max_threads_per_multi_processor: int = 2048
+    regs_per_multiprocessor: int = 65536
+    shared_memory_per_block: int = 48 * 2**10
+    shared_memory_per_block_optin: int = 227 * 2**10
+    shared_memory_per_multiprocessor: int = 228 * 2**10
+    is_integrated: int = 0
+    is_multi_gpu_board: int = 0
+
+
+SIMULATED_DEVICE = DeviceProperties()
+"""The one simulated device's properties; ``get_device_capability`` is its (major, minor)."""
 
 
 class NotSimulated(FuzzError, RuntimeError):
@@ -307,6 +335,18 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
     def set_device(device: Any) -> None:
         _check_index(device)
 
+    def get_device_properties(device: Any = None) -> DeviceProperties:
+        _check_index(device)
+        return SIMULATED_DEVICE
+
+    def get_device_name(device: Any = None) -> str:
+        _check_index(device)
+        return SIMULATED_DEVICE.name
+
+    def get_device_capability(device: Any = None) -> tuple[int, int]:
+        _check_index(device)
+        return SIMULATED_DEVICE.major, SIMULATED_DEVICE.minor
+
     return {
         "Stream": SimStream, "Event": SimEvent, "stream": stream, "StreamContext": stream,
         "current_stream": current_stream, "default_stream": default_stream,
@@ -314,7 +354,9 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
         "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
         "_lazy_init": lambda: None, "current_device": lambda: 0, "device_count": lambda: 1,
         "set_device": set_device, "device": _Device, "device_of": lambda t: _Device(),
-        "get_device_name": lambda device=None: "simulated CUDA device (CPU)",
+        "get_device_name": get_device_name,
+        "get_device_properties": get_device_properties,
+        "get_device_capability": get_device_capability,
         "is_current_stream_capturing": lambda: False, "empty_cache": lambda: None,
         "get_sync_debug_mode": lambda: 0, "set_sync_debug_mode": lambda mode: None,
     }

@@ -96,6 +96,23 @@ def test_the_device_generic_stream_and_event_are_simulated_on_a_cuda_device():
     assert seen.count("new_stream") == 4
 
 
+def test_device_queries_answer_for_one_hopper_class_card():
+    # Engine code picks kernels and buffer sizes by capability and memory at
+    # start-up (vLLM calls get_device_capability in well over a hundred places).
+    api = SimStreams()
+    with api.session():
+        assert torch.cuda.get_device_capability() == (9, 0)
+        assert torch.cuda.get_device_capability("cuda:0") == (9, 0)
+        props = torch.cuda.get_device_properties(0)
+        assert (props.major, props.minor) == torch.cuda.get_device_capability(0)
+        assert props.total_memory > 2**30 and props.multi_processor_count > 0
+        assert torch.cuda.get_device_name(torch.device("cuda", 0)) == props.name
+        for call in (torch.cuda.get_device_capability, torch.cuda.get_device_properties,
+                     torch.cuda.get_device_name):
+            with pytest.raises(NotSimulated):
+                call(1)
+
+
 def test_nvtx_annotations_run_and_order_nothing():
     # Engine code wraps its stream work in NVTX ranges; a CPU-only torch raises
     # for them, the simulation lets them through as the annotations they are.
