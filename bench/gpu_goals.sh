@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU tests, then the performance goals measured side by side, in one bounded command
-# (the steps' own timeouts add up to 580 s), with more examples and seeds than bench/gpu.sh
+# (the steps' own timeouts add up to 600 s), with more examples and seeds than bench/gpu.sh
 # gives a row, so that a median over seeds is not one slow seed: main-gather's fuzzer and
 # hand loop on CUDA (5 seeds of 200 examples, all oracles); the lifetime oracle's cost on
 # CUDA and on the CPU simulation; process start to the first failure for pre-fix and
@@ -21,6 +21,8 @@ say "machine: $(tr '\n' ' ' < "$w/machine.txt")"
 timeout 90 "$py" -m pytest -m gpu -n 8 -q -p no:cacheprovider tests > "$w/gpu-tests.log" 2>&1
 say "GPU tests: exit $? ($(tail -1 "$w/gpu-tests.log"))"
 grep -E '^(FAILED|ERROR)' "$w/gpu-tests.log" | tee -a "$out/summary.txt"
+timeout 30 "$py" bench/nccl_trace.py > "$w/nccl-trace.log" 2>&1
+say "nccl_trace: exit $?"; cat "$w/nccl-trace.log" >> "$out/summary.txt"
 
 bench() {  # bench DEVICE OUT SECONDS EXTRA...: main-gather, 5 seeds of 200 examples
   local device=$1 dir=$2 limit=$3; shift 3
@@ -31,7 +33,7 @@ bench() {  # bench DEVICE OUT SECONDS EXTRA...: main-gather, 5 seeds of 200 exam
   say "bench $device: exit $?"; head -12 "$w/$dir/bench.md" 2>/dev/null | tee -a "$out/summary.txt"
   grep -E 'reserved MiB|fuzzer .* ex/s' "$w/$dir.log" | tee -a "$out/summary.txt"
 }
-bench cuda bench-cuda 140 --cuda-world-size 1
+bench cuda bench-cuda 130 --cuda-world-size 1
 
 for d in cuda cpu; do
   timeout 35 "$py" bench/lifetime_cost.py --device $d --examples 40 --rounds 5 \

@@ -260,3 +260,54 @@ def test_hypothesis_shrinks_a_finding_on_real_streams(tmp_path):
     assert _shrunk_to(out, "test_my_overlap", "n=9") and _shrunk_to(out, "test_marker", "n=9")
     assert out.count("(device cuda)\nlifetime: a tensor int64[9] made by ") == 2, out
     assert block_frames in out and marker_frames in out, out
+
+
+def broadcast_then_write(wait: bool) -> None:
+    """The root's async broadcast reads ``x`` on the backend's stream: a write
+    on main before waiting for it races with that read."""
+    x = torch.ones(1 << 16, device="cuda")
+    work = dist.broadcast(x, src=0, async_op=True)
+    if wait:
+        work.wait()
+    x.add_(1)
+    work.wait()
+
+
+def waited_on_side_then_freed(record: bool) -> None:
+    """An async broadcast waited for on a side stream only, of a tensor made on
+    main: once the wait lets NCCL drop it, its free on main must be ordered
+    after the side stream (``record_stream``)."""
+    side = torch.cuda.Stream()
+    x = torch.ones(1 << 16, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dist.broadcast(x, src=0, async_op=True).wait()
+        if record:
+            x.record_stream(side)
+    del x
+
+
+def async_collective_findings(device: str) -> dict[str, list[str]]:
+    """Each form's findings, as ``kind: first line``."""
+    out = {}
+    for name, body in (("write after wait", lambda: broadcast_then_write(True)),
+                       ("write before wait", lambda: broadcast_then_write(False)),
+                       ("freed recorded", lambda: waited_on_side_then_freed(True)),
+                       ("freed unrecorded", lambda: waited_on_side_then_freed(False))):
+        with streamfuzz.checked(device=device, collect=True) as check:
+            body()
+        out[name] = [f"{f.kind}: {f.message.splitlines()[0]}" for f in check.findings]
+    return out
+
+
+def check_async_collective_findings(found: dict[str, list[str]]) -> None:
+    assert found["write after wait"] == [] and found["freed recorded"] == [], found
+    race = found["write before wait"]
+    assert len(race) == 1 and race[0].startswith("race:") and "nccl(" in race[0], found
+    freed = found["freed unrecorded"]
+    assert len(freed) == 1 and freed[0].startswith("lifetime:") and "nccl(" in freed[0], found
+    assert "record_stream of a stream that waited for nccl(" in freed[0], found
+
+
+def test_an_async_collective_runs_on_the_backends_stream_until_waited_for():
+    check_async_collective_findings(async_collective_findings("cpu"))

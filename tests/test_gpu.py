@@ -342,3 +342,11 @@ def test_the_runner_stages_batches_in_registered_host_memory():
     torch.cuda.synchronize(dev)
     staging.done()
     assert on_dev[0].tolist() == [0, 1, 2, 3, 4] and on_dev[1].tolist() == [[1, 2], [3, 4]]
+
+
+def test_an_async_collective_runs_on_nccls_stream_until_waited_for():
+    # The same forms and verdicts as on the CPU simulation (tests/test_checked.py):
+    # NCCL's own stream is read from the events its launch records.
+    from tests.test_checked import async_collective_findings, check_async_collective_findings
+
+    check_async_collective_findings(async_collective_findings("cuda"))

@@ -83,3 +83,55 @@ def test_event_and_stream_queries_are_wrapped_while_attached_and_restored_after(
         assert torch.cuda.Stream.query.__module__ == lifetime_cuda.__name__
     assert [torch.cuda.Event.__dict__.get("query"),
             torch.cuda.Stream.__dict__.get("query")] == before
+
+
+_MAIN, _NCCL, _PRE, _END, _FUTURE = 0x10, 0x20, 0xE1, 0xE2, 0xE3
+
+
+class _Launches(lifetime_cuda.CudaLifetimeChecker):
+    """The adapter with no CUDA: the current stream is ``_MAIN``, and ``op``
+    says where it would put a c10d op's accesses (holding its storage 7, as
+    the model does for an async collective)."""
+
+    def __init__(self) -> None:  # the model's parts only: no streams, no mode
+        from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
+
+        TensorTracker.__init__(self, LifetimeModel(0, {}), 0)
+        self.model.stream_names[_MAIN] = "main"
+        self._works = {}
+        self.ops: list[tuple[int, object]] = []
+
+    def _current(self) -> int:
+        return _MAIN
+
+    def _poll(self, frames=None):  # noqa: ANN001, ANN202
+        return frames
+
+    def op(self, func, args, kwargs, out, s, on=None):  # noqa: ANN001, ANN201
+        self.ops.append((s, on))
+        if on is not None:
+            self.model.hold(on[1], on[0], [7])
+
+
+def test_an_async_collective_runs_on_the_stream_nccl_recorded_its_end_event_on():
+    checker = _Launches()
+    # NCCL's launch: its stream waits for the current one, then the end event
+    # and the future's event are recorded on its stream.
+    checker._on_collective(None, (), {}, None, [
+        ("_on_event_record", (_PRE, _MAIN)), ("_on_event_wait", (_PRE, _NCCL)),
+        ("_on_event_record", (_END, _NCCL)), ("_on_event_record", (_FUTURE, _NCCL))])
+    assert checker.ops == [(_MAIN, (_NCCL, _END))]
+    assert checker.model.stream_names[_NCCL] == "nccl(stream 1)"
+    assert _PRE in checker.model.events and _FUTURE in checker.model.events
+    assert _END in checker.model.held
+    # Waiting on the future's event is waiting for the work: NCCL lets go.
+    checker._on_event_wait(_FUTURE, _MAIN)
+    assert _END not in checker.model.held
+
+
+def test_a_collective_nccl_ran_on_the_current_stream_is_an_op_there():
+    checker = _Launches()
+    checker._on_collective(None, (), {}, None, [("_on_event_record", (_END, _MAIN))])
+    checker._on_collective(None, (), {}, None, [])
+    assert checker.ops == [(_MAIN, None), (_MAIN, None)]
+    assert _END in checker.model.events and not checker.model.held

@@ -174,6 +174,8 @@ class LifetimeModel:
         self.events: dict[Any, Clock] = {}
         self.held: dict[Any, tuple[Any, list[int]]] = {}
         """Async collectives not waited for yet: their stream and storages (``hold``)."""
+        self.backends: set[Any] = set()
+        """The streams async collectives ran on (``hold``)."""
         self.storages: dict[int, StorageInfo] = {}
         self.findings: list[Failure] = []
         self.dropped = 0
@@ -213,6 +215,7 @@ class LifetimeModel:
         handle is waited for (what NCCL does instead of ``record_stream``)."""
         self.record_event(work, s)
         self.held[work] = (s, keys)
+        self.backends.add(s)
         for key in keys:
             info = self.storages.get(key)
             if info is not None and s != info.stream:
@@ -327,9 +330,13 @@ class LifetimeModel:
         alloc = self.name_of(info.stream)
         user = self.name_of(use.stream)
         verb = "writes" if use.write else "reads"
+        # A backend's stream is not the program's to record: the stream that
+        # waited for the collective's handle is.
+        cover = (f"record_stream of a stream that waited for {user}'s work"
+                 if use.stream in self.backends else f"record_stream({user})")
         msg = (f"{self._what(info)} was freed while stream {user} may still use it: "
                f"{user} {verb} it ({_at(use)}) and that use is neither ordered "
-               f"before {alloc}'s current point nor covered by record_stream({user}); "
+               f"before {alloc}'s current point nor covered by {cover}; "
                f"the block can be handed to the next allocation on {alloc} "
                f"(allocated on {alloc} by {info.alloc_op})"
                f"\n    freed (seen at):  {_fmt(free_frames)}"
@@ -465,6 +472,11 @@ def _op_info(func: Any) -> _OpInfo:
             bool(views) and all(views) or schema.name in _METADATA_OPS,
             schema.name.startswith("c10d::"), slots)
     return info
+
+
+def is_collective(func: Any) -> bool:
+    """Whether an op overload is a c10d op (a collective or point-to-point call)."""
+    return _op_info(func)[5]
 
 
 def _short(path: str) -> str:

@@ -5,7 +5,10 @@ verdicts. Ops come from a TorchDispatchMode on CUDA tensors (the stream is
 ``torch.cuda.current_stream()`` when the op is launched); ``record_stream`` is
 seen there and then executed; event record/wait (``wait_stream`` is one of
 each) and host synchronization come from ``torch.cuda._gpu_trace`` callbacks;
-frees from polling weak references, as on CPU. Pinned host memory is followed
+frees from polling weak references, as on CPU. A c10d op's callbacks are held
+back while it launches: they say which stream NCCL ran it on (the stream of
+the events it records last), and its accesses are placed there, between
+NCCL's wait for the current stream and its end event, as on CPU. Pinned host memory is followed
 too, with the host as its own party (see ``fuzz.oracles.lifetime``). Imported
 only when the lifetime oracle runs on CUDA, so a mistake here cannot break CPU
 runs.
@@ -26,7 +29,7 @@ from fuzz.dispatch_mode import (
     run_op,
     unobserved,
 )
-from fuzz.oracles.lifetime import LifetimeModel, TensorTracker, user_code
+from fuzz.oracles.lifetime import LifetimeModel, TensorTracker, is_collective, user_code
 
 _active: CudaLifetimeChecker | None = None
 _installed = False
@@ -36,6 +39,10 @@ def _forward(method: str) -> Any:
     def callback(*args: Any) -> None:
         checker = _active
         if checker is not None:
+            held = getattr(checker._launching, "calls", None)
+            if held is not None:  # a c10d op launching on this thread
+                held.append((method, args))
+                return
             checker._guarded(getattr(checker, method), *args, torch_ops=False)
     return callback
 
@@ -67,11 +74,25 @@ class _CudaDispatch(DispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        out = run_op(func, args, kwargs)
-        if func is RECORD_STREAM:
-            self.checker._guarded(self.checker._on_record_stream, args[0], args[1])
-            return out
-        self.checker._guarded(self.checker._on_op, func, args, kwargs, out)
+        checker = self.checker
+        if is_collective(func):
+            launching = checker._launching
+            launching.calls = calls = []
+            try:
+                out = run_op(func, args, kwargs)
+            except BaseException:
+                launching.calls = None
+                for method, a in calls:
+                    checker._guarded(getattr(checker, method), *a, torch_ops=False)
+                raise
+            launching.calls = None
+            checker._guarded(checker._on_collective, func, args, kwargs, out, calls)
+        else:
+            out = run_op(func, args, kwargs)
+            if func is RECORD_STREAM:
+                checker._guarded(checker._on_record_stream, args[0], args[1])
+                return out
+            checker._guarded(checker._on_op, func, args, kwargs, out)
         if self.reuse is not None:
             self.reuse.observe(func, args, kwargs, out)
         return out
@@ -159,6 +180,11 @@ class CudaLifetimeChecker(TensorTracker):
         self._reads = _HostReads()
         self._lock = threading.RLock()
         self._handles: dict[tuple[int, int, int], int] = {}
+        self._launching = threading.local()
+        """``calls``: the trace callbacks of the c10d op this thread is launching."""
+        self._works: dict[int, int] = {}
+        """Events NCCL recorded after a collective's end event (its future's):
+        waiting on one is waiting for that collective's work (its end event)."""
 
     @property
     def mode(self) -> _CudaDispatch:
@@ -225,16 +251,58 @@ class CudaLifetimeChecker(TensorTracker):
         # Blocking copies and .item() make the host wait: TensorTracker.op says so.
         self.op(func, args, kwargs, out, self._current())
 
+    def _on_collective(self, func: Any, args: tuple, kwargs: dict, out: Any,
+                       calls: list[tuple[str, tuple]]) -> None:
+        """A c10d op and the trace callbacks its launch made. NCCL records its
+        end event (then its future's) on the stream it ran the op on, last;
+        before that it made that stream wait for the current one. Where that
+        stream is the current one (a blocking collective, which NCCL runs
+        there), or the op recorded nothing, the op is an op on the current stream."""
+        s = self._current()
+        tail = len(calls)
+        backend = None
+        while tail and calls[tail - 1][0] == "_on_event_record":
+            stream = calls[tail - 1][1][1]
+            if backend is not None and stream != backend:
+                break
+            backend = stream
+            tail -= 1
+        names = self.model.stream_names
+        if backend is not None and backend not in names:
+            known = sum(n.startswith("nccl(") for n in names.values())
+            names[backend] = f"nccl(stream {known + 1})"
+        for method, a in calls[:tail]:
+            getattr(self, method)(*a)
+        if backend is None or backend == s:
+            self.op(func, args, kwargs, out, s)
+            for method, a in calls[tail:]:
+                getattr(self, method)(*a)
+            return
+        work = calls[tail][1][0]
+        self._works.pop(work, None)
+        self.op(func, args, kwargs, out, s, on=(backend, work))
+        for _, (event, _stream) in calls[tail + 1:]:
+            self._works[event] = work
+            self.model.record_event(event, backend)
+
     # -- trace callbacks --------------------------------------------------------
     def _on_event_record(self, event: int, stream: int) -> None:
         # No poll: a record moves no other party's clock, so a free seen at the
         # next op or stream call is judged the same. Records are most of the
         # callbacks (every collective, pinned copy and reuse-watch note).
+        if self._works:
+            self._works.pop(event, None)
         self.model.record_event(event, self._sid(stream))
 
     def _on_event_wait(self, event: int, stream: int) -> None:
         self._poll()
-        self.model.wait_event(self._sid(stream), event)
+        waiter = self._sid(stream)
+        work = self._works.get(event, event)
+        if work in self.model.held:  # waiting for an async collective's handle
+            self.model.wait_work(waiter, work)
+            if work == event:
+                return
+        self.model.wait_event(waiter, event)
 
     def _on_event_sync(self, event: int) -> None:
         self._poll()
