@@ -137,6 +137,7 @@ class _Run:
             self.memory is None) else None
         self.main = self.streams.current_stream()
         self.checker = lifetime_checker(ctx, options)
+        self.streams.hold_polls(0)  # none held before the first step
         self.handler = factory(ctx)
         check_handler(PROTOCOL, self.handler, LAST_RANK if ctx.is_last_rank else OTHER_RANKS)
         k = scenario.num_spec_steps
@@ -171,6 +172,7 @@ class _Run:
                 if not last:
                     self._release(3, before_step=i)
                     self._apply_due(i)
+                self.streams.hold_polls(step.pending_polls)
                 self._delays(step, "pre_call")
                 self._call(i, step)
                 self._release(1)

@@ -74,6 +74,9 @@ class CudaStreams:
         """A gate holding ``s`` until opened (harness-only); None without gates."""
         return self.gates.hold(s) if self.gates is not None else None
 
+    def hold_polls(self, n: int) -> None:
+        """Nothing: on a GPU, whether polled work is done is the GPU's answer."""
+
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """Note the streams a target makes with ``torch.cuda.Stream`` too: the
@@ -171,9 +174,12 @@ class SimStream(cuda_on_cpu.TORCH_STREAM):
         self._api.emit("sync_stream", self)
 
     def query(self) -> bool:  # type: ignore[override]
-        """True: every op has run. A program that goes on because of it has
-        seen the stream's work done, as a host polling until True on a GPU
-        has: a synchronize for the listeners."""
+        """True unless the scenario holds this poll (``SimStreams.hold_polls``).
+        A program that goes on because of a True has seen the stream's work
+        done, as a host polling until True on a GPU has: a synchronize for
+        the listeners."""
+        if not self._api.answer_poll(self):
+            return False
         self.synchronize()
         return True
 
@@ -221,7 +227,9 @@ class SimEvent:
         self._api.emit("wait_event", stream, self)
 
     def query(self) -> bool:
-        """True, and a synchronize for the listeners (see ``SimStream.query``)."""
+        """As ``SimStream.query``: True and a synchronize, unless the poll is held."""
+        if not self._api.answer_poll(self):
+            return False
         self.synchronize()
         return True
 
@@ -275,6 +283,10 @@ class SimStreams:
         the program must get these objects back, not a bare ``Work``."""
         self._handle_keys = itertools.count(1)
         self.memory = cuda_on_cpu.Memory()
+        self._polls_unfinished = 0
+        self.unfinished: Callable[[Any], bool] | None = None
+        """Whether the host does not know a stream's, event's or work handle's
+        work done (the lifetime checker's answer); None: every poll says done."""
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
         s = SimStream._make(self, next(self._next_id))
@@ -324,6 +336,22 @@ class SimStreams:
     def hold(self, s: Any) -> None:
         """No gates on simulated streams: every op has already run."""
         return None
+
+    def hold_polls(self, n: int) -> None:
+        """The next ``n`` polls of work the host does not know done answer
+        "not done" (``query()``, ``is_completed()``): the path a program takes
+        while the GPU is still busy, which the simulation, every op already
+        run, would otherwise never take. Work the host has synchronized with
+        is done, as on a GPU; without the lifetime checker nobody knows which
+        is which, and every poll says done."""
+        self._polls_unfinished = n
+
+    def answer_poll(self, polled: Any) -> bool:
+        """A poll's answer (see ``hold_polls``)."""
+        if self._polls_unfinished > 0 and self.unfinished is not None and self.unfinished(polled):
+            self._polls_unfinished -= 1
+            return False
+        return True
 
     def by_id(self, stream_id: int) -> SimStream:
         """The simulated stream behind a plain ``torch.Stream`` seen by aten."""
@@ -635,7 +663,7 @@ class _Handle(Work):
         self.wait()
 
     def is_completed(self) -> bool:
-        return True
+        return self._api.answer_poll(self)
 
     def is_success(self) -> bool:
         return True

@@ -11,11 +11,15 @@ smallest spin that still breaks the target.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
 from fuzz.scenario import Delay
+
+T = TypeVar("T")
 
 CYCLES = (100_000, 1_000_000, 5_000_000)
 UNTIL = ("after_churn", "before_next_call", "after_call", "")
@@ -47,3 +51,23 @@ def delay_lists(max_size: int = MAX_DELAYS) -> st.SearchStrategy[list[Delay]]:
 def delays(max_size: int = MAX_DELAYS) -> st.SearchStrategy[tuple[Delay, ...]]:
     """The delays of one step, as a step holds them."""
     return delay_lists(max_size).map(tuple)
+
+
+PENDING_POLLS = 3
+"""The most polls of a step drawn to answer "not done"."""
+
+
+@cache
+def _pending(steps: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, PENDING_POLLS), max_size=steps)
+
+
+def with_pending_polls(draw: Any, steps: list[T]) -> list[T]:
+    """``steps`` (a dataclass with ``pending_polls``: a draft step, a weight
+    sync), the first ones given polls that answer "not done" on simulated
+    streams. Drawn after the steps, as a list that shrinks to none, so that
+    the steps' own choices, their shrinking and the first examples are
+    what they are without it."""
+    counts = draw(_pending(len(steps)))
+    return [dataclasses.replace(s, pending_polls=n) if n else s
+            for s, n in zip(steps, counts)] + steps[len(counts):]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from fuzz.scenario import Scenario, Step
 from strategies.batches import batches
 from strategies.churn import churn_lists
-from strategies.interleavings import delay_lists
+from strategies.interleavings import delay_lists, with_pending_polls
 
 _REQS = st.integers(1, 16)
 _SPEC = st.integers(1, 4)
@@ -55,6 +55,6 @@ def scenarios(draw: Any, world_size: int = 1, max_steps: int = 6,
     k = draw(_SPEC)
     depth = draw(_DEPTH)
     step = steps(reqs, k)
-    body = [draw(step) for _ in range(count)]
+    body = with_pending_polls(draw, [draw(step) for _ in range(count)])
     return Scenario(world_size=world_size, max_num_reqs=reqs, num_spec_steps=k,
                     pipeline_depth=depth, steps=tuple(body))

@@ -24,6 +24,7 @@ from fuzz.weight_sync.scenario import (
     Sync,
     WeightSyncScenario,
 )
+from strategies.interleavings import with_pending_polls
 
 CYCLES = (100_000, 1_000_000, 5_000_000)
 _DTYPE_NAMES = tuple(DTYPES)
@@ -68,6 +69,7 @@ def weight_sync_scenarios(draw: Any, world_size: int = 1, max_params: int = 6,
     # Up to twice the total: one buffer for all, or chunks that split anywhere.
     buffer_bytes = draw(st.integers(1, 2 * total)) if total > 1 else 1
     num_buffers = draw(st.integers(1, 3))
-    syncs = tuple(draw(st.lists(_sync(len(params)), min_size=1, max_size=max_syncs)))
+    syncs = tuple(with_pending_polls(
+        draw, draw(st.lists(_sync(len(params)), min_size=1, max_size=max_syncs))))
     return WeightSyncScenario(world_size=world_size, params=params, buffer_bytes=buffer_bytes,
                               num_buffers=num_buffers, syncs=syncs)

@@ -437,3 +437,52 @@ class WeightSyncShaped:
 
 def weight_sync_shaped(ctx: TargetContext) -> WeightSyncShaped:
     return WeightSyncShaped(ctx)
+
+
+class PolledCounts(MainGather):
+    """Receivers copy each step's counts into a pinned buffer kept across
+    steps, on a copy stream, and read them only once the copy's event says
+    done; a step whose poll says "not done" skips the read. ``clears``: that
+    step also zeroes the buffer for the next copy, a host write the copy into
+    it may still follow (the bug). Found only where a poll answers "not done"
+    (``pending_polls``): on a GPU when the copy is slow, on simulated streams
+    when the scenario says so."""
+
+    clears = True
+
+    def __init__(self, ctx: TargetContext) -> None:
+        super().__init__(ctx)
+        self.copier = torch.cuda.Stream()
+        self.host = torch.zeros(ctx.max_num_reqs, dtype=torch.int32, pin_memory=True)
+        self.copied: tuple[torch.cuda.Event, int] | None = None
+        self.counts: list[int] = []
+
+    def apply_received(self, draft_table: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        tokens, num_sampled, num_rejected = super().apply_received(draft_table)
+        if self.copied is not None:
+            done, n = self.copied
+            if done.query():
+                self.counts = self.host[:n].tolist()
+            elif self.clears:
+                self.host.zero_()
+        n = num_sampled.numel()
+        self.copier.wait_stream(self.main)
+        with torch.cuda.stream(self.copier):
+            self.host[:n].copy_(num_sampled, non_blocking=True)
+            num_sampled.record_stream(self.copier)
+            done = torch.cuda.Event()
+            done.record()
+        self.copied = (done, n)
+        return tokens, num_sampled, num_rejected
+
+
+def polled_counts(ctx: TargetContext) -> PolledCounts:
+    return PolledCounts(ctx)
+
+
+class PolledCountsFixed(PolledCounts):
+    clears = False
+
+
+def polled_counts_fixed(ctx: TargetContext) -> PolledCountsFixed:
+    return PolledCountsFixed(ctx)

@@ -233,6 +233,17 @@ class LifetimeModel:
             if info is not None and key not in still:
                 info.recorded.discard(s)
 
+    def unfinished_stream(self, s: Any) -> bool:
+        """Whether ``s`` has work the host has not synchronized with."""
+        c = self.clocks.get(s)
+        return c is not None and c.get(s, 0) > self.host.get(s, 0)
+
+    def unfinished_event(self, event: Any) -> bool:
+        """Whether ``event`` was recorded after work the host has not
+        synchronized with (a never-recorded event is done, as in CUDA)."""
+        host = self.host
+        return any(host.get(k, 0) < v for k, v in self.events.get(event, {}).items())
+
     def sync_stream(self, s: Any) -> None:
         _join(self.host, self._clock(s))
 
@@ -797,11 +808,24 @@ class LifetimeChecker(TensorTracker):
 
     def attach(self) -> LifetimeChecker:
         self.streams.listeners.append(self)
+        self.streams.unfinished = self.unfinished
         return self
 
     def detach(self) -> None:
         if self in self.streams.listeners:
             self.streams.listeners.remove(self)
+        if self.streams.unfinished == self.unfinished:
+            self.streams.unfinished = None
+
+    def unfinished(self, polled: Any) -> bool:
+        """Whether the host does not know a polled stream's, event's or work
+        handle's work done (``SimStreams.hold_polls``)."""
+        key = getattr(polled, "event_id", None)
+        if key is None:
+            key = getattr(polled, "key", None)
+        if key is not None:
+            return self.model.unfinished_event(key)
+        return self.model.unfinished_stream(self._sid(polled))
 
     def _sid(self, s: Any) -> int:
         sid = s.stream_id

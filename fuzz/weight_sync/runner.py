@@ -54,6 +54,7 @@ class _Run:
         for i, t in enumerate(self.params):
             self._name(t, f"p{i}")
         self.streams.synchronize()
+        self.streams.hold_polls(0)  # none held before the first sync
         self.handler = factory(ctx)
         check_handler(PROTOCOL, self.handler, PRODUCER if ctx.is_producer else CONSUMERS)
         self.sent: list[tuple[int, list[torch.Tensor]]] = []
@@ -68,6 +69,7 @@ class _Run:
             for i, sync in enumerate(self.sc.syncs):
                 if self.checker is not None:
                     self.checker.step = i
+                self.streams.hold_polls(sync.pending_polls)
                 self._holds(sync)
                 if self.ctx.is_producer:
                     self._optimizer_step(i, sync)
