@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cache
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from hypothesis import strategies as st
 
@@ -58,16 +58,18 @@ PENDING_POLLS = 3
 
 
 @cache
-def _pending(steps: int) -> st.SearchStrategy[list[int]]:
+def pending_polls(steps: int) -> st.SearchStrategy[list[int]]:
+    """How many polls of each of the first steps answer "not done" on
+    simulated streams; a list that shrinks to none."""
     return st.lists(st.integers(0, PENDING_POLLS), max_size=steps)
 
 
-def with_pending_polls(draw: Any, steps: list[T]) -> list[T]:
-    """``steps`` (a dataclass with ``pending_polls``: a draft step, a weight
-    sync), the first ones given polls that answer "not done" on simulated
-    streams. Drawn after the steps, as a list that shrinks to none, so that
-    the steps' own choices, their shrinking and the first examples are
-    what they are without it."""
-    counts = draw(_pending(len(steps)))
+def with_pending_polls(counts: list[int], steps: list[T]) -> list[T]:
+    """``steps`` (dataclasses with ``pending_polls``: draft steps, weight
+    syncs), the first ones given ``counts``. Draw the counts first: a step
+    left over once the number of steps is lowered is then the last choices,
+    which the shrinker drops (after the steps, the counts would take those
+    choices as their own), and the simplest counts, none, leave the steps'
+    first examples and their shrinking as they were."""
     return [dataclasses.replace(s, pending_polls=n) if n else s
             for s, n in zip(steps, counts)] + steps[len(counts):]

@@ -73,9 +73,9 @@ def test_the_fuzzer_finds_it_and_shrinks_to_one_held_poll(cpu_pool, ci_settings,
     result = driver.fuzz(cpu_pool, "tests.targets:polled_counts", ci_settings,
                          max_examples=300, seed=seed)
     assert result.failure is not None and result.failure.kind == "race", "not found"
-    # One poll held, on a step after a copy was made (the first has none to poll).
+    # One poll held, on the step after the first copy: the smallest case.
     polls = [s.pending_polls for s in result.scenario.steps]
-    assert sum(polls) == 1 and polls[0] == 0, polls
+    assert polls == [0, 1], polls
     assert f"pending polls {','.join(map(str, polls))}" in result.scenario.describe()
 
 
@@ -92,6 +92,12 @@ def test_a_step_without_held_polls_writes_and_hashes_as_before():
     assert Scenario.from_dict(committed).to_dict() == committed
     assert path_of(Path("c"), "t", "race", Scenario.from_dict(committed)) == path_of(
         Path("c"), "t", "race", committed)
+
+
+def test_the_not_done_path_done_right_stays_clean(cpu_pool, ci_settings):
+    result = driver.fuzz(cpu_pool, "tests.targets:polled_counts_fixed", ci_settings,
+                         max_examples=150, seed=0)
+    assert result.failure is None and result.examples == 150, result.failure
 
 
 @pytest.mark.parametrize("value", [-1, 65, True, "1"])

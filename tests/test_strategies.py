@@ -53,28 +53,23 @@ def test_any_step_can_be_deleted_not_only_the_last(seed_):
     assert _slots(s) == [(0,), (0,), (0, 1)]
 
 
-def test_the_first_examples_broadcast():
+@pytest.mark.parametrize("seed_", range(5))
+def test_the_first_examples_broadcast(seed_):
     """Hypothesis fills its first examples with the simplest choices: those
-    must exercise the protocol, not send nothing. A share over seeds 0-4
-    together: one seed's 20 examples move with any choice added to a
-    scenario (12-20 of 20 broadcast over 40 seeds, a mean of 18.6)."""
-    shares = []
-    for seed_ in range(5):
-        drawn = []
+    must exercise the protocol, not send nothing."""
+    drawn = []
 
-        @seed(seed_)
-        @settings(profiles.get("ci"), max_examples=20)
-        @given(scenarios(world_size=2))
-        def record(s):
-            drawn.append(s)  # noqa: B023 - run at once, inside the loop
+    @seed(seed_)
+    @settings(profiles.get("ci"), max_examples=20)
+    @given(scenarios(world_size=2))
+    def record(s):
+        drawn.append(s)
 
-        with profiles.seed_only():
-            record()
-        broadcast = [any(step.broadcasts for step in s.steps) for s in drawn]
-        assert broadcast[0] and sum(broadcast) >= 0.6 * len(broadcast), (seed_, broadcast)
-        assert any(len(s.steps) > 1 for s in drawn[:10]), seed_
-        shares.append(sum(broadcast) / len(broadcast))
-    assert sum(shares) / len(shares) >= 0.85, shares
+    with profiles.seed_only():
+        record()
+    broadcast = [any(step.broadcasts for step in s.steps) for s in drawn]
+    assert broadcast[0] and sum(broadcast) >= 0.75 * len(broadcast), broadcast
+    assert any(len(s.steps) > 1 for s in drawn[:10])
 
 
 def test_hypothesis_copies_whole_steps_between_steps():
