@@ -29,7 +29,7 @@ FILL_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
               "float32": (-(2**24), 2**24), "uint8": (0, 255)}
 IDX_DTYPES = ("int32", "int64")
 MAX_PENDING_POLLS = 64
-"""The most polls of a step that a scenario may answer "not done" (``pending_polls``)."""
+"""The most polls a checked block may be told to answer "not done" (``streamfuzz.checked``)."""
 
 
 class ScenarioError(BadInput, ValueError):
@@ -62,8 +62,9 @@ class Delay:
     (``before_next_call``: after the next step's drafter), which forces the
     interleaving every time. Otherwise it is a spin of ``cycles`` GPU cycles
     (``until`` without ``cycles`` spins ``DEFAULT_SPIN``), which only makes
-    the interleaving likely. Simulated CPU streams ignore delays: the lifetime
-    oracle needs none.
+    the interleaving likely. Simulated CPU streams hold nothing (the lifetime
+    oracle needs no interleaving forced); there a delay holds polls instead
+    (``Step.pending_polls``).
     """
 
     point: str = "pre_call"
@@ -83,15 +84,17 @@ class Step:
     num_rejected: tuple[int, ...] = ()
     churn: tuple[Churn, ...] = ()
     delays: tuple[Delay, ...] = ()
-    pending_polls: int = 0
-    """On simulated streams, how many of the step's polls (an event's or a
-    stream's ``query()``, a work handle's ``is_completed()``) of work the host
-    has not synchronized with answer "not done", the first ones first: the
-    path a program takes while a GPU is still busy. A GPU gives its own answers."""
 
     @property
     def num_reqs(self) -> int:
         return len(self.idx_mapping)
+
+    @property
+    def pending_polls(self) -> int:
+        """On simulated streams, how many of the step's polls of work the host
+        has not synchronized with answer "not done" (``SimStreams.hold_polls``):
+        a GPU held answers so while it is busy; see ``polls_held``."""
+        return sum(polls_held(d.cycles, bool(d.until)) for d in self.delays)
 
     @property
     def broadcasts(self) -> bool:
@@ -110,7 +113,7 @@ class Scenario:
     steps: tuple[Step, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return without_idle_polls(plain(asdict(self)), "steps")
+        return plain(asdict(self))
 
     @classmethod
     def from_dict(cls, data: Any) -> Scenario:
@@ -178,44 +181,28 @@ class Scenario:
                 check(isinstance(d.cycles, int) and 0 <= d.cycles <= 10**8,
                        f"{w}.delays[{j}].cycles must be in 0..1e8")
                 check(d.until in GATE_UNTIL, f"{w}.delays[{j}].until must be one of {GATE_UNTIL}")
-            check_pending_polls(st.pending_polls, w)
 
     def describe(self) -> str:
         """A short human summary, used in reports."""
         sizes = ",".join(str(s.num_reqs) for s in self.steps)
         return (f"{len(self.steps)} steps (batch sizes {sizes or '-'}), "
                 f"max_num_reqs={self.max_num_reqs}, num_spec_steps={self.num_spec_steps}, "
-                f"pipeline_depth={self.pipeline_depth}, world_size={self.world_size}"
-                f"{describe_polls(self.steps)}")
+                f"pipeline_depth={self.pipeline_depth}, world_size={self.world_size}")
+
+
+def polls_held(cycles: int, gated: bool) -> int:
+    """Polls a hold of a GPU stream answers "not done" on simulated streams,
+    by how long it would hold on a GPU: 1 up to 1e5 cycles, 2 up to 1e6, 3
+    beyond, and a gate (held until a point of the step) as long as the longest."""
+    if gated and cycles == 0:
+        cycles = DEFAULT_SPIN
+    return 0 if cycles <= 0 else 1 if cycles <= 100_000 else 2 if cycles <= 1_000_000 else 3
 
 
 def check(ok: bool, message: str) -> None:
     """Raise ScenarioError(message) unless ok: every protocol's scenario validates with it."""
     if not ok:
         raise ScenarioError(message)
-
-
-def without_idle_polls(data: dict[str, Any], steps: str) -> dict[str, Any]:
-    """``data`` with every ``pending_polls`` of 0 left out: a scenario without
-    held polls writes, and hashes to a corpus name, as before they existed."""
-    for step in data[steps]:
-        if not step.get("pending_polls"):
-            step.pop("pending_polls", None)
-    return data
-
-
-def describe_polls(steps: Any) -> str:
-    """``describe``'s note of polls that answer "not done", where any do."""
-    if not any(s.pending_polls for s in steps):
-        return ""
-    return f", pending polls {','.join(str(s.pending_polls) for s in steps)}"
-
-
-def check_pending_polls(value: Any, where: str) -> None:
-    """``pending_polls`` of a step (every protocol's scenario has them)."""
-    check(isinstance(value, int) and not isinstance(value, bool)
-          and 0 <= value <= MAX_PENDING_POLLS,
-          f"{where}.pending_polls must be in 0..{MAX_PENDING_POLLS}")
 
 
 def fields_of(data: Any, cls: type, where: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from fuzz.scenario import Scenario, Step
 from strategies.batches import batches
 from strategies.churn import churn_lists
-from strategies.interleavings import delay_lists, pending_polls, with_pending_polls
+from strategies.interleavings import delay_lists
 
 _REQS = st.integers(1, 16)
 _SPEC = st.integers(1, 4)
@@ -42,8 +42,7 @@ def scenarios(draw: Any, world_size: int = 1, max_steps: int = 6,
               max_num_reqs: st.SearchStrategy[int] | None = None) -> Scenario:
     """Scenarios for a fixed world size (the ranks are already running).
 
-    The number of steps is drawn first, as a count (after the held polls,
-    whose simplest form, none, changes nothing: ``with_pending_polls``). Hypothesis's first
+    The number of steps is drawn first, as a count. Hypothesis's first
     examples vary their first few choices and leave the rest at the simplest
     (one step's simplest batch is one final request in slot 0): drawn first,
     the count gives those examples several steps that broadcast the same
@@ -51,12 +50,11 @@ def scenarios(draw: Any, world_size: int = 1, max_steps: int = 6,
     lowers it and drops a step's choices), where a list's continue flags only
     let it drop steps shorter than a few choices.
     """
-    polls = draw(pending_polls(max_steps))
     count = draw(_counts(max_steps))
     reqs = draw(max_num_reqs if max_num_reqs is not None else _REQS)
     k = draw(_SPEC)
     depth = draw(_DEPTH)
     step = steps(reqs, k)
-    body = with_pending_polls(polls, [draw(step) for _ in range(count)])
+    body = [draw(step) for _ in range(count)]
     return Scenario(world_size=world_size, max_num_reqs=reqs, num_spec_steps=k,
                     pipeline_depth=depth, steps=tuple(body))

@@ -24,7 +24,6 @@ from fuzz.weight_sync.scenario import (
     Sync,
     WeightSyncScenario,
 )
-from strategies.interleavings import pending_polls, with_pending_polls
 
 CYCLES = (100_000, 1_000_000, 5_000_000)
 _DTYPE_NAMES = tuple(DTYPES)
@@ -64,13 +63,11 @@ def _sync(draw: Any, num_params: int) -> Sync:
 def weight_sync_scenarios(draw: Any, world_size: int = 1, max_params: int = 6,
                           max_syncs: int = 3, scale: int = 1) -> WeightSyncScenario:
     """Scenarios for a fixed world size (the ranks are already running)."""
-    polls = draw(pending_polls(max_syncs))
     params = tuple(draw(st.lists(_params(scale), min_size=1, max_size=max_params)))
     total = sum(p.nbytes for p in params)
     # Up to twice the total: one buffer for all, or chunks that split anywhere.
     buffer_bytes = draw(st.integers(1, 2 * total)) if total > 1 else 1
     num_buffers = draw(st.integers(1, 3))
-    syncs = tuple(with_pending_polls(
-        polls, draw(st.lists(_sync(len(params)), min_size=1, max_size=max_syncs))))
+    syncs = tuple(draw(st.lists(_sync(len(params)), min_size=1, max_size=max_syncs)))
     return WeightSyncScenario(world_size=world_size, params=params, buffer_bytes=buffer_bytes,
                               num_buffers=num_buffers, syncs=syncs)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from fuzz.errors import FuzzError
+from fuzz.scenario import MAX_PENDING_POLLS
 from fuzz.verdict import Failure
 from streamfuzz import _group
 
@@ -71,8 +72,13 @@ class Check:
     __module__ = "streamfuzz"
 
     def __init__(self, device: str | None = None, oracles: Iterable[str] | None = None,
-                 collect: bool = False) -> None:
+                 collect: bool = False, pending_polls: int = 0) -> None:
         self.requested = _valid_device(device) if device is not None else None
+        if isinstance(pending_polls, bool) or not isinstance(pending_polls, int) or not (
+                0 <= pending_polls <= MAX_PENDING_POLLS):
+            raise ValueError(f"pending_polls must be an integer in 0..{MAX_PENDING_POLLS}, "
+                             f"not {pending_polls!r}")
+        self.pending_polls = pending_polls
         chosen = tuple(ORACLES if oracles is None else oracles)
         unknown = sorted(set(chosen) - set(ORACLES))
         if unknown:
@@ -102,7 +108,8 @@ class Check:
         _group.ensure()
         stack = contextlib.ExitStack()
         try:
-            self._checker = stack.enter_context(_session(self.device, bool(self.oracles)))
+            self._checker = stack.enter_context(
+                _session(self.device, bool(self.oracles), self.pending_polls))
         except BaseException:
             stack.close()
             raise
@@ -140,19 +147,22 @@ class Check:
 
 
 def checked(device: str | None = None, oracles: Iterable[str] | None = None,
-            collect: bool = False) -> Check:
+            collect: bool = False, pending_polls: int = 0) -> Check:
     """Check the stream code run inside the ``with`` block.
 
     ``device``: ``cpu``, ``cuda`` or ``auto`` (default: ``--streamfuzz-device``
     under pytest, else ``auto``). ``oracles``: which of ``ORACLES`` to report
     (default: all). ``collect``: keep findings in ``.findings`` instead of
-    raising ``StreamfuzzError`` at the block's end.
+    raising ``StreamfuzzError`` at the block's end. ``pending_polls``: on
+    ``cpu``, how many of the block's polls of unfinished work answer "not
+    done", so that the path for work still in flight runs (draw it with
+    Hypothesis); on ``cuda`` the GPU answers.
     """
-    return Check(device, oracles, collect)
+    return Check(device, oracles, collect, pending_polls)
 
 
 @contextlib.contextmanager
-def _session(device: str, check: bool) -> Iterator[Any]:
+def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
     """Streams for the block and, when ``check``, the lifetime checker watching them."""
     if device == "cuda":
         from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
@@ -174,6 +184,7 @@ def _session(device: str, check: bool) -> Iterator[Any]:
 
     streams = SimStreams()
     checker = LifetimeChecker(streams, group_rank=_group.rank()).attach() if check else None
+    streams.hold_polls(pending_polls)
     try:
         with streams.session():
             yield checker

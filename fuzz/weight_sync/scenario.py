@@ -10,14 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fuzz.scenario import (
-    check,
-    check_pending_polls,
-    describe_polls,
-    fields_of,
-    plain,
-    without_idle_polls,
-)
+from fuzz.scenario import check, fields_of, plain, polls_held
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "uint8": 1}
 """Parameter dtypes and their sizes in bytes."""
@@ -73,8 +66,11 @@ class Sync:
     writes: tuple[int, ...] = ()
     holds: tuple[Hold, ...] = ()
     churn: tuple[Churn, ...] = ()
-    pending_polls: int = 0
-    """As a draft step's (``fuzz.scenario.Step``): polls that answer "not done"."""
+
+    @property
+    def pending_polls(self) -> int:
+        """As a draft step's (``fuzz.scenario.Step.pending_polls``), from its holds."""
+        return sum(polls_held(h.cycles, bool(h.until)) for h in self.holds)
 
 
 @dataclass(frozen=True)
@@ -92,7 +88,7 @@ class WeightSyncScenario:
         return sum(p.nbytes for p in self.params)
 
     def to_dict(self) -> dict[str, Any]:
-        return without_idle_polls(plain(asdict(self)), "syncs")
+        return plain(asdict(self))
 
     @classmethod
     def from_dict(cls, data: Any) -> WeightSyncScenario:
@@ -107,8 +103,7 @@ class WeightSyncScenario:
                 holds=tuple(Hold(**fields_of(h, Hold, f"syncs[{i}].holds[{j}]"))
                             for j, h in enumerate(s.get("holds", ()))),
                 churn=tuple(Churn(**fields_of(c, Churn, f"syncs[{i}].churn[{j}]"))
-                            for j, c in enumerate(s.get("churn", ()))),
-                pending_polls=s.get("pending_polls", 0)))
+                            for j, c in enumerate(s.get("churn", ())))))
         scenario = cls(**top, params=params, syncs=tuple(syncs))
         scenario.validate()
         return scenario
@@ -144,7 +139,6 @@ class WeightSyncScenario:
                        f"syncs[{i}].churn[{j}].numel must be in 1..2**20")
                 check(isinstance(c.fill, int) and 0 <= c.fill <= 255,
                        f"syncs[{i}].churn[{j}].fill must be in 0..255")
-            check_pending_polls(s.pending_polls, f"syncs[{i}]")
 
     def describe(self) -> str:
         """A short human summary, used in reports."""
@@ -153,8 +147,7 @@ class WeightSyncScenario:
         holds = sum(len(s.holds) for s in self.syncs)
         return (f"{len(self.syncs)} syncs (writes {writes}), params [{params}] "
                 f"({self.total_bytes} B), buffer_bytes={self.buffer_bytes}, "
-                f"num_buffers={self.num_buffers}, holds={holds}, world_size={self.world_size}"
-                f"{describe_polls(self.syncs)}")
+                f"num_buffers={self.num_buffers}, holds={holds}, world_size={self.world_size}")
 
     def short(self) -> str:
         return f"{len(self.syncs)} syncs/{len(self.params)} params"
