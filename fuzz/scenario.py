@@ -28,8 +28,6 @@ ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "uint8": 1}
 FILL_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
               "float32": (-(2**24), 2**24), "uint8": (0, 255)}
 IDX_DTYPES = ("int32", "int64")
-MAX_PENDING_POLLS = 64
-"""The most polls a checked block may be told to answer "not done" (``streamfuzz.checked``)."""
 
 
 class ScenarioError(BadInput, ValueError):

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from fuzz.errors import FuzzError
-from fuzz.scenario import MAX_PENDING_POLLS
 from fuzz.verdict import Failure
 from streamfuzz import _group
 
@@ -27,6 +26,9 @@ ORACLES = ("lifetime", "race")
 """What a block can report: a storage freed while another stream may still use
 it (``lifetime``), unordered accesses from two streams or a stream and the host
 (``race``); both are the lifetime oracle's findings."""
+
+MAX_PENDING_POLLS = 64
+"""The most polls a block may be told to answer "not done" (``pending_polls``)."""
 
 _default_device = "auto"  # the one default; the pytest plugin sets it from --streamfuzz-device
 _active: Check | None = None
