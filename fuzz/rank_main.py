@@ -380,8 +380,9 @@ class _Serving:
             stages.restart(stages.MESSAGES)
             self.conn.send(Done(msg.eid, self.rank, obs))
         except (targets.TargetError, protocols.ProtocolError) as exc:  # set up wrong
-            said = str(exc) if isinstance(exc, targets.TargetError) else f"target {target!r}: {exc}"
-            self.conn.send(Raised(msg.eid, self.rank, said, "", False, usage=True))
+            if not isinstance(exc, targets.TargetError):
+                exc = targets.misused(target, exc)
+            self.conn.send(Raised(msg.eid, self.rank, str(exc), "", False, usage=True))
         except Exception as exc:  # the target's failure is the finding
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             fatal = self.device.type == "cuda"

@@ -311,6 +311,12 @@ def _import_failure(name: str, module_name: str, exc: BaseException) -> str:
             f"{type(exc).__name__}: {what[0] if what else ''}")
 
 
+def misused(name: str, exc: Exception) -> TargetError:
+    """A protocol's complaint about target ``name`` (its runners do not know
+    the name), as the one line the user sees, in the driver or from a rank."""
+    return TargetError(f"target {name!r}: {exc}")
+
+
 def check_importable(name: str) -> None:
     """Fail early, in the driver, on a target that cannot be imported.
 
@@ -324,4 +330,4 @@ def check_importable(name: str) -> None:
         try:
             protocols.check_handler(protocols.of_target(name, factory), factory)
         except protocols.ProtocolError as exc:
-            raise TargetError(f"target {name!r}: {exc}") from None
+            raise misused(name, exc) from None
