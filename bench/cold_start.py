@@ -37,13 +37,15 @@ _PG = ("import os, torch, torch.distributed as dist\n"
        "dev = torch.device({dev!r}, 0) if {dev!r} == 'cuda' else torch.device('cpu')\n"
        "cuda = dev.type == 'cuda'\n"
        "if cuda: torch.cuda.set_device(dev)\n"
-       "dist.init_process_group('nccl' if cuda else 'gloo',"
-       " **({{'device_id': dev}} if cuda else {{}}))\n"
-       "g = dist.new_group(backend='nccl' if cuda else 'gloo')\n"
+       "bound = {{'device_id': dev}} if cuda and {bound} else {{}}\n"
+       "dist.init_process_group('nccl' if cuda else 'gloo', **bound)\n"
+       "g = dist.new_group(backend='nccl' if cuda else 'gloo') if {own} else dist.group.WORLD\n"
        "t = torch.zeros(1, device=dev); dist.broadcast(t, 0, group=g)\n"
        "if cuda: torch.cuda.synchronize(dev)\n"
        "dist.destroy_process_group()\n")
-"""A rank's process group as ``fuzz.rank_main`` makes it, and one broadcast on it."""
+"""A rank's process group as ``fuzz.rank_main`` makes it (``bound``: the default
+group bound to the device, so NCCL starts at once; ``own``: a group of its own for
+the target), and one broadcast on it."""
 
 _GATES = ("import torch\nfrom fuzz.gates import Gates\n"
           "Gates.create(torch.device('cuda', 0), kinds=({kind!r},))\n")
@@ -56,8 +58,12 @@ def _phases(device: str) -> dict[str, str]:
         "import driver (fuzz.cli)": "import fuzz.cli, sys; assert 'torch' not in sys.modules",
         "import rank (fuzz.rank_main)": "import fuzz.rank_main",
         "first device tensor": f"import torch; torch.zeros(1, device={device!r})",
-        "process group + broadcast": _PG.format(dev=device),
+        "process group + broadcast": _PG.format(dev=device, bound=True, own=True),
     }
+    if device == "cuda":  # what NCCL's start costs, communicator by communicator
+        out["process group, default group only"] = _PG.format(dev=device, bound=True, own=False)
+        out["process group, not bound, own group"] = _PG.format(dev=device, bound=False,
+                                                                 own=True)
     if device == "cuda":
         out["gates, PTX (what ranks load)"] = _GATES.format(kind="ptx")
         out["gates, Triton, empty Triton cache"] = _GATES.format(kind="triton")
