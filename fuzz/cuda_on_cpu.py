@@ -357,6 +357,8 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
         "get_device_name": get_device_name,
         "get_device_properties": get_device_properties,
         "get_device_capability": get_device_capability,
+        "get_arch_list": lambda: [f"sm_{SIMULATED_DEVICE.major}{SIMULATED_DEVICE.minor}"],
+        "is_bf16_supported": lambda including_emulation=True: True,
         "is_current_stream_capturing": lambda: False, "empty_cache": lambda: None,
         "get_sync_debug_mode": lambda: 0, "set_sync_debug_mode": lambda mode: None,
     }

@@ -145,11 +145,16 @@ class SimStream(cuda_on_cpu.TORCH_STREAM):
     def __new__(cls, device: Any = None, priority: int = 0, **_: Any) -> SimStream:
         return _active().Stream(priority)
 
+    PRIORITIES = (0, -3)
+    """``priority_range()``: (least, greatest), what torch gives on current GPUs."""
+
     @classmethod
-    def _make(cls, api: SimStreams, stream_id: int) -> SimStream:
+    def _make(cls, api: SimStreams, stream_id: int, priority: int = 0) -> SimStream:
         self = cuda_on_cpu.TORCH_STREAM.__new__(cls, stream_id=stream_id, device_type=0,
                                                 device_index=0)
         self._api = api
+        least, greatest = cls.PRIORITIES
+        self._priority = min(least, max(greatest, priority))  # clamped, as CUDA does
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -158,6 +163,19 @@ class SimStream(cuda_on_cpu.TORCH_STREAM):
     @property
     def cuda_stream(self) -> int:
         return self.stream_id
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        """The simulated CUDA device: tensors made on ``stream.device`` stand for its memory."""
+        return cuda_on_cpu.DEVICE
+
+    @property
+    def priority(self) -> int:
+        return self._priority
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        return SimStream.PRIORITIES
 
     def wait_stream(self, other: Any) -> None:  # type: ignore[override]
         self._api.emit("wait_stream", self, other)
@@ -289,7 +307,7 @@ class SimStreams:
         work done (the lifetime checker's answer); None: every poll says done."""
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
-        s = SimStream._make(self, next(self._next_id))
+        s = SimStream._make(self, next(self._next_id), priority)
         self.created.append(s)
         self._by_id[s.stream_id] = s
         self.emit("new_stream", s)

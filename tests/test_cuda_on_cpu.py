@@ -113,6 +113,23 @@ def test_device_queries_answer_for_one_hopper_class_card():
                 call(1)
 
 
+def test_streams_answer_for_their_priority_and_device():
+    api = SimStreams()
+    with api.session():
+        least, greatest = torch.cuda.Stream.priority_range()
+        assert least == 0 and greatest < 0
+        assert torch.cuda.Stream(priority=-1).priority == -1
+        assert torch.cuda.Stream(priority=-100).priority == greatest  # clamped, as CUDA does
+        assert torch.cuda.current_stream().priority == 0
+        side = torch.cuda.Stream()
+        assert side.device == torch.device("cuda", 0)
+        # Made on the stream's device: device memory, as on a GPU.
+        assert api.memory.kind(torch.zeros(2, device=side.device)) == "device"
+        assert torch.cuda.is_bf16_supported() and torch.cuda.get_arch_list() == ["sm_90"]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            pass
+
+
 def test_nvtx_annotations_run_and_order_nothing():
     # Engine code wraps its stream work in NVTX ranges; a CPU-only torch raises
     # for them, the simulation lets them through as the annotations they are.
