@@ -29,7 +29,7 @@ from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.oracles.lifetime import DEVICE, PINNED
 from fuzz.protocols import check_handler
 from fuzz.reference import Applied, draft_rows, token_rows
-from fuzz.scenario import DEFAULT_SPIN, GATE_UNTIL, ITEMSIZE, Scenario, Step
+from fuzz.scenario import GATE_UNTIL, ITEMSIZE, Scenario, Step, spin_cycles
 from fuzz.targets import Batch, Factory, TargetContext
 
 _DTYPES = {name: getattr(torch, name) for name in ITEMSIZE}
@@ -337,7 +337,7 @@ class _Run:
                     self.open.append((gate, d.until, other, self.step))
                     self.held.add("gate")
                     continue
-            cycles = d.cycles or (DEFAULT_SPIN if d.until else 0)
+            cycles = spin_cycles(d.cycles, d.until)
             if cycles:
                 self.held.add(self.streams.spin(s, cycles))
 

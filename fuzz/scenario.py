@@ -92,7 +92,7 @@ class Step:
         """On simulated streams, how many of the step's polls of work the host
         has not synchronized with answer "not done" (``SimStreams.hold_polls``):
         a GPU held answers so while it is busy; see ``polls_held``."""
-        return sum(polls_held(d.cycles, bool(d.until)) for d in self.delays)
+        return sum(polls_held(d.cycles, d.until) for d in self.delays)
 
     @property
     def broadcasts(self) -> bool:
@@ -188,12 +188,17 @@ class Scenario:
                 f"pipeline_depth={self.pipeline_depth}, world_size={self.world_size}")
 
 
-def polls_held(cycles: int, gated: bool) -> int:
+def spin_cycles(cycles: int, until: str) -> int:
+    """The cycles a hold spins where it is not a gate: its own, else
+    ``DEFAULT_SPIN`` for a gate's hold (``until`` set), else none."""
+    return cycles or (DEFAULT_SPIN if until else 0)
+
+
+def polls_held(cycles: int, until: str) -> int:
     """Polls a hold of a GPU stream answers "not done" on simulated streams,
-    by how long it would hold on a GPU: 1 up to 1e5 cycles, 2 up to 1e6, 3
-    beyond, and a gate (held until a point of the step) as long as the longest."""
-    if gated and cycles == 0:
-        cycles = DEFAULT_SPIN
+    by how long it would spin on a GPU (``spin_cycles``): 1 up to 1e5 cycles,
+    2 up to 1e6, 3 beyond."""
+    cycles = spin_cycles(cycles, until)
     return 0 if cycles <= 0 else 1 if cycles <= 100_000 else 2 if cycles <= 1_000_000 else 3
 
 

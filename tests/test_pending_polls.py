@@ -25,8 +25,8 @@ def _scenario(*polls: int) -> Scenario:
 
 
 def test_a_delay_holds_polls_by_how_long_it_would_hold_a_gpu():
-    assert [polls_held(c, False) for c in (0, 100_000, 1_000_000, 5_000_000)] == [0, 1, 2, 3]
-    assert polls_held(0, True) == 3  # a gate: held until a point of the step
+    assert [polls_held(c, "") for c in (0, 100_000, 1_000_000, 5_000_000)] == [0, 1, 2, 3]
+    assert polls_held(0, "after_call") == 3  # a gate: held until a point of the step
     assert _scenario(0, 2).steps[1].pending_polls == 2
     # Derived, not stored: the corpus format and its hashes are as they were.
     assert "pending_polls" not in json.dumps(_scenario(0, 2).to_dict())

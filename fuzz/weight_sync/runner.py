@@ -20,7 +20,7 @@ from fuzz.options import Hold as HoldMode
 from fuzz.options import RunOptions
 from fuzz.protocols import RankEnv, check_handler
 from fuzz.runner import lifetime_checker
-from fuzz.scenario import DEFAULT_SPIN
+from fuzz.scenario import spin_cycles
 from fuzz.weight_sync import CONSUMERS, PRODUCER, PROTOCOL, WeightSyncObservations
 from fuzz.weight_sync.context import Group, WeightSyncContext
 from fuzz.weight_sync.reference import TORCH_DTYPES, values
@@ -121,7 +121,7 @@ class _Run:
                     self.open.append((gate, h.until))
                     self.held.add("gate")
                     continue
-            cycles = h.cycles or (DEFAULT_SPIN if h.until else 0)
+            cycles = spin_cycles(h.cycles, h.until)
             if cycles:
                 self.held.add(self.streams.spin(self.main, cycles))
 

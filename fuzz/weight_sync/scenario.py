@@ -70,7 +70,7 @@ class Sync:
     @property
     def pending_polls(self) -> int:
         """As a draft step's (``fuzz.scenario.Step.pending_polls``), from its holds."""
-        return sum(polls_held(h.cycles, bool(h.until)) for h in self.holds)
+        return sum(polls_held(h.cycles, h.until) for h in self.holds)
 
 
 @dataclass(frozen=True)
