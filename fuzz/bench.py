@@ -370,6 +370,7 @@ def from_process_start(device: str, world: int, target: str, seed: int, max_exam
     return {"seed": seed, "found": at is not None, "exit": proc.returncode,
             "s": at - t0 if at is not None else None,
             "examples": row.get("first_failure_examples"), "process_s": wall,
+            "fuzz_s": row.get("first_failure_s"), "rank_start_s": data.get("rank_start_s"),
             "error": None if data else proc.stderr.strip()[-300:]}
 
 

@@ -423,10 +423,12 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{name}: {up.describe()}")
     results: list[Any] = []
     misused: list[str] = []
+    start_s: dict[str, float] = {}
     pool = RankPool(world, device, timeout=args.timeout)
     try:
         try:
             pool.start()
+            start_s = dict(pool.info[0].setup_s) if pool.info else {}
         except KeyboardInterrupt:  # before any target ran: the report says so
             interrupted = True
             print(f"interrupted while the {world} ranks were starting: no target ran")
@@ -440,7 +442,7 @@ def _run(args: argparse.Namespace) -> int:
         _print_table(results, device, world)
     if args.report:
         _write_report(args.report, results, device, world, restarts, options, interrupted,
-                      misused)
+                      misused, start_s)
     if interrupted:
         _say_interrupted(args, [str(r.corpus_path) for r in results if r.corpus_path])
         return 130
@@ -561,7 +563,8 @@ def _print_table(results: list, device: str, world: int) -> None:
 
 def _write_report(path: Path, results: list, device: str, world: int, restarts: int,
                   options: RunOptions, interrupted: bool = False,
-                  errors: list[str] | None = None) -> None:
+                  errors: list[str] | None = None,
+                  rank_start_s: dict[str, float] | None = None) -> None:
     examples = sum(r.examples for r in results)
     elapsed = sum(r.elapsed_s for r in results)
     report = {
@@ -569,7 +572,8 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
         "device": device, "world_size": world, "examples": examples,
         "elapsed_s": round(elapsed, 3),
         "examples_per_s": round(examples / elapsed, 3) if elapsed else 0.0,
-        "rank_restarts": restarts, **options.to_dict(), "interrupted": interrupted,
+        "rank_restarts": restarts, "rank_start_s": dict(rank_start_s or {}),
+        **options.to_dict(), "interrupted": interrupted,
         "failures": [{"target": r.target, "kind": r.failure.kind,
                       "corpus_path": str(r.corpus_path), "message": r.failure.message,
                       "flaky": r.flaky, "shrinking_interrupted": r.interrupted}

@@ -67,6 +67,7 @@ def test_run_finds_saves_and_reports_then_replay_confirms(tmp_path):
     for key in ("target", "device", "world_size", "examples", "elapsed_s", "examples_per_s"):
         assert key in data
     assert data["device"] == "cpu" and data["world_size"] == 2
+    assert data["rank_start_s"]["process_group"] >= 0  # where a cold start went
     (failure,) = data["failures"]
     assert failure["kind"] == "value" and Path(failure["corpus_path"]).exists()
     assert "FOUND value" in out.stdout
