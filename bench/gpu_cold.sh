@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The cold start on a GPU, piece by piece, in one bounded command (the steps' timeouts add
-# up to 420 s): the GPU tests first (so that the code measured is the code that passes them),
-# then bench/start_pieces.py (CUDA's and NCCL's start after `import torch`, NCCL settings,
-# a context started beside the import), bench/cold_start.py's process-group rows, and
-# `python -m fuzz run` from process start to its first failure with rank 0's start phases.
+# The cold start on a GPU, in one bounded command (the steps' timeouts add up to 400 s): the
+# GPU tests first (so that the code measured is the code that passes them), then `python -m
+# fuzz run` from process start to its first failure, with rank 0's start phases, for pre-fix
+# and pr-fix, early CUDA ranks on and off (STREAMFUZZ_EARLY_CUDA), alternating, 5 seeds.
+# bench/start_pieces.py and bench/cold_start.py split a start further.
 # Usage, from the repository root: bash bench/gpu_cold.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: bench/gpu_cold.sh OUTDIR}
@@ -15,21 +15,16 @@ timeout 100 "$py" -m pytest -m gpu -n 8 -q -p no:cacheprovider tests > "$w/gpu-t
 say "GPU tests: exit $? ($(tail -1 "$w/gpu-tests.log"))"
 grep -E '^(FAILED|ERROR)' "$w/gpu-tests.log" | tee -a "$out/summary.txt"
 
-timeout 150 "$py" bench/start_pieces.py --repeat 3 --out "$w/pieces" > "$w/pieces.log" 2>&1
-say "start_pieces: exit $?"; cat "$w/pieces.log" >> "$out/summary.txt"
-
-timeout 70 "$py" bench/cold_start.py --device cuda --repeat 3 --only "process group" \
-    --out "$w/pg" > "$w/pg.log" 2>&1
-say "cold_start process group: exit $?"; cat "$w/pg.log" >> "$out/summary.txt"
-
-for seed in 0 1 2; do
-  for target in pre-fix pr-fix; do
-    timeout 15 "$py" -c "import json
+for seed in 0 1 2 3 4; do  # early CUDA ranks on and off, alternating
+  for early in 1 0; do
+    for target in pre-fix pr-fix; do
+      STREAMFUZZ_EARLY_CUDA=$early timeout 15 "$py" -c "import json
 from fuzz.bench import from_process_start
 from fuzz.options import DEFAULT
 print(json.dumps(from_process_start('cuda', 1, '$target', $seed, 200, 10.0, DEFAULT, 10.0)))" \
-        > "$w/cold-$target-$seed.log" 2>&1
-    say "cold start $target seed $seed: exit $?; $(tail -1 "$w/cold-$target-$seed.log")"
+          > "$w/cold-$target-$seed-early$early.log" 2>&1
+      say "cold start $target seed $seed early $early: exit $?; $(tail -1 "$w/cold-$target-$seed-early$early.log")"
+    done
   done
 done
 say "done"

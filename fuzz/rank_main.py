@@ -42,7 +42,7 @@ from fuzz.runner import run_scenario
 from fuzz.scenario import CHURN_DTYPES, Scenario
 from fuzz.streams import CudaStreams, SimStreams
 from fuzz.targets import TargetContext
-from fuzz.zygote import die_with_parent
+from fuzz.zygote import EARLY_CONTEXT_ENV, die_with_parent
 
 
 def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
@@ -53,6 +53,9 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
     spawned = os.environ.get("STREAMFUZZ_SPAWNED_AT")
     if spawned:
         phases["spawn"] = time.time() - float(spawned)
+    early = os.environ.get(EARLY_CONTEXT_ENV)
+    if early:  # an early rank: CUDA's context was made beside its imports
+        phases["early_context"] = float(early)
     mark = time.perf_counter()
 
     def phase(name: str) -> None:

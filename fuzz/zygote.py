@@ -16,6 +16,12 @@ ends once it has seen a GPU. Anything wrong with the zygote (it cannot start,
 dies, or does not answer) makes the pool spawn its ranks instead;
 ``STREAMFUZZ_ZYGOTE=0`` always does.
 
+A ``run`` that will likely use GPUs has its first world start early: the
+zygote forks one rank per device before its own imports, and each starts its
+device's context in a thread while it imports torch, so that CUDA's start is
+off the path to the first example (``STREAMFUZZ_EARLY_CUDA=0`` forks them
+after the imports instead, as every later world is).
+
 The driver side imports no torch. Requests and replies are JSON lines on the
 zygote's stdin and stdout: ``{"env", "cwd", "log"}`` in, ``{"ready"}`` once,
 ``{"pid"}`` per fork, ``{"gpus", "forks"}`` per probe and ``{"exit", "code"}``
@@ -32,6 +38,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -43,6 +50,9 @@ if TYPE_CHECKING:  # the driver imports this first thing: only what it must
 
 ENV = "STREAMFUZZ_ZYGOTE"
 """Set to 0 to spawn every rank (the zygote's off switch)."""
+
+EARLY_ENV = "STREAMFUZZ_EARLY_CUDA"
+"""Set to 0 to fork every CUDA rank from the zygote (early ranks' off switch)."""
 
 _REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
@@ -59,14 +69,17 @@ def enabled() -> bool:
 class Zygote:
     """The driver's handle on one zygote process (started at once, ready later)."""
 
-    def __init__(self, env: dict[str, str], log: Path | None = None) -> None:
-        """``env``: what the zygote imports under (the ranks get their own at fork)."""
+    def __init__(self, env: dict[str, str], log: Path | None = None,
+                 cuda_ranks: int = 0) -> None:
+        """``env``: what the zygote imports under (the ranks get their own at fork);
+        ``cuda_ranks``: CUDA ranks to start early, one per device from 0."""
         env = _own_env(env)
         self.env_key = _key(env)
         err = open(log, "wb") if log else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fuzz.zygote"], env=env, stdin=subprocess.PIPE,
+                [sys.executable, "-m", "fuzz.zygote", str(cuda_ranks)], env=env,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         finally:
             if log:
@@ -233,13 +246,48 @@ def prestart(argv: list[str]) -> None:
     if not enabled() or not argv or argv[0] != "run" or "-h" in argv or "--help" in argv:
         return
     try:
-        _early = Zygote(dict(os.environ))
+        _early = Zygote(dict(os.environ), cuda_ranks=_cuda_ranks(argv))
     except OSError:
         _early = None
     else:
         import atexit
 
         atexit.register(_discard)
+
+
+def _cuda_ranks(argv: list[str]) -> int:
+    """The CUDA ranks a ``run`` will likely start, guessed without CUDA or torch:
+    its ``--world-size``, else the GPUs the driver lists (``CUDA_VISIBLE_DEVICES``
+    bounds them). 0 where it runs on the CPU or early ranks are switched off. A
+    guess too high costs a rank started and ended; the world is what the driver
+    decides."""
+    if os.environ.get(EARLY_ENV, "1") == "0" or _flag(argv, "--device", "auto") == "cpu":
+        return 0
+    try:
+        gpus = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # CUDA reads it up to the first entry it cannot use
+        listed = [v.strip() for v in visible.split(",")]
+        gpus = min(gpus, next((i for i, v in enumerate(listed) if not v or v.startswith("-")),
+                              len(listed)))
+    try:
+        size = int(_flag(argv, "--world-size", "0"))
+    except ValueError:
+        size = 0
+    return min(size, gpus) if size > 0 else gpus
+
+
+def _flag(argv: list[str], name: str, default: str) -> str:
+    """The value of ``name`` in ``argv`` (``--name V`` or ``--name=V``), the last one given."""
+    value = default
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg[len(name) + 1:]
+    return value
 
 
 def early_gpus(timeout: float = 120.0) -> int | None:
@@ -281,32 +329,17 @@ def _discard() -> None:
 
 # -- the zygote process ------------------------------------------------------
 
-def _serve() -> int:
+def _serve(cuda_ranks: int) -> int:
     die_with_parent()
-    # Everything a rank imports before its first example, before any fork. The
-    # cyclic collector would scan the import's objects again and again (about
-    # a tenth of it); frozen, they are never scanned in the ranks either, nor
-    # copied on write by a scan.
-    gc.disable()
-    import fuzz.rank_main as rank_main
-    import fuzz.targets.mutants  # noqa: F401
-    import fuzz.targets.mutated  # noqa: F401
-    import fuzz.targets.pp_draft  # noqa: F401
-
-    try:  # what torch imports as a dispatch mode is first entered
-        import torch._subclasses.schema_check_mode  # noqa: F401
-    except ImportError:
-        pass
-
-    gc.freeze()
-
     start_cwd = os.getcwd()
+    early = _start_early(cuda_ranks, start_cwd)  # before torch: they import it beside us
+    rank_main = _import_rank()
     out = sys.stdout.fileno()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: set[int] = set()
+    children: set[int] = {pid for pid, _ in early.values()}
 
     def say(msg: dict[str, Any]) -> None:
         os.write(out, json.dumps(msg).encode() + b"\n")
@@ -344,11 +377,139 @@ def _serve() -> int:
                 if gpus and not forks:
                     return 0
                 continue
-            pid = os.fork()
-            if pid == 0:
-                _rank(rank_main, req, (inp, out, wake_r, wake_w), start_cwd)
-            children.add(pid)
+            pid = _hand_early(early, req, line, children)
+            if pid is None:
+                pid = os.fork()
+                if pid == 0:
+                    _rank(rank_main, req, (inp, out, wake_r, wake_w), start_cwd)
+                children.add(pid)
             say({"pid": pid})
+
+
+def _import_rank() -> Any:
+    """Everything a rank imports before its first example; ``fuzz.rank_main``.
+    The cyclic collector would scan the imports' objects again and again (about
+    a tenth of it); frozen, they are never scanned in the ranks either, nor
+    copied on write by a scan."""
+    gc.disable()
+    import fuzz.rank_main as rank_main
+    import fuzz.targets.mutants  # noqa: F401
+    import fuzz.targets.mutated  # noqa: F401
+    import fuzz.targets.pp_draft  # noqa: F401
+
+    try:  # what torch imports as a dispatch mode is first entered
+        import torch._subclasses.schema_check_mode  # noqa: F401
+    except ImportError:
+        pass
+    gc.freeze()
+    return rank_main
+
+
+# -- early CUDA ranks ----------------------------------------------------------
+# A forked rank starts CUDA only once the zygote has imported torch, and
+# CUDA's start then lies on the path to the first example. A rank forked from
+# the zygote before its imports can start its device's context in a thread
+# while it imports torch itself. The first world's ranks are such early ranks,
+# one per device the driver will likely use; later worlds are forked as before.
+
+def _start_early(count: int, start_cwd: str) -> dict[int, tuple[int, int]]:
+    """``count`` early ranks, by device index: each one's pid and the pipe its
+    request is handed on."""
+    early: dict[int, tuple[int, int]] = {}
+    for index in range(count):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            for _, fd in early.values():
+                os.close(fd)
+            _early_rank(index, r, start_cwd)
+        os.close(r)
+        early[index] = (pid, w)
+    return early
+
+
+def _early_rank(index: int, requests: int, start_cwd: str) -> None:
+    """In a child forked before any import: device ``index``'s context made in a
+    thread beside the imports, then the rank the zygote hands over, if any."""
+    try:
+        os.dup2(2, 1)  # the zygote's stdout carries its answers, not our imports' prints
+        die_with_parent(os.getppid())
+        took: list[float] = []
+        context = threading.Thread(target=_make_context, args=(index, took), daemon=True,
+                                   name="streamfuzz-early-context")
+        context.start()
+        rank_main = _import_rank()
+        context.join()
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = os.read(requests, 65536)
+            if not chunk:  # not needed after all
+                os._exit(0)
+            line += chunk
+        req = json.loads(line)
+    except BaseException:
+        os._exit(1)
+    if took:
+        req["env"][EARLY_CONTEXT_ENV] = f"{took[0]:.3f}"
+    _rank(rank_main, req, (requests,), start_cwd)
+
+
+EARLY_CONTEXT_ENV = "STREAMFUZZ_EARLY_CONTEXT_S"
+"""Set in an early rank: seconds its context took, beside its imports."""
+
+
+def _make_context(index: int, took: list[float]) -> None:
+    """Device ``index``'s primary context, the one torch's CUDA runtime adopts;
+    appends the seconds it took to ``took``, nothing where it failed (torch then
+    starts CUDA itself, as in a forked rank)."""
+    import ctypes
+
+    t0 = time.perf_counter()
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    if (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), index) == 0
+            and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0):
+        took.append(time.perf_counter() - t0)
+
+
+def _hand_early(early: dict[int, tuple[int, int]], req: dict[str, Any], line: bytes,
+                children: set[int]) -> int | None:
+    """The early rank for ``req``'s ``LOCAL_RANK``, handed ``req``; None: fork one.
+    Early ranks the first world has no place for are ended on its first request."""
+    env = req["env"]
+    try:
+        world, local = int(env.get("WORLD_SIZE", "0")), int(env.get("LOCAL_RANK", "-1"))
+    except ValueError:
+        world = local = -1
+    for index in [i for i in early if i >= world]:
+        _end_early(early.pop(index))
+    got = early.pop(local, None)
+    if got is None:
+        return None
+    pid, fd = got
+    if pid not in children:  # it died starting: fork instead
+        os.close(fd)
+        return None
+    try:
+        os.write(fd, line + b"\n")
+    except OSError:
+        _end_early(got)
+        return None
+    os.close(fd)
+    return pid
+
+
+def _end_early(early: tuple[int, int]) -> None:
+    pid, fd = early
+    os.close(fd)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _count_gpus() -> tuple[int, bool]:
@@ -404,11 +565,13 @@ def _rank(rank_main: Any, req: dict[str, Any], fds: tuple[int, ...], start_cwd: 
             os._exit(code)
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """A process the driver started (a spawned rank, the zygote, through it a
-    forked rank) must not outlive its parent, ``STREAMFUZZ_PARENT``: a driver
-    killed with -9 would otherwise leave a spare world waiting forever."""
-    parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
+    forked rank) must not outlive its parent, ``STREAMFUZZ_PARENT`` unless
+    ``parent`` is given: a driver killed with -9 would otherwise leave a spare
+    world waiting forever."""
+    if parent is None:
+        parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
     if not parent or not sys.platform.startswith("linux"):
         return
     try:
@@ -422,4 +585,4 @@ def die_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_serve())
+    sys.exit(_serve(int(sys.argv[1]) if len(sys.argv) > 1 else 0))

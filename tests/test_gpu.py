@@ -350,3 +350,26 @@ def test_an_async_collective_runs_on_nccls_stream_until_waited_for():
     from tests.test_checked import async_collective_findings, check_async_collective_findings
 
     check_async_collective_findings(async_collective_findings("cuda"))
+
+
+@pytest.mark.parametrize("early", ["1", "0"])
+def test_a_runs_first_cuda_rank_starts_its_context_beside_its_imports(tmp_path, early):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fuzz import zygote
+    from tests.test_zygote import ROOT
+
+    report = tmp_path / "r.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "fuzz", "run", "--device", "cuda", "--world-size", "1",
+         "--target", "pre-fix", "--max-examples", "20", "--seed", "0", "--profile", "ci",
+         "--shrink-budget", "1", "--corpus", str(tmp_path / "corpus"), "--report", str(report)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, **{zygote.EARLY_ENV: early}))
+    assert out.returncode == 1, out.stdout + out.stderr
+    data = json.loads(report.read_text())
+    assert [f["kind"] for f in data["failures"]] == ["lifetime"]
+    assert ("early_context" in data["rank_start_s"]) == (early == "1"), data["rank_start_s"]

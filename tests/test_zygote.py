@@ -146,3 +146,65 @@ def test_the_gpu_count_says_whether_the_zygote_still_forks(monkeypatch, compiled
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda)
     assert zygote._count_gpus() == expect
     assert bool(touched) == (compiled and nvml < 0)
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if _parent(int(entry)) == pid:
+                    out.add(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def test_early_ranks_become_the_first_world_and_the_surplus_is_ended(monkeypatch):
+    # Three started early (no GPU here: their contexts fail and torch is left
+    # to start the device, as in a forked rank), a world of two takes two.
+    early = zygote.Zygote(dict(os.environ), cuda_ranks=3)
+    deadline = time.monotonic() + 30
+    while len(_children(early.proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = _children(early.proc.pid)
+    assert len(started) == 3
+    monkeypatch.setattr(zygote, "_early", early)
+    with RankPool(2, "cpu", timeout=60.0) as pool:
+        assert pool._zygote is early
+        assert set(pool.pids) < started  # the ranks are early ones, not forks
+        assert driver.evaluate(pool, "main-gather", _SCN).ok
+        (surplus,) = started - set(pool.pids)
+        early.reap(5.0)
+        assert early.codes.get(surplus) == -signal.SIGKILL
+        pool.restart()  # a later world is forked after the imports
+        assert set(pool.pids).isdisjoint(started)
+        assert driver.evaluate(pool, "main-gather", _SCN).ok
+
+
+@pytest.mark.parametrize(("argv", "env", "gpus", "want"), [
+    (["run"], {}, 4, 4),
+    (["run", "--device", "cpu"], {}, 4, 0),
+    (["run", "--device=cuda", "--world-size", "2"], {}, 4, 2),
+    (["run", "--world-size=8"], {}, 4, 4),
+    (["run"], {"CUDA_VISIBLE_DEVICES": "1,3"}, 4, 2),
+    (["run"], {"CUDA_VISIBLE_DEVICES": "0,-1,2"}, 4, 1),
+    (["run"], {"CUDA_VISIBLE_DEVICES": ""}, 4, 0),
+    (["run"], {zygote.EARLY_ENV: "0"}, 4, 0),
+    (["run"], {}, None, 0),
+])
+def test_how_many_ranks_start_early(monkeypatch, argv, env, gpus, want):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    real = os.listdir
+
+    def listdir(path):
+        if str(path) == "/proc/driver/nvidia/gpus":
+            if gpus is None:
+                raise FileNotFoundError(path)
+            return [f"0000:{i:02x}:00.0" for i in range(gpus)]
+        return real(path)
+
+    monkeypatch.setattr(zygote.os, "listdir", listdir)
+    assert zygote._cuda_ranks(argv) == want
