@@ -505,11 +505,11 @@ def _hand_early(early: dict[int, tuple[int, int]], req: dict[str, Any], line: by
 
 def _end_early(early: tuple[int, int]) -> None:
     pid, fd = early
-    os.close(fd)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    os.close(fd)
 
 
 def _count_gpus() -> tuple[int, bool]:
