@@ -4,7 +4,7 @@
 # fuzz run` from process start to its first failure, with rank 0's start phases, for pre-fix
 # and pr-fix, early CUDA ranks on and off (STREAMFUZZ_EARLY_CUDA), alternating, 5 seeds.
 # bench/start_pieces.py and bench/cold_start.py split a start further.
-# Usage, from the repository root: bash bench/gpu_cold.sh OUTDIR
+# Usage, from the repository root: [SEEDS="0 1"] bash bench/gpu_cold.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: bench/gpu_cold.sh OUTDIR}
 source "$(dirname "$0")/_steps.sh"
@@ -15,7 +15,7 @@ timeout 100 "$py" -m pytest -m gpu -n 8 -q -p no:cacheprovider tests > "$w/gpu-t
 say "GPU tests: exit $? ($(tail -1 "$w/gpu-tests.log"))"
 grep -E '^(FAILED|ERROR)' "$w/gpu-tests.log" | tee -a "$out/summary.txt"
 
-for seed in 0 1 2 3 4; do  # early CUDA ranks on and off, alternating
+for seed in ${SEEDS:-0 1 2 3 4}; do  # early CUDA ranks on and off, alternating
   for early in 1 0; do
     for target in pre-fix pr-fix; do
       STREAMFUZZ_EARLY_CUDA=$early timeout 15 "$py" -c "import json
