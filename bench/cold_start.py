@@ -64,7 +64,6 @@ def _phases(device: str) -> dict[str, str]:
         out["process group, default group only"] = _PG.format(dev=device, bound=True, own=False)
         out["process group, not bound, own group"] = _PG.format(dev=device, bound=False,
                                                                  own=True)
-    if device == "cuda":
         out["gates, PTX (what ranks load)"] = _GATES.format(kind="ptx")
         out["gates, Triton, empty Triton cache"] = _GATES.format(kind="triton")
         out["gates, Triton, warm Triton cache"] = _GATES.format(kind="triton")

@@ -18,11 +18,7 @@ grep -E '^(FAILED|ERROR)' "$w/gpu-tests.log" | tee -a "$out/summary.txt"
 for seed in ${SEEDS:-0 1 2 3 4}; do  # early CUDA ranks on and off, alternating
   for early in 1 0; do
     for target in pre-fix pr-fix; do
-      STREAMFUZZ_EARLY_CUDA=$early timeout 15 "$py" -c "import json
-from fuzz.bench import from_process_start
-from fuzz.options import DEFAULT
-print(json.dumps(from_process_start('cuda', 1, '$target', $seed, 200, 10.0, DEFAULT, 10.0)))" \
-          > "$w/cold-$target-$seed-early$early.log" 2>&1
+      STREAMFUZZ_EARLY_CUDA=$early cold "$target" "$seed" "$w/cold-$target-$seed-early$early.log"
       say "cold start $target seed $seed early $early: exit $?; $(tail -1 "$w/cold-$target-$seed-early$early.log")"
     done
   done

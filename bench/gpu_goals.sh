@@ -43,11 +43,7 @@ done
 
 for seed in 0 1 2 3 4; do
   for target in pre-fix pr-fix; do
-    timeout 15 "$py" -c "import json
-from fuzz.bench import from_process_start
-from fuzz.options import DEFAULT
-print(json.dumps(from_process_start('cuda', 1, '$target', $seed, 200, 10.0, DEFAULT, 10.0)))" \
-        > "$w/cold-$target-$seed.log" 2>&1
+    cold "$target" "$seed" "$w/cold-$target-$seed.log"
     say "cold start $target seed $seed: exit $?; $(tail -1 "$w/cold-$target-$seed.log")"
   done
 done

@@ -22,15 +22,10 @@ import _script  # bench/_script.py, beside this script
 _PIECES = r"""
 import json, os, sys, time
 t = {"process": time.time()}
-if EARLY:
-    import ctypes, threading
-    def _ctx():
-        cuda = ctypes.CDLL("libcuda.so.1")
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        assert cuda.cuInit(0) == 0
-        assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
-        assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-    early = threading.Thread(target=_ctx)
+if EARLY:  # as an early rank makes it (fuzz.zygote)
+    import threading
+    from fuzz.zygote import _make_context
+    early = threading.Thread(target=_make_context, args=(0, []))
     early.start()
 import torch, torch.distributed as dist
 t["import torch"] = time.time()
@@ -74,13 +69,12 @@ def _run(env: dict[str, str], early: bool) -> dict[str, float]:
     if line is None:
         raise RuntimeError(f"probe failed ({r.returncode}): {r.stderr[-800:]}")
     stamps = json.loads(line[len("PIECES "):])
-    out, last = {"interpreter": stamps.pop("process") - t0}, None
+    out = {"interpreter": stamps.pop("process") - t0}
     prev = t0 + out["interpreter"]
     for name, at in stamps.items():
         out[name] = at - prev
         prev = at
-        last = at
-    out["total"] = (last or prev) - t0
+    out["total"] = prev - t0
     return out
 
 

@@ -54,6 +54,9 @@ ENV = "STREAMFUZZ_ZYGOTE"
 EARLY_ENV = "STREAMFUZZ_EARLY_CUDA"
 """Set to 0 to fork every CUDA rank from the zygote (early ranks' off switch)."""
 
+EARLY_CONTEXT_ENV = "STREAMFUZZ_EARLY_CONTEXT_S"
+"""Set in an early rank: seconds its context took, beside its imports."""
+
 _REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
@@ -454,9 +457,6 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
         req["env"][EARLY_CONTEXT_ENV] = f"{took[0]:.3f}"
     _rank(rank_main, req, (requests,), start_cwd)
 
-
-EARLY_CONTEXT_ENV = "STREAMFUZZ_EARLY_CONTEXT_S"
-"""Set in an early rank: seconds its context took, beside its imports."""
 
 
 def _make_context(index: int, took: list[float]) -> None:
