@@ -22,10 +22,15 @@ import _script  # bench/_script.py, beside this script
 _PIECES = r"""
 import json, os, sys, time
 t = {"process": time.time()}
+took = {"context": [], "nccl": []}
 if EARLY:  # as an early rank makes it (fuzz.zygote)
     import threading
-    from fuzz.zygote import _make_context
-    early = threading.Thread(target=_make_context, args=(0, []))
+    from fuzz.zygote import _make_context, _start_nccl
+    def _beside():
+        _make_context(0, took["context"])
+        if EARLY == "nccl":
+            _start_nccl(0, took["nccl"])
+    early = threading.Thread(target=_beside)
     early.start()
 import torch, torch.distributed as dist
 t["import torch"] = time.time()
@@ -47,6 +52,7 @@ dist.broadcast(x, 0, group=g)
 torch.cuda.synchronize(dev)
 t["first broadcast"] = time.time()
 dist.destroy_process_group()
+print("BESIDE " + json.dumps(took))
 print("PIECES " + json.dumps(t))
 """
 
@@ -61,7 +67,7 @@ _KNOBS: dict[str, dict[str, str]] = {
 }
 
 
-def _run(env: dict[str, str], early: bool) -> dict[str, float]:
+def _run(env: dict[str, str], early: bool | str) -> dict[str, float]:
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c", _PIECES.replace("EARLY", repr(early))], env=env,
                        capture_output=True, text=True, timeout=120)
@@ -75,6 +81,10 @@ def _run(env: dict[str, str], early: bool) -> dict[str, float]:
         out[name] = at - prev
         prev = at
     out["total"] = prev - t0
+    beside = next((x for x in r.stdout.splitlines() if x.startswith("BESIDE ")), None)
+    for name, took in json.loads(beside[len("BESIDE "):]).items() if beside else ():
+        if took:
+            out[f"beside: {name}"] = took[0]
     return out
 
 
@@ -93,17 +103,23 @@ def main() -> int:
             rows.setdefault(name, []).append(_run(dict(os.environ, **knobs), early=False))
         rows.setdefault("context beside import torch", []).append(
             _run(dict(os.environ), early=True))
+        rows.setdefault("context and NCCL's start beside import torch", []).append(
+            _run(dict(os.environ), early="nccl"))
     result = {}
     for name, runs in rows.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        keys = dict.fromkeys(k for r in runs for k in r)
+        med = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
         result[name] = {"median_s": med, "runs": runs}
         print(f"{name:30s} " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
-    log = args.out / "nccl-debug.log"
     env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="ALL",
                NCCL_DEBUG_TIMESTAMP_FORMAT="[%F %T.%6f] ")
-    r = subprocess.run([sys.executable, "-c", _PIECES.replace("EARLY", "False")], env=env,
-                       capture_output=True, text=True, timeout=120)
-    log.write_text(r.stdout + r.stderr)
+    for name, early in (("nccl-debug.log", False), ("nccl-debug-beside.log", "nccl")):
+        r = subprocess.run([sys.executable, "-c", _PIECES.replace("EARLY", repr(early))],
+                           env=env, capture_output=True, text=True, timeout=120)
+        (args.out / name).write_text(r.stdout + r.stderr)
+        for line in (r.stdout + r.stderr).splitlines():  # NCCL's own split of each init
+            if "Init timings" in line or "Init COMPLETE" in line:
+                print(f"{name}: {line}", flush=True)
     (args.out / "start_pieces.json").write_text(json.dumps(result, indent=1))
     return 0
 

@@ -10,6 +10,7 @@ examples; a CUDA error makes it exit, because its context is then unusable.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import pickle
 import queue
@@ -42,7 +43,7 @@ from fuzz.runner import run_scenario
 from fuzz.scenario import CHURN_DTYPES, Scenario
 from fuzz.streams import CudaStreams, SimStreams
 from fuzz.targets import TargetContext
-from fuzz.zygote import EARLY_CONTEXT_ENV, die_with_parent
+from fuzz.zygote import EARLY_START_ENV, die_with_parent
 
 
 def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
@@ -53,9 +54,9 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
     spawned = os.environ.get("STREAMFUZZ_SPAWNED_AT")
     if spawned:
         phases["spawn"] = time.time() - float(spawned)
-    early = os.environ.get(EARLY_CONTEXT_ENV)
-    if early:  # an early rank: CUDA's context was made beside its imports
-        phases["early_context"] = float(early)
+    early = os.environ.get(EARLY_START_ENV)
+    if early:  # an early rank: what it started beside its imports
+        phases.update(json.loads(early))
     mark = time.perf_counter()
 
     def phase(name: str) -> None:

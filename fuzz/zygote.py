@@ -18,9 +18,10 @@ dies, or does not answer) makes the pool spawn its ranks instead;
 
 A ``run`` that will likely use GPUs has its first world start early: the
 zygote forks one rank per device before its own imports, and each starts its
-device's context in a thread while it imports torch, so that CUDA's start is
-off the path to the first example (``STREAMFUZZ_EARLY_CUDA=0`` forks them
-after the imports instead, as every later world is).
+device's context and NCCL's once-a-process start in a thread while it imports
+torch, so that both are off the path to the first example
+(``STREAMFUZZ_EARLY_CUDA=0`` forks them after the imports instead, as every
+later world is; ``=context`` leaves NCCL's start to the process group).
 
 The driver side imports no torch. Requests and replies are JSON lines on the
 zygote's stdin and stdout: ``{"env", "cwd", "log"}`` in, ``{"ready"}`` once,
@@ -52,10 +53,11 @@ ENV = "STREAMFUZZ_ZYGOTE"
 """Set to 0 to spawn every rank (the zygote's off switch)."""
 
 EARLY_ENV = "STREAMFUZZ_EARLY_CUDA"
-"""Set to 0 to fork every CUDA rank from the zygote (early ranks' off switch)."""
+"""Set to 0 to fork every CUDA rank from the zygote (early ranks' off switch),
+to ``context`` to have early ranks start CUDA's context but not NCCL."""
 
-EARLY_CONTEXT_ENV = "STREAMFUZZ_EARLY_CONTEXT_S"
-"""Set in an early rank: seconds its context took, beside its imports."""
+EARLY_START_ENV = "STREAMFUZZ_EARLY_START"
+"""Set in an early rank: JSON, seconds each piece it started beside its imports took."""
 
 _REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
@@ -438,12 +440,12 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
     try:
         os.dup2(2, 1)  # the zygote's stdout carries its answers, not our imports' prints
         die_with_parent(os.getppid())
-        took: list[float] = []
-        context = threading.Thread(target=_make_context, args=(index, took), daemon=True,
-                                   name="streamfuzz-early-context")
-        context.start()
+        took: dict[str, float] = {}
+        beside = threading.Thread(target=_start_beside, args=(index, took), daemon=True,
+                                  name="streamfuzz-early-start")
+        beside.start()
         rank_main = _import_rank()
-        context.join()
+        beside.join()
         line = b""
         while not line.endswith(b"\n"):
             chunk = os.read(requests, 65536)
@@ -453,10 +455,21 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
         req = json.loads(line)
     except BaseException:
         os._exit(1)
-    if took:
-        req["env"][EARLY_CONTEXT_ENV] = f"{took[0]:.3f}"
+    req["env"][EARLY_START_ENV] = json.dumps(took)
     _rank(rank_main, req, (requests,), start_cwd)
 
+
+def _start_beside(index: int, took: dict[str, float]) -> None:
+    """An early rank's thread: device ``index``'s context, then NCCL's start
+    unless switched off; ``took`` gets the seconds of each piece that worked."""
+    for name, start in (("early_context", _make_context), ("early_nccl", _start_nccl)):
+        if name == "early_nccl" and os.environ.get(EARLY_ENV) == "context":
+            return
+        seconds: list[float] = []
+        start(index, seconds)
+        if not seconds:
+            return
+        took[name] = round(seconds[0], 3)
 
 
 def _make_context(index: int, took: list[float]) -> None:
@@ -473,6 +486,36 @@ def _make_context(index: int, took: list[float]) -> None:
     device, context = ctypes.c_int(), ctypes.c_void_p()
     if (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), index) == 0
             and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0):
+        took.append(time.perf_counter() - t0)
+
+
+def _start_nccl(index: int, took: list[float]) -> None:
+    """NCCL's once-a-process start (its CUDA and NVML set-up, the network probe),
+    paid by one communicator of device ``index`` alone, made and destroyed: a
+    process group made later starts without it. Loads the file torch's CUDA
+    library links (beside torch, by its rpath) or nothing, so that torch finds
+    this copy loaded; appends the seconds it took to ``took`` where it worked."""
+    import ctypes
+    import importlib.util
+
+    t0 = time.perf_counter()
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.origin:
+        return
+    path = os.path.join(os.path.dirname(os.path.dirname(spec.origin)),
+                        "nvidia", "nccl", "lib", "libnccl.so.2")
+    if not os.path.exists(path):
+        return
+    try:
+        nccl = ctypes.CDLL(path)
+    except OSError:
+        return
+    comm, devices = ctypes.c_void_p(), (ctypes.c_int * 1)(index)
+    if nccl.ncclCommInitAll(ctypes.byref(comm), 1, devices) == 0:
+        nccl.ncclCommDestroy(comm)
         took.append(time.perf_counter() - t0)
 
 

@@ -352,8 +352,8 @@ def test_an_async_collective_runs_on_nccls_stream_until_waited_for():
     check_async_collective_findings(async_collective_findings("cuda"))
 
 
-@pytest.mark.parametrize("early", ["1", "0"])
-def test_a_runs_first_cuda_rank_starts_its_context_beside_its_imports(tmp_path, early):
+@pytest.mark.parametrize("early", ["1", "context", "0"])
+def test_a_runs_first_cuda_rank_starts_cuda_and_nccl_beside_its_imports(tmp_path, early):
     import json
     import os
     import subprocess
@@ -372,4 +372,6 @@ def test_a_runs_first_cuda_rank_starts_its_context_beside_its_imports(tmp_path, 
     assert out.returncode == 1, out.stdout + out.stderr
     data = json.loads(report.read_text())
     assert [f["kind"] for f in data["failures"]] == ["lifetime"]
-    assert ("early_context" in data["rank_start_s"]) == (early == "1"), data["rank_start_s"]
+    phases = data["rank_start_s"]
+    assert ("early_context" in phases) == (early != "0"), phases
+    assert ("early_nccl" in phases) == (early == "1"), phases
