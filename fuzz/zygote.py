@@ -57,7 +57,8 @@ EARLY_ENV = "STREAMFUZZ_EARLY_CUDA"
 to ``context`` to have early ranks start CUDA's context but not NCCL."""
 
 EARLY_START_ENV = "STREAMFUZZ_EARLY_START"
-"""Set in an early rank: JSON, seconds each piece it started beside its imports took."""
+"""Set in an early rank: JSON, seconds each piece it started beside its imports
+took, and how long it then waited for its request (``early_idle``)."""
 
 _REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
@@ -446,6 +447,7 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
         beside.start()
         rank_main = _import_rank()
         beside.join()
+        ready = time.perf_counter()
         line = b""
         while not line.endswith(b"\n"):
             chunk = os.read(requests, 65536)
@@ -455,6 +457,7 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
         req = json.loads(line)
     except BaseException:
         os._exit(1)
+    took["early_idle"] = round(time.perf_counter() - ready, 3)  # more could go beside
     req["env"][EARLY_START_ENV] = json.dumps(took)
     _rank(rank_main, req, (requests,), start_cwd)
 

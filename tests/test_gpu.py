@@ -375,3 +375,4 @@ def test_a_runs_first_cuda_rank_starts_cuda_and_nccl_beside_its_imports(tmp_path
     phases = data["rank_start_s"]
     assert ("early_context" in phases) == (early != "0"), phases
     assert ("early_nccl" in phases) == (early == "1"), phases
+    assert ("early_idle" in phases) == (early != "0"), phases
