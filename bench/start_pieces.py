@@ -26,15 +26,17 @@ took = {"context": [], "nccl": []}
 if EARLY:  # as an early rank makes it (fuzz.zygote)
     import threading
     from fuzz.zygote import _make_context, _start_nccl
+    imported = threading.Event()
     def _beside():
         _make_context(0, took["context"])
         if EARLY == "nccl":
-            _start_nccl(0, took["nccl"])
+            _start_nccl(0, took["nccl"], imported)
     early = threading.Thread(target=_beside)
     early.start()
 import torch, torch.distributed as dist
 t["import torch"] = time.time()
 if EARLY:
+    imported.set()
     early.join()
     t["early context joined"] = time.time()
 dev = torch.device("cuda", 0)

@@ -442,10 +442,12 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
         os.dup2(2, 1)  # the zygote's stdout carries its answers, not our imports' prints
         die_with_parent(os.getppid())
         took: dict[str, float] = {}
-        beside = threading.Thread(target=_start_beside, args=(index, took), daemon=True,
-                                  name="streamfuzz-early-start")
+        imported = threading.Event()
+        beside = threading.Thread(target=_start_beside, args=(index, took, imported),
+                                  daemon=True, name="streamfuzz-early-start")
         beside.start()
         rank_main = _import_rank()
+        imported.set()
         beside.join()
         ready = time.perf_counter()
         line = b""
@@ -462,17 +464,18 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
     _rank(rank_main, req, (requests,), start_cwd)
 
 
-def _start_beside(index: int, took: dict[str, float]) -> None:
+def _start_beside(index: int, took: dict[str, float], imported: threading.Event) -> None:
     """An early rank's thread: device ``index``'s context, then NCCL's start
     unless switched off; ``took`` gets the seconds of each piece that worked."""
-    for name, start in (("early_context", _make_context), ("early_nccl", _start_nccl)):
-        if name == "early_nccl" and os.environ.get(EARLY_ENV) == "context":
-            return
-        seconds: list[float] = []
-        start(index, seconds)
-        if not seconds:
-            return
-        took[name] = round(seconds[0], 3)
+    seconds: list[float] = []
+    _make_context(index, seconds)
+    if not seconds:
+        return
+    took["early_context"] = round(seconds.pop(), 3)
+    if os.environ.get(EARLY_ENV) != "context":
+        _start_nccl(index, seconds, imported)
+        if seconds:
+            took["early_nccl"] = round(seconds.pop(), 3)
 
 
 def _make_context(index: int, took: list[float]) -> None:
@@ -492,30 +495,26 @@ def _make_context(index: int, took: list[float]) -> None:
         took.append(time.perf_counter() - t0)
 
 
-def _start_nccl(index: int, took: list[float]) -> None:
+def _start_nccl(index: int, took: list[float], imported: threading.Event) -> None:
     """NCCL's once-a-process start (its CUDA and NVML set-up, the network probe),
     paid by one communicator of device ``index`` alone, made and destroyed: a
-    process group made later starts without it. Loads the file torch's CUDA
-    library links (beside torch, by its rpath) or nothing, so that torch finds
-    this copy loaded; appends the seconds it took to ``took`` where it worked."""
+    process group made later starts without it. It waits for torch's import to
+    load its NCCL and uses that very library, never one of its own choosing;
+    where none is loaded by the time ``imported`` is set (a torch without CUDA,
+    or with NCCL linked in), it does nothing. Appends the seconds it took to
+    ``took`` where it worked."""
     import ctypes
-    import importlib.util
 
+    while True:
+        done = imported.is_set()
+        try:  # RTLD_NOLOAD: a handle on the library only if it is loaded already
+            nccl = ctypes.CDLL("libnccl.so.2", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            break
+        except OSError:
+            if done:
+                return
+            imported.wait(0.01)
     t0 = time.perf_counter()
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return
-    if spec is None or not spec.origin:
-        return
-    path = os.path.join(os.path.dirname(os.path.dirname(spec.origin)),
-                        "nvidia", "nccl", "lib", "libnccl.so.2")
-    if not os.path.exists(path):
-        return
-    try:
-        nccl = ctypes.CDLL(path)
-    except OSError:
-        return
     comm, devices = ctypes.c_void_p(), (ctypes.c_int * 1)(index)
     if nccl.ncclCommInitAll(ctypes.byref(comm), 1, devices) == 0:
         nccl.ncclCommDestroy(comm)
