@@ -210,3 +210,68 @@ def test_how_many_ranks_start_early(monkeypatch, argv, env, gpus, want):
 
     monkeypatch.setattr(zygote.os, "listdir", listdir)
     assert zygote._cuda_ranks(argv) == want
+
+
+class _FakeNccl:
+    """libnccl as ctypes would hand it over: loaded after ``loads_after`` looks."""
+
+    def __init__(self, loads_after: int, init_result: int = 0) -> None:
+        self.looks, self.loads_after, self.init_result = 0, loads_after, init_result
+        self.calls: list[tuple] = []
+
+    def cdll(self, name, mode=0):
+        assert name == "libnccl.so.2" and mode & os.RTLD_NOLOAD  # never loads one itself
+        self.looks += 1
+        if self.looks <= self.loads_after:
+            raise OSError("not loaded")
+        return self
+
+    def ncclCommInitAll(self, comm, n, devices):
+        self.calls.append(("init", n, list(devices)))
+        return self.init_result
+
+    def ncclCommDestroy(self, comm):
+        self.calls.append(("destroy",))
+        return 0
+
+
+@pytest.mark.parametrize(("loads_after", "init_result", "calls"), [
+    (3, 0, [("init", 1, [2]), ("destroy",)]),  # torch's import loads it: one comm of device 2
+    (10**9, 0, []),  # never loaded (no CUDA torch, NCCL linked in): nothing, once imported
+    (0, 5, [("init", 1, [2])]),  # NCCL refuses: nothing to destroy, nothing timed
+])
+def test_an_early_rank_starts_nccl_with_the_library_torch_loaded(monkeypatch, loads_after,
+                                                                  init_result, calls):
+    import ctypes
+    import threading
+
+    fake = _FakeNccl(loads_after, init_result)
+    monkeypatch.setattr(ctypes, "CDLL", fake.cdll)
+    imported, took = threading.Event(), []
+    thread = threading.Thread(target=zygote._start_nccl, args=(2, took, imported))
+    thread.start()
+    deadline = time.monotonic() + 30  # the import runs: it looks until the library is there
+    while fake.looks <= min(loads_after, 5) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if loads_after > 100:
+        assert thread.is_alive()  # not loaded, and the import not over: it keeps looking
+    imported.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert fake.calls == calls
+    assert len(took) == (1 if calls and init_result == 0 else 0)
+
+
+@pytest.mark.parametrize(("switch", "pieces"), [
+    ("1", ["early_context", "early_nccl"]),
+    ("context", ["early_context"]),
+])
+def test_the_early_start_pieces_follow_the_switch(monkeypatch, switch, pieces):
+    import threading
+
+    monkeypatch.setenv(zygote.EARLY_ENV, switch)
+    monkeypatch.setattr(zygote, "_make_context", lambda index, took: took.append(0.1))
+    monkeypatch.setattr(zygote, "_start_nccl", lambda index, took, imported: took.append(0.2))
+    took: dict[str, float] = {}
+    zygote._start_beside(0, took, threading.Event())
+    assert list(took) == pieces
