@@ -436,8 +436,9 @@ def _start_early(count: int, start_cwd: str) -> dict[int, tuple[int, int]]:
 
 
 def _early_rank(index: int, requests: int, start_cwd: str) -> None:
-    """In a child forked before any import: device ``index``'s context made in a
-    thread beside the imports, then the rank the zygote hands over, if any."""
+    """In a child forked before any import: device ``index``'s context and
+    NCCL's start made in a thread beside the imports, then the rank the zygote
+    hands over, if any."""
     try:
         os.dup2(2, 1)  # the zygote's stdout carries its answers, not our imports' prints
         die_with_parent(os.getppid())
@@ -459,7 +460,7 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
         req = json.loads(line)
     except BaseException:
         os._exit(1)
-    took["early_idle"] = round(time.perf_counter() - ready, 3)  # more could go beside
+    took["early_idle"] = round(time.perf_counter() - ready, 3)  # room left beside the imports
     req["env"][EARLY_START_ENV] = json.dumps(took)
     _rank(rank_main, req, (requests,), start_cwd)
 
@@ -496,7 +497,7 @@ def _make_context(index: int, took: list[float]) -> None:
 
 
 def _start_nccl(index: int, took: list[float], imported: threading.Event) -> None:
-    """NCCL's once-a-process start (its CUDA and NVML set-up, the network probe),
+    """NCCL's once-a-process start (mostly loading its kernels into the context),
     paid by one communicator of device ``index`` alone, made and destroyed: a
     process group made later starts without it. It waits for torch's import to
     load its NCCL and uses that very library, never one of its own choosing;
