@@ -2,8 +2,10 @@
 interpreter: the CUDA context, the default NCCL group bound to the device, the
 target's own group, the first broadcast. Then the same under NCCL settings that
 skip work a one-host rank does not need, and a CUDA context started beside
-``import torch`` (a thread calling the driver while the import runs) against
-one started after it. Needs a GPU; for the cold-start goal of ``bench/README.md``.
+``import torch`` (a thread calling the driver while the import runs), then NCCL's
+start beside it too, as an early rank makes them (``fuzz.zygote``), against
+both started after it. Writes NCCL's debug log of a start without and with them
+beside the import. Needs a GPU; for the cold-start goal of ``bench/README.md``.
 
     PYTHONPATH=. python bench/start_pieces.py --repeat 3 --out reports/start-pieces
 """
