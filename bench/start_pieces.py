@@ -24,15 +24,15 @@ import _script  # bench/_script.py, beside this script
 _PIECES = r"""
 import json, os, sys, time
 t = {"process": time.time()}
-took = {"context": [], "nccl": []}
+took = {}
 if EARLY:  # as an early rank makes it (fuzz.zygote)
     import threading
     from fuzz.zygote import _make_context, _start_nccl
     imported = threading.Event()
     def _beside():
-        _make_context(0, took["context"])
+        took["context"] = _make_context(0)
         if EARLY == "nccl":
-            _start_nccl(0, took["nccl"], imported)
+            took["nccl"] = _start_nccl(0, imported)
     early = threading.Thread(target=_beside)
     early.start()
 import torch, torch.distributed as dist
@@ -87,8 +87,8 @@ def _run(env: dict[str, str], early: bool | str) -> dict[str, float]:
     out["total"] = prev - t0
     beside = next((x for x in r.stdout.splitlines() if x.startswith("BESIDE ")), None)
     for name, took in json.loads(beside[len("BESIDE "):]).items() if beside else ():
-        if took:
-            out[f"beside: {name}"] = took[0]
+        if took is not None:
+            out[f"beside: {name}"] = took
     return out
 
 

@@ -414,8 +414,8 @@ def _import_rank() -> Any:
 # -- early CUDA ranks ----------------------------------------------------------
 # A forked rank starts CUDA only once the zygote has imported torch, and
 # CUDA's start then lies on the path to the first example. A rank forked from
-# the zygote before its imports can start its device's context in a thread
-# while it imports torch itself. The first world's ranks are such early ranks,
+# the zygote before its imports can start its device's context, then NCCL, in
+# a thread while it imports torch itself. The first world's ranks are such early ranks,
 # one per device the driver will likely use; later worlds are forked as before.
 
 def _start_early(count: int, start_cwd: str) -> dict[int, tuple[int, int]]:
@@ -468,42 +468,42 @@ def _early_rank(index: int, requests: int, start_cwd: str) -> None:
 def _start_beside(index: int, took: dict[str, float], imported: threading.Event) -> None:
     """An early rank's thread: device ``index``'s context, then NCCL's start
     unless switched off; ``took`` gets the seconds of each piece that worked."""
-    seconds: list[float] = []
-    _make_context(index, seconds)
-    if not seconds:
+    context = _make_context(index)
+    if context is None:
         return
-    took["early_context"] = round(seconds.pop(), 3)
+    took["early_context"] = round(context, 3)
     if os.environ.get(EARLY_ENV) != "context":
-        _start_nccl(index, seconds, imported)
-        if seconds:
-            took["early_nccl"] = round(seconds.pop(), 3)
+        nccl = _start_nccl(index, imported)
+        if nccl is not None:
+            took["early_nccl"] = round(nccl, 3)
 
 
-def _make_context(index: int, took: list[float]) -> None:
+def _make_context(index: int) -> float | None:
     """Device ``index``'s primary context, the one torch's CUDA runtime adopts;
-    appends the seconds it took to ``took``, nothing where it failed (torch then
-    starts CUDA itself, as in a forked rank)."""
+    the seconds it took, None where it failed (torch then starts CUDA itself,
+    as in a forked rank)."""
     import ctypes
 
     t0 = time.perf_counter()
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return
+        return None
     device, context = ctypes.c_int(), ctypes.c_void_p()
     if (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), index) == 0
             and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0):
-        took.append(time.perf_counter() - t0)
+        return time.perf_counter() - t0
+    return None
 
 
-def _start_nccl(index: int, took: list[float], imported: threading.Event) -> None:
+def _start_nccl(index: int, imported: threading.Event) -> float | None:
     """NCCL's once-a-process start (mostly loading its kernels into the context),
     paid by one communicator of device ``index`` alone, made and destroyed: a
     process group made later starts without it. It waits for torch's import to
     load its NCCL and uses that very library, never one of its own choosing;
     where none is loaded by the time ``imported`` is set (a torch without CUDA,
-    or with NCCL linked in), it does nothing. Appends the seconds it took to
-    ``took`` where it worked."""
+    or with NCCL linked in), it does nothing. The seconds it took, None where
+    it did nothing or NCCL refused."""
     import ctypes
 
     while True:
@@ -513,13 +513,14 @@ def _start_nccl(index: int, took: list[float], imported: threading.Event) -> Non
             break
         except OSError:
             if done:
-                return
+                return None
             imported.wait(0.01)
     t0 = time.perf_counter()
     comm, devices = ctypes.c_void_p(), (ctypes.c_int * 1)(index)
-    if nccl.ncclCommInitAll(ctypes.byref(comm), 1, devices) == 0:
-        nccl.ncclCommDestroy(comm)
-        took.append(time.perf_counter() - t0)
+    if nccl.ncclCommInitAll(ctypes.byref(comm), 1, devices) != 0:
+        return None
+    nccl.ncclCommDestroy(comm)
+    return time.perf_counter() - t0
 
 
 def _hand_early(early: dict[int, tuple[int, int]], req: dict[str, Any], line: bytes,
