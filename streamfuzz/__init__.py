@@ -15,8 +15,11 @@ the ``stream_checker`` fixture, the ``@pytest.mark.streamfuzz`` marker and the
 """
 
 from fuzz import __version__
+from fuzz.errors import BadInput, FuzzError
 from fuzz.verdict import Failure
 from streamfuzz._check import DEVICES, ORACLES, Check, StreamfuzzError, checked
+from streamfuzz._opaque import opaque
 
-__all__ = ["DEVICES", "ORACLES", "Check", "Failure", "StreamfuzzError", "__version__",
-           "checked"]
+__all__ = ["DEVICES", "ORACLES", "BadInput", "Check", "Failure", "FuzzError", "StreamfuzzError",
+           "__version__",
+           "checked", "opaque"]

@@ -131,7 +131,7 @@ def test_a_tensor_made_unseen_is_followed_as_made_by_its_op_on_the_named_stream(
     assert (info.name, info.alloc_op, info.stream) == ("idx_mapping", "aten._to_copy",
                                                        _Main.cuda_stream)
     assert checker.model.name_of(info.stream) == "main"
-    (write,) = info.last_write.values()  # made is written, on main
+    ((write,),) = info.writes.values()  # made is written, on main
     assert write.stream == _Main.cuda_stream and write.op == "aten._to_copy"
     checker.name(t, "renamed", _Main(), made_by="elsewhere")  # followed already: named only
     assert (info.name, info.alloc_op) == ("renamed", "aten._to_copy")

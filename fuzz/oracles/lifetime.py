@@ -47,12 +47,13 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fuzz import stages
+from fuzz.oracles.spans import WHOLE, Span, covers, indexed, indexed_span, overlap, union, view_span
+from fuzz.sites import display_path, source_line
 from fuzz.verdict import Failure
 
 Clock = dict[Any, int]
 Frames = tuple[tuple[str, int, str], ...]
 
-_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _package_dirs(*names: str) -> tuple[str, ...]:
@@ -98,6 +99,13 @@ _REDUCTIONS = frozenset({"c10d::reduce_"})
 """c10d ops whose schemas mark no argument written, though they write the
 program's tensors: a receive's, and a reduction's on its root."""
 _MAX_FINDINGS = 8
+_MAX_KEPT = 16
+"""The most accesses a storage keeps per stream and kind (older ones merge: more
+overlap, never less)."""
+_ALLOC_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::new_empty",
+                        "aten::new_empty_strided", "aten::empty_like", "aten::empty_permuted"})
+"""Ops that hand out a block and launch nothing: their result holds whatever
+the block held, written by no kernel (see ``LifetimeModel.allocate``)."""
 _expired = torch.UntypedStorage._expired
 """Whether a storage weak reference's storage is gone (what ``StorageWeakRef.expired`` asks)."""
 
@@ -115,7 +123,10 @@ def _join(into: Clock, other: Clock) -> None:
 
 @dataclass(slots=True)
 class Access:
-    """One use of a storage: on which stream, at which point, by which op, from where."""
+    """One use of a storage: on which stream, at which point, by which op, from
+    where, and which of its bytes (``span``). ``alloc``: not a use but the
+    allocation itself, standing for the work queued on its stream before it
+    that may still use the block (``LifetimeModel.allocate``)."""
 
     stream: Any
     time: int
@@ -123,6 +134,8 @@ class Access:
     write: bool
     frames: Frames
     step: int | None
+    span: Span = WHOLE
+    alloc: bool = False
 
 
 def _ordered(a: Access, point: Clock) -> bool:
@@ -130,12 +143,34 @@ def _ordered(a: Access, point: Clock) -> bool:
     return point.get(a.stream, 0) >= a.time
 
 
-def _unordered(last: dict[Any, Access], s: Any, point: Clock) -> Access | None:
-    """The first of another stream's last accesses not ordered before ``point``."""
-    for t, a in last.items():
-        if t != s and not _ordered(a, point):
-            return a
-    return None
+Accesses = dict[Any, list[Access]]
+"""Per stream, its accesses of one kind to one storage that no later one of its own covers."""
+
+
+def _keep(table: Accesses, now: Access) -> None:
+    """Add ``now`` to its stream's accesses, dropping those it covers: a later
+    access of the same stream over the same bytes is ordered after them, so
+    whatever races with them races with it."""
+    kept = table.get(now.stream)
+    if kept is None or now.span is WHOLE:
+        table[now.stream] = [now]
+        return
+    kept = [a for a in kept if not covers(now.span, a.span)]
+    if len(kept) >= _MAX_KEPT:
+        first, second = kept[0], kept[1]
+        kept[:2] = [replace(second, span=union(first.span, second.span))]
+    kept.append(now)
+    table[now.stream] = kept
+
+
+def _drop_covered(table: Accesses, now: Access) -> None:
+    kept = table.get(now.stream)
+    if kept:
+        kept = [a for a in kept if not covers(now.span, a.span)]
+        if kept:
+            table[now.stream] = kept
+        else:
+            del table[now.stream]
 
 
 @dataclass(slots=True)
@@ -149,11 +184,13 @@ class StorageInfo:
     dtype: str
     alloc_op: str
     alloc_frames: Frames
+    nbytes: int = 0
     name: str | None = None
     recorded: set[Any] = field(default_factory=set)
-    last_write: dict[Any, Access] = field(default_factory=dict)
-    last_read: dict[Any, Access] = field(default_factory=dict)
-    raced: bool = False
+    writes: Accesses = field(default_factory=dict)
+    reads: Accesses = field(default_factory=dict)
+    reported: set[tuple[Any, ...]] = field(default_factory=set)
+    """The pairs of sites already reported as racing on this storage."""
 
 
 class LifetimeModel:
@@ -177,6 +214,10 @@ class LifetimeModel:
         self.backends: set[Any] = set()
         """The streams async collectives ran on (``hold``)."""
         self.storages: dict[int, StorageInfo] = {}
+        self.freed_at: dict[Any, int] = {}
+        """Per stream, its point when it last freed a block of its own (``allocate``)."""
+        self.last_freed: dict[Any, tuple[StorageInfo, Frames]] = {}
+        """Per stream, the storage it last freed and where: what an allocation may reuse."""
         self.findings: list[Failure] = []
         self.dropped = 0
 
@@ -257,30 +298,60 @@ class LifetimeModel:
 
     # -- storages ------------------------------------------------------------
     def allocate(self, key: int, ref: Any, s: Any, shape: tuple[int, ...], dtype: str,
-                 op: str, frames: Frames) -> StorageInfo:
+                 op: str, frames: Frames, filled: bool = True, nbytes: int = 0) -> StorageInfo:
         """A storage first seen on ``s``: its block belongs to ``s`` (pinned
-        memory: to the host); filling it is a write."""
+        memory: to the host).
+
+        ``filled``: the op that made it wrote it on ``s`` (a copy, a fill, a
+        kernel's result): a write at ``s``'s next point. Otherwise (``empty``,
+        or a storage made before the checker started) no kernel touched it:
+        what stands in its place is the allocation, at the point ``s`` had
+        when it last freed a block, since the work queued on ``s`` until then
+        is all that may still use a block it hands out. After a host sync or
+        a wait for ``s`` that covers that point, another stream may write the
+        new storage at once.
+        """
         info = StorageInfo(key=key, ref=ref, stream=s, shape=shape, dtype=dtype,
-                           alloc_op=op, alloc_frames=frames)
+                           alloc_op=op, alloc_frames=frames, nbytes=nbytes)
         self.storages[key] = info
-        c = self._enqueue(s)
-        info.last_write[s] = Access(s, c[s], op, True, frames, self.step)
+        if filled:
+            c = self._enqueue(s)
+            info.writes[s] = [Access(s, c[s], op, True, frames, self.step)]
+        else:
+            self._clock(s)
+            info.writes[s] = [Access(s, self.freed_at.get(s, 0), op, True, frames, self.step,
+                                     alloc=True)]
         return info
 
-    def access(self, key: int, s: Any, write: bool, op: str, frames: Frames) -> None:
+    def access(self, key: int, s: Any, write: bool, op: str, frames: Frames,
+               span: Span = WHOLE) -> None:
         info = self.storages.get(key)
         if info is None:
             return
         c = self._enqueue(s)
-        now = Access(s, c[s], op, write, frames, self.step)
-        if not info.raced:
-            prev = _unordered(info.last_write, s, c)
-            if prev is None and write:
-                prev = _unordered(info.last_read, s, c)
-            if prev is not None:
-                info.raced = True
-                self._race(info, prev, now)
-        (info.last_write if write else info.last_read)[s] = now
+        now = Access(s, c[s], op, write, frames, self.step, span)
+        self._races(info, info.writes, now, c)
+        if write:
+            self._races(info, info.reads, now, c)
+            _drop_covered(info.reads, now)
+            _keep(info.writes, now)
+        else:
+            _keep(info.reads, now)
+
+    def _races(self, info: StorageInfo, table: Accesses, now: Access, point: Clock) -> None:
+        """Report each other stream's access in ``table`` that overlaps ``now``
+        and is not ordered before it: once per pair of sites and storage."""
+        s = now.stream
+        for t, kept in table.items():
+            if t == s:
+                continue
+            seen = point.get(t, 0)
+            for prev in kept:
+                if seen < prev.time and overlap(prev.span, now.span):
+                    sites = (_site(prev), _site(now))
+                    if sites not in info.reported:
+                        info.reported.add(sites)
+                        self._race(info, prev, now)
 
     def record_stream(self, key: int, s: Any) -> None:
         info = self.storages.get(key)
@@ -292,11 +363,15 @@ class LifetimeModel:
         info = self.storages.pop(key, None)
         if info is None or info.stream == HOST:
             return
+        own = self._clock(info.stream)
+        self.freed_at[info.stream] = own.get(info.stream, 0)
+        self.last_freed[info.stream] = (info, frames)
         uses: dict[Any, Access] = {}
-        for table in (info.last_write, info.last_read):
-            for t, a in table.items():
-                if t != info.stream and (t not in uses or a.time > uses[t].time):
-                    uses[t] = a
+        for table in (info.writes, info.reads):
+            for t, kept in table.items():
+                for a in kept:
+                    if t != info.stream and (t not in uses or a.time > uses[t].time):
+                        uses[t] = a
         if not uses:  # only its own stream used it: nothing to order
             return
         # The allocator hands the block out once the work now queued on its own
@@ -356,15 +431,47 @@ class LifetimeModel:
         self._add("lifetime", msg)
 
     def _race(self, info: StorageInfo, prev: Access, now: Access) -> None:
+        a, b = self.name_of(prev.stream), self.name_of(now.stream)
+        verb = "writes" if now.write else "reads"
+        if prev.alloc:
+            freed = self.last_freed.get(prev.stream)
+            was = (f" (the last it freed: {self._what(freed[0])}, at {_fmt(freed[1])})"
+                   if freed is not None else "")
+            msg = (f"{'write' if now.write else 'read'}-after-allocation race on "
+                   f"{self._what(info)}: {b} {verb} it ({_at(now)}) unordered with its "
+                   f"allocation on {a} ({_at(prev)}): the allocator may have handed it a "
+                   f"block {a} freed{was} while work queued on {a} before the allocation may "
+                   f"still use it; make {b} wait for {a} (wait_stream or an event) first"
+                   f"\n    {a}: {_fmt(prev.frames)}"
+                   f"\n    {b}: {_fmt(now.frames)}")
+            self._add("race", msg)
+            return
         kind = ("write-after-write" if prev.write and now.write else
                 "read-after-write" if prev.write else "write-after-read")
-        a, b = self.name_of(prev.stream), self.name_of(now.stream)
-        msg = (f"{kind} race on {self._what(info)}: {b} {'writes' if now.write else 'reads'} "
+        msg = (f"{kind} race on {self._what(info)}{_where(info, prev, now)}: {b} {verb} "
                f"it ({_at(now)}) unordered with {a}'s "
                f"{'write' if prev.write else 'read'} ({_at(prev)})"
                f"\n    {a}: {_fmt(prev.frames)}"
                f"\n    {b}: {_fmt(now.frames)}")
         self._add("race", msg)
+
+
+def _where(info: StorageInfo, prev: Access, now: Access) -> str:
+    """Which bytes the two accesses share, where neither is the whole storage."""
+    if prev.span is WHOLE or now.span is WHOLE:
+        return ""
+    shared = [(max(lo, lo2), min(hi, hi2)) for lo, hi in prev.span for lo2, hi2 in now.span
+              if max(lo, lo2) < min(hi, hi2)]
+    if not shared:
+        return ""
+    lo, hi = shared[0]
+    more = f", and {len(shared) - 1} more range(s)" if len(shared) > 1 else ""
+    return f", bytes {lo}..{hi} of its {info.nbytes}{more}" if info.nbytes else ""
+
+
+def _site(a: Access) -> tuple[str, tuple[str, int, str] | None]:
+    """Where an access was made: its op and innermost frame."""
+    return a.op, a.frames[0] if a.frames else None
 
 
 def _at(use: Access) -> str:
@@ -491,13 +598,7 @@ def is_collective(func: Any) -> bool:
 
 
 def _short(path: str) -> str:
-    resolved = Path(path).resolve()
-    for root in (_ROOT, Path.cwd()):
-        try:
-            return str(resolved.relative_to(root))
-        except ValueError:
-            pass
-    return "/".join(Path(path).parts[-2:])
+    return display_path(str(Path(path).resolve()))
 
 
 def internal_error(oracle: str, exc: BaseException, rank: int | None,
@@ -512,9 +613,12 @@ def internal_error(oracle: str, exc: BaseException, rank: int | None,
 
 
 def _fmt(frames: Frames) -> str:
+    """A site: its frames, innermost first, then the innermost line's text."""
     if not frames:
         return "(no Python frame)"
-    return " <- ".join(f"{_short(p)}:{line} {fn}" for p, line, fn in frames)
+    chain = " <- ".join(f"{_short(p)}:{line} {fn}" for p, line, fn in frames)
+    text = source_line(*frames[0][:2])
+    return f"{chain}\n        > {text}" if text else chain
 
 
 class TensorTracker:
@@ -569,12 +673,14 @@ class TensorTracker:
         return self._classify(t)[0]
 
     def _follow(self, t: torch.Tensor, key: int, s: Any, op: str, frames: Frames,
-                kind: str = DEVICE) -> None:
-        """Start following a storage the model does not know yet."""
-        ref = StorageWeakRef(t.untyped_storage())
+                kind: str = DEVICE, filled: bool = True) -> None:
+        """Start following a storage the model does not know yet (``filled``:
+        see ``LifetimeModel.allocate``)."""
+        storage = t.untyped_storage()
+        ref = StorageWeakRef(storage)
         owner = HOST if kind == PINNED else s
         info = self.model.allocate(key, ref, owner, tuple(t.shape), str(t.dtype).replace(
-            "torch.", ""), op, frames)
+            "torch.", ""), op, frames, filled, storage.nbytes())
         info.name = self.names.pop(key, None)
         self._live[key] = ref.cdata
 
@@ -648,8 +754,9 @@ class TensorTracker:
         if frames is None:
             frames = frames_here()
         if key not in self.model.storages:
-            self._follow(t, key, HOST, op, frames, kind)
-        self.model.access(key, HOST, False, op, frames)
+            self._follow(t, key, HOST, op, frames, kind, filled=False)
+        self.model.access(key, HOST, False, op, frames,
+                          view_span(t, self.model.storages[key].nbytes))
 
     def op(self, func: Any, args: tuple, kwargs: dict, out: Any, s: Any,
            on: tuple[Any, Any] | None = None) -> None:
@@ -716,8 +823,8 @@ class TensorTracker:
         # Device memory is only ever touched by a stream; everything else is the host's.
         party = s if DEVICE in kinds else HOST
         for leaf, key, kind in used:
-            if key not in storages:
-                self._follow(leaf, key, party, label, frames, kind)
+            if key not in storages:  # made before the checker saw it: no write of its own
+                self._follow(leaf, key, party, label, frames, kind, filled=False)
         if view:
             return  # metadata only, no data touched
         backend = on if on is not None and party != HOST else None
@@ -725,15 +832,23 @@ class TensorTracker:
             self.model.wait_stream(backend[0], party)
             party = backend[0]
         access = self.model.access
+        first = args[0] if args and indexed(name) else None
         for table, write in ((reads, False), (writes, True)):
-            if len(table) == 1:  # the usual op: no list and dict built to dedupe one key
-                access(table[0][1], party, write, label, frames)
+            if len(table) == 1:  # the usual op: no dict built to join one key's spans
+                leaf, key, _ = table[0]
+                access(key, party, write, label, frames, self._span(name, leaf, key, first,
+                                                                     args, kwargs))
             elif table:
-                for key in dict.fromkeys([k for _, k, _ in table]):
-                    access(key, party, write, label, frames)
+                spans: dict[int, Span] = {}
+                for leaf, key, _ in table:
+                    span = self._span(name, leaf, key, first, args, kwargs)
+                    spans[key] = union(spans[key], span) if key in spans else span
+                for key, span in spans.items():
+                    access(key, party, write, label, frames, span)
         for leaf, key, kind in fresh:
             if key not in storages:
-                self._follow(leaf, key, party, label, frames, kind)
+                self._follow(leaf, key, party, label, frames, kind,
+                             filled=name not in _ALLOC_OPS)
                 if kind == PINNED and party != HOST:
                     access(key, party, True, label, frames)  # a copy into it
         if backend is not None:
@@ -741,6 +856,37 @@ class TensorTracker:
         elif party != HOST and (name in _HOST_SYNC_OPS
                                 or self._blocking_copy(name, args, kwargs, kinds, host_writes)):
             self.model.sync_stream(s)
+
+    def _span(self, name: str, leaf: torch.Tensor, key: int, first: Any, args: tuple,
+              kwargs: dict) -> Span:
+        """The bytes of its storage ``leaf`` is touched at: an indexed op's
+        first argument where its indices say, any other tensor its view."""
+        nbytes = self.model.storages[key].nbytes
+        if leaf is first:
+            return indexed_span(name, args, kwargs, nbytes)
+        return view_span(leaf, nbytes)
+
+    def opaque(self, reads: list[torch.Tensor], writes: list[torch.Tensor], label: str,
+               s: Any) -> None:
+        """Work no op reports (a raw kernel, a copy through a driver call or
+        RDMA), as its caller describes it: it reads ``reads`` and writes
+        ``writes`` on ``s`` (``HOST``: the host itself), enqueued now."""
+        frames = self._poll() or frames_here()
+        model = self.model
+        touched: list[tuple[int, Span, bool]] = []
+        for write, tensors in ((False, reads), (True, writes)):
+            for t in tensors:
+                key, kind = self._classify(t)
+                if key is None:
+                    continue  # pageable memory: the host's own, not followed
+                if kind == DEVICE and s == HOST:
+                    raise ValueError(f"{label}: the host cannot touch device memory directly; "
+                                     f"name the stream the work runs on")
+                if key not in model.storages:
+                    self._follow(t, key, s, label, frames, kind, filled=False)
+                touched.append((key, view_span(t, model.storages[key].nbytes), write))
+        for key, span, write in touched:
+            model.access(key, s, write, label, frames, span)
 
     @staticmethod
     def _blocking_copy(name: str, args: tuple, kwargs: dict, kinds: set[str],
@@ -862,6 +1008,10 @@ class LifetimeChecker(TensorTracker):
             return
         if what == "host_read":
             self.host_read(*args)
+            return
+        if what == "opaque":
+            reads, writes, label, s = args
+            self.opaque(reads, writes, label, HOST if s == HOST else self._sid(s))
             return
         self._poll()
         m = self.model

@@ -29,7 +29,13 @@ from fuzz.dispatch_mode import (
     run_op,
     unobserved,
 )
-from fuzz.oracles.lifetime import LifetimeModel, TensorTracker, is_collective, user_code
+from fuzz.oracles.lifetime import (
+    HOST,
+    LifetimeModel,
+    TensorTracker,
+    is_collective,
+    user_code,
+)
 
 _active: CudaLifetimeChecker | None = None
 _installed = False
@@ -235,6 +241,17 @@ class CudaLifetimeChecker(TensorTracker):
              made_by: str = "a host copy") -> None:
         handle = s.cuda_stream if s is not None else current_stream_handle(self.device)
         super().name(t, name, self._sid(handle), made_by)
+
+    def describe(self, reads: list[torch.Tensor], writes: list[torch.Tensor], label: str,
+                 stream: Any) -> None:
+        """Opaque work (``fuzz.annotations``) on ``stream`` (None: the current
+        one; ``HOST``: the host)."""
+        if isinstance(stream, str):
+            s: Any = HOST
+        else:
+            s = self._sid(stream.cuda_stream if stream is not None
+                          else current_stream_handle(self.device))
+        self._guarded(self.opaque, reads, writes, label, s)
 
     # -- dispatch ---------------------------------------------------------------
     def _on_record_stream(self, t: torch.Tensor, stream: Any) -> None:

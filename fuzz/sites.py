@@ -1,0 +1,43 @@
+"""Where code is, as a report shows it: a path a reader can open, and the line's text.
+
+A report is read on another machine than the one that wrote it (a corpus
+entry, a CI log), so a path is never absolute where a shorter one names the
+same file: relative to the project or the current directory, else to the
+import root it was loaded from (``vllm/v1/worker/gpu_model_runner.py`` for a
+file in site-packages), which is what tells two files of one name apart.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+_PROJECT = str(Path(__file__).resolve().parent.parent)
+
+
+@lru_cache(maxsize=4096)
+def display_path(path: str) -> str:
+    """``path`` relative to the project, the current directory or its import root."""
+    if not os.path.isabs(path):
+        return path
+    for root in (_PROJECT, os.getcwd()):
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, root)
+    roots = [p for p in sys.path if p and os.path.isabs(p) and path.startswith(p.rstrip(os.sep)
+                                                                                + os.sep)]
+    if roots:
+        return os.path.relpath(path, max(roots, key=len))
+    return path
+
+
+def source_line(path: str, line: int) -> str:
+    """The text of line ``line`` of ``path`` (stripped), or "" where it cannot be read."""
+    return linecache.getline(path, line).strip()
+
+
+def frame_text(path: str, line: int, fn: str) -> str:
+    return f"{display_path(path)}:{line} {fn}"
+
