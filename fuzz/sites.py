@@ -20,16 +20,16 @@ _PROJECT = str(Path(__file__).resolve().parent.parent)
 
 @lru_cache(maxsize=4096)
 def display_path(path: str) -> str:
-    """``path`` relative to the project, the current directory or its import root."""
+    """``path`` relative to the installed packages' root it lives in, else the
+    project, the current directory or another import root; else as it is."""
     if not os.path.isabs(path):
         return path
-    for root in (_PROJECT, os.getcwd()):
-        if path.startswith(root + os.sep):
-            return os.path.relpath(path, root)
-    roots = [p for p in sys.path if p and os.path.isabs(p) and path.startswith(p.rstrip(os.sep)
-                                                                                + os.sep)]
-    if roots:
-        return os.path.relpath(path, max(roots, key=len))
+    roots = [p.rstrip(os.sep) for p in sys.path if p and os.path.isabs(p)]
+    installed = [p for p in roots if os.path.basename(p) in ("site-packages", "dist-packages")]
+    for group in (installed, [_PROJECT, os.getcwd()], roots):
+        inside = [r for r in group if path.startswith(r + os.sep)]
+        if inside:
+            return os.path.relpath(path, max(inside, key=len))
     return path
 
 

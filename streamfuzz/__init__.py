@@ -18,7 +18,10 @@ from fuzz import __version__
 from fuzz.errors import BadInput, FuzzError
 from fuzz.verdict import Failure
 from streamfuzz._check import DEVICES, ORACLES, Check, StreamfuzzError, checked
+from streamfuzz._explain import hide_own_lines
 from streamfuzz._opaque import opaque
+
+hide_own_lines()
 
 __all__ = ["DEVICES", "ORACLES", "BadInput", "Check", "Failure", "FuzzError", "StreamfuzzError",
            "__version__",

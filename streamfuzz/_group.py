@@ -10,6 +10,7 @@ Multi-rank checks are the fuzzer's job (``python -m fuzz run``).
 from __future__ import annotations
 
 import atexit
+import sys
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,11 @@ def ensure() -> None:
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     gpu = torch.cuda.is_available() and dist.is_nccl_available()
     backend = "cpu:gloo,cuda:nccl" if gpu else "gloo"
+    hook = sys.excepthook
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    # torch prefixes every line of an uncaught traceback with the rank: noise
+    # in a process that is no distributed job, only a world of one.
+    sys.excepthook = hook
     if not _started:
         atexit.register(close)
     _started = True
