@@ -116,7 +116,7 @@ def test_a_kv_cache_load_into_an_unused_block_is_clean_and_into_a_used_one_races
             load_stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(load_stream):
                 kv[:, into] = staged[:, 0]
-            used = torch.tensor([1, 2], device="cuda")
+            used = torch.tensor([1, 2])  # the batch's block table, in host memory
             out = kv[:, used].sum()  # main: attention over blocks 1 and 2
             torch.cuda.synchronize()
             del out
