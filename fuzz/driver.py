@@ -143,6 +143,9 @@ class CampaignResult:
     failures: int = 0
     shrink_truncated: bool = False
     held: list[str] = field(default_factory=list)
+    gate_timeouts: int = 0
+    """Examples a gate ran out its bound in: the program waited for gated work
+    in a way the gates could not see (a bug of streamfuzz's on correct code)."""
     stopped: bool = False
     interrupted: bool = False
     """Ctrl-C ended the run; a failure found is saved as shrunk so far."""
@@ -457,6 +460,8 @@ class _Campaign:
         result = self.result
         result.examples += 1
         self.held.update(verdict.held)
+        if "gate-timeout" in verdict.held or "rerun" in verdict.held:
+            result.gate_timeouts += 1
         labels = behaviours(scenario, verdict)
         if hypothesis.currently_in_test_context():  # not for the last of an ahead run
             for label in labels:

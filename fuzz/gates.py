@@ -33,12 +33,24 @@ stream until a later point of the program, and a program that waits for the
 stream now cannot reach that point before the stream's work is done, so no
 interleaving it can have is lost; without this the host would wait out the
 bound, and the example would run twice. Gates the sync does not wait for
-stay closed. A wait the trace does not see (polling ``query()``, another
-process) still runs to the bound.
+stay closed.
+
+The program can make a gate's opener wait for the gate too: a stream that
+is to open a gate waits (``wait_event``, ``wait_stream``, a collective's
+handle) on work behind it, directly or through events recorded behind it;
+or the host, which opens gates too, polls ``query()`` in a loop. Either
+would hold until the bound, so each opens the gate at that moment: the
+interleaving stays forced up to the point where the program itself orders
+the two streams. A single poll that says "not done" keeps its gates (the
+path for work still in flight is forced); the second in a row of the same
+event or stream opens them. A wait the trace does not see (another process,
+a driver call of one's own) still runs to the bound, which is then counted
+and reported (``gate-timeout``).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import weakref
@@ -49,6 +61,7 @@ import torch
 
 from fuzz.dispatch_mode import unobserved
 from fuzz.errors import FuzzError
+from fuzz.oracles.lifetime import user_code
 
 DEFAULT_BOUND_MS = 200.0
 KINDS = ("ptx", "triton", "triton-polls")
@@ -106,10 +119,14 @@ class _Waits:
     def record(self, event: int, stream: int) -> None:
         self._events[event] = set(self._streams.get(stream, ()))
 
-    def wait(self, stream: int, event: int) -> None:
+    def wait(self, stream: int, event: int) -> list[Any]:
+        """``stream`` waits for ``event``: the closed gates that stream is to
+        open and now waits behind, which it could never open (see ``Gates``)."""
         got = self._events.get(event)
-        if got:
-            self._streams.setdefault(stream, set()).update(got)
+        if not got:
+            return []
+        self._streams.setdefault(stream, set()).update(got)
+        return [g for g in self._closed(got) if g.opener == stream]
 
     def forget(self, event: int) -> None:
         self._events.pop(event, None)
@@ -147,11 +164,15 @@ class _Waits:
 class Gate:
     """One held stream. Open it once, from the host or from a stream."""
 
-    def __init__(self, pool: Gates, slot: int, stream: Any) -> None:
+    def __init__(self, pool: Gates, slot: int, stream: Any, opener: int | None = None) -> None:
         self._pool = pool
         self.slot = slot
         self.stream = stream
+        self.opener = opener
+        """The handle of the stream that is to open it (None: the host)."""
         self.opened = False
+        self.opened_early = ""
+        """What opened it before its point, where the program waited for it first."""
 
     def release(self) -> None:
         """Open now, from the host: the held stream resumes within microseconds."""
@@ -162,7 +183,10 @@ class Gate:
             self._pool._waits.opened(self)
 
     def release_after(self, stream: Any) -> None:
-        """Open when ``stream`` reaches this point: a 4-byte copy queued on it."""
+        """Open when ``stream`` reaches this point: a 4-byte copy queued on it
+        (nothing, where the program's own wait opened it already)."""
+        if self.opened:
+            return
         with self._pool._lock:
             self._pool._waits.opened_after(self, stream.cuda_stream)
         with torch.cuda.stream(stream), unobserved():
@@ -205,6 +229,11 @@ class Gates:
         self._lock = threading.RLock()
         self.opened_by_sync = 0
         """Gates a host sync opened (see the module docstring), since the pool was made."""
+        self.opened_by_wait = 0
+        """Gates their own opening stream's wait opened (see the module docstring)."""
+        self.opened_by_poll = 0
+        """Gates a host polling in a loop opened (see the module docstring)."""
+        self._polled: tuple[str, int] | None = None
         self.hooked = False
         """Whether host syncs open gates here (the trace callbacks are installed)."""
 
@@ -225,13 +254,14 @@ class Gates:
                 errors.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
         raise GateUnavailable("; ".join(errors))
 
-    def hold(self, stream: Any) -> Gate | None:
-        """Hold ``stream`` from now on; None when every slot of this example is used."""
+    def hold(self, stream: Any, opener: Any = None) -> Gate | None:
+        """Hold ``stream`` from now on, to be opened by ``opener`` (a stream,
+        or None: the host); None when every slot of this example is used."""
         if self._next >= _SLOTS:
             return None
         slot = self._next
         self._next += 1
-        gate = Gate(self, slot, stream)
+        gate = Gate(self, slot, stream, opener.cuda_stream if opener is not None else None)
         with self._lock:
             self._waits.hold(gate, stream.cuda_stream)
         if self.kind == "ptx":
@@ -265,6 +295,7 @@ class Gates:
             self._next = 0
         with self._lock:
             self._waits.clear()
+            self._polled = None
 
     # -- trace callbacks: a host sync opens the gates it would wait for ----------
     def _on_sync(self, which: str, *handle: int) -> None:
@@ -280,7 +311,30 @@ class Gates:
 
     def _on_wait(self, event: int, stream: int) -> None:
         with self._lock:
-            self._waits.wait(stream, event)
+            due = self._waits.wait(stream, event)
+            for g in due:
+                g.opened_early = "a wait of its opening stream"
+                g.release()
+            self.opened_by_wait += len(due)
+
+    def _on_poll(self, which: str, handle: int) -> None:
+        """A poll that said "not done" of work behind closed gates: a second
+        one in a row is a host waiting in a loop, which the gates' openers
+        (later in the program) cannot reach, so they open now. One poll alone
+        keeps the gates: the path for work still in flight is forced."""
+        with self._lock:
+            due = getattr(self._waits, which)(handle)
+            if not due:
+                return
+            key = (which, handle)
+            if self._polled != key:
+                self._polled = key
+                return
+            self._polled = None
+            for g in due:
+                g.opened_early = "the host polling it in a loop"
+                g.release()
+            self.opened_by_poll += len(due)
 
     def _on_event_deleted(self, event: int) -> None:
         with self._lock:
@@ -360,6 +414,19 @@ def _each(method: str, *args: Any) -> None:
             getattr(pool, method)(*args)
 
 
+def _polling(method: Any, which: str, handle: str) -> Any:
+    """``query`` of an event or a stream: a "not done" from the program's own
+    code (not the harness's polls) is told to every pool (``Gates._on_poll``)."""
+
+    def query(self: Any) -> bool:
+        done = method(self)
+        if not done and _POOLS and user_code(sys._getframe(1).f_code.co_filename):
+            _each("_on_poll", which, getattr(self, handle))
+        return done
+    query.__name__ = query.__qualname__ = "query"
+    return query
+
+
 def _hook(pool: Gates) -> bool:
     """Forward the trace's sync, event record/wait and event deletion callbacks
     to every live pool (registered once per process); False where the trace
@@ -379,6 +446,9 @@ def _hook(pool: Gates) -> bool:
             trace.register_callback_for_device_synchronization(
                 lambda: _each("_on_sync", "for_device"))
             torch._C._activate_gpu_trace()
+            torch.cuda.Event.query = _polling(torch.cuda.Event.query, "for_event", "cuda_event")
+            torch.cuda.Stream.query = _polling(torch.cuda.Stream.query, "for_stream",
+                                               "cuda_stream")
         except Exception:  # no usable trace in this torch: gates work as before
             return False
         _HOOKED = True

@@ -331,9 +331,9 @@ class _Run:
             if d.point != point or s is None:
                 continue
             if d.until and self.gates is not None:
-                gate = self.streams.hold(s)
+                other = self._stream("side" if d.stream == "main" else "main")
+                gate = self.streams.hold(s, other)
                 if gate is not None:
-                    other = self._stream("side" if d.stream == "main" else "main")
                     self.open.append((gate, d.until, other, self.step))
                     self.held.add("gate")
                     continue

@@ -70,9 +70,10 @@ class CudaStreams:
                 torch.cuda._sleep(cycles)
         return "spin"
 
-    def hold(self, s: Any) -> Any:
-        """A gate holding ``s`` until opened (harness-only); None without gates."""
-        return self.gates.hold(s) if self.gates is not None else None
+    def hold(self, s: Any, opener: Any = None) -> Any:
+        """A gate holding ``s`` until ``opener`` (a stream; None: the host)
+        opens it (harness-only); None without gates."""
+        return self.gates.hold(s, opener) if self.gates is not None else None
 
     def hold_polls(self, n: int) -> None:
         """Nothing: on a GPU, whether polled work is done is the GPU's answer."""
@@ -351,7 +352,7 @@ class SimStreams:
 
     gates = None
 
-    def hold(self, s: Any) -> None:
+    def hold(self, s: Any, opener: Any = None) -> None:
         """No gates on simulated streams: every op has already run."""
         return None
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from torch.cuda import _gpu_trace as trace
 
-from fuzz.gates import Gate, Gates, _hook, _Waits
+from fuzz.gates import Gate, Gates, _hook, _polling, _Waits
 
 S1, S2, S3 = 0x10, 0x20, 0x30
 E1, E2 = 0x100, 0x200
@@ -16,8 +16,8 @@ E1, E2 = 0x100, 0x200
 class _Gate:
     """What ``_Waits`` reads of a gate: whether it is open."""
 
-    def __init__(self, name: str) -> None:
-        self.name, self.opened = name, False
+    def __init__(self, name: str, opener: int | None = None) -> None:
+        self.name, self.opened, self.opener = name, False, opener
 
     def __repr__(self) -> str:
         return self.name
@@ -115,8 +115,8 @@ def _host_pool(slots: int = 4) -> Gates:
     return pool
 
 
-def _held(pool: Gates, slot: int, stream: int) -> Gate:
-    gate = Gate(pool, slot, SimpleNamespace(cuda_stream=stream))
+def _held(pool: Gates, slot: int, stream: int, opener: int | None = None) -> Gate:
+    gate = Gate(pool, slot, SimpleNamespace(cuda_stream=stream), opener)
     pool._waits.hold(gate, stream)
     pool._next = max(pool._next, slot + 1)  # as Gates.hold counts its slots
     return gate
@@ -160,3 +160,57 @@ def test_a_deleted_event_no_longer_carries_a_gate():
     trace.EventDeletionCallbacks.fire_callbacks(E2)
     trace.EventSynchronizationCallbacks.fire_callbacks(E2)
     assert not gate.opened and pool.opened_by_sync == 0
+
+
+def test_a_gate_whose_opener_waits_for_it_is_due_directly_or_through_events(w):
+    a, b = _Gate("a", opener=S2), _Gate("b", opener=S3)
+    w.hold(a, S1)
+    w.hold(b, S1)
+    w.record(E1, S1)
+    assert w.wait(S3, E1) == [b]  # S3 is b's opener: it could never reach its point
+    w.record(E2, S3)  # S3 now waits behind a too; S2 waits on S3's event
+    assert w.wait(S2, E2) == [a]
+
+
+def test_a_wait_by_another_stream_leaves_the_gate_closed(w):
+    a = _Gate("a", opener=S2)
+    w.hold(a, S1)
+    w.record(E1, S1)
+    assert w.wait(S3, E1) == []
+
+
+def test_the_openers_wait_opens_its_gate_at_once():
+    pool = _host_pool()
+    assert _hook(pool)
+    gate = _held(pool, 0, S1, opener=S2)
+    other = _held(pool, 1, S1, opener=None)
+    trace.EventRecordCallbacks.fire_callbacks(E1, S1)
+    trace.EventWaitCallbacks.fire_callbacks(E1, S3)  # not the opener: stays held
+    assert not gate.opened
+    trace.EventWaitCallbacks.fire_callbacks(E1, S2)
+    assert gate.opened and gate.opened_early == "a wait of its opening stream"
+    assert not other.opened and pool.opened_by_wait == 1
+
+
+def test_a_host_polling_in_a_loop_opens_what_it_polls_one_poll_does_not():
+    pool = _host_pool()
+    assert _hook(pool)
+    gate = _held(pool, 0, S1)
+    trace.EventRecordCallbacks.fire_callbacks(E1, S1)
+    query = _polling(lambda event: False, "for_event", "cuda_event")
+    polled = SimpleNamespace(cuda_event=E1)
+    assert query(polled) is False
+    assert not gate.opened  # one "not done": the in-flight path is forced
+    assert query(polled) is False
+    assert gate.opened and pool.opened_by_poll == 1
+    assert gate.opened_early == "the host polling it in a loop"
+
+
+def test_polls_of_work_behind_no_gate_change_nothing():
+    pool = _host_pool()
+    assert _hook(pool)
+    gate = _held(pool, 0, S1)
+    query = _polling(lambda stream: False, "for_stream", "cuda_stream")
+    for _ in range(3):
+        query(SimpleNamespace(cuda_stream=S2))
+    assert not gate.opened and pool.opened_by_poll == 0
