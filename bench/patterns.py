@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     names = ["main-gather", *PATTERNS]
-    with RankPool(device, world) as pool:
+    with RankPool(world, device) as pool:
         for name in names:
             target = name if name == "main-gather" else _target(name)
             rates, timeouts, failures, held = [], 0, 0, set()

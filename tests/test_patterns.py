@@ -1,6 +1,7 @@
 """The correct patterns of ``bench/patterns.py`` are correct: clean on CPU, both
 sides of the broadcast run (their speed on a GPU is the bench's to measure)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,3 +22,14 @@ def test_every_pattern_is_clean_on_simulated_streams(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     for name in PATTERNS:
         assert f"{PATTERNS[name].__name__}: clean over 25 examples" in res.stdout, res.stdout
+
+
+def test_the_bench_runs_every_pattern_and_writes_its_table(tmp_path):
+    res = subprocess.run([sys.executable, "bench/patterns.py", "--device", "cpu",
+                          "--examples", "5", "--seeds", "1", "--out", str(tmp_path)],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    table = (tmp_path / "patterns.md").read_text()
+    for name in ["main-gather", *PATTERNS]:
+        assert f"| {name} | " in table, table
