@@ -212,10 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             target = name if name == "main-gather" else _target(name)
             rates, timeouts, failures, held = [], 0, 0, set()
+            seen: list[str] = []
+
+            def first(scenario: Any, verdict: Any, labels: Any, seen: list[str] = seen) -> None:
+                if not verdict.ok and not seen:
+                    f = verdict.first
+                    seen.append(f"{f.kind}: {f.message}\n  scenario: {scenario.describe()}")
             for seed in range(args.seeds):
                 res = driver.fuzz(pool, target, bench._settings(True),
                                   max_examples=args.examples, seed=seed, options=DEFAULT,
-                                  stop_on_failure=False)
+                                  stop_on_failure=False, on_verdict=first)
                 rates.append(res.examples_per_s)
                 # A tree from before the count: whether any example timed out.
                 timeouts += getattr(res, "gate_timeouts", int(bool(
@@ -224,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                 held.update(res.held)
             rows.append({"pattern": name, "ex_s": statistics.median(rates), "per_seed": rates,
                          "gate_timeouts": timeouts, "failures": failures,
-                         "held_by": sorted(held)})
+                         "held_by": sorted(held), "first_failure": seen[0] if seen else None})
             print(f"{name}: {rows[-1]['ex_s']:.1f} ex/s, gate timeouts {timeouts}, "
                   f"failures {failures}, held by {', '.join(sorted(held)) or '-'}", flush=True)
+            if seen:
+                print(f"  first failure: {seen[0]}", flush=True)
             (args.out / "patterns.json").write_text(json.dumps(rows, indent=1))
     base = rows[0]["ex_s"] or 1.0
     lines = [f"# Correct patterns on {device} (world size {world}, {args.seeds} seeds of "

@@ -50,11 +50,13 @@ and reported (``gate-timeout``).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -414,14 +416,23 @@ def _each(method: str, *args: Any) -> None:
             getattr(pool, method)(*args)
 
 
+_OWN = str(Path(__file__).resolve().parent) + os.sep
+"""streamfuzz's own files (the lifetime checker wraps ``query`` too)."""
+
+
 def _polling(method: Any, which: str, handle: str) -> Any:
     """``query`` of an event or a stream: a "not done" from the program's own
     code (not the harness's polls) is told to every pool (``Gates._on_poll``)."""
 
     def query(self: Any) -> bool:
         done = method(self)
-        if not done and _POOLS and user_code(sys._getframe(1).f_code.co_filename):
-            _each("_on_poll", which, getattr(self, handle))
+        if not done and _POOLS:
+            caller = sys._getframe(1)
+            while caller is not None and caller.f_code.co_name == "query" \
+                    and caller.f_code.co_filename.startswith(_OWN):
+                caller = caller.f_back  # another of the harness's wrappers of query
+            if caller is not None and user_code(caller.f_code.co_filename):
+                _each("_on_poll", which, getattr(self, handle))
         return done
     query.__name__ = query.__qualname__ = "query"
     return query

@@ -214,3 +214,22 @@ def test_polls_of_work_behind_no_gate_change_nothing():
     for _ in range(3):
         query(SimpleNamespace(cuda_stream=S2))
     assert not gate.opened and pool.opened_by_poll == 0
+
+
+def test_a_poll_through_the_checkers_own_wrapper_is_still_the_programs():
+    """The lifetime checker wraps ``query`` over the gates' wrapper: the poll's
+    caller is the program, not the checker's wrapper."""
+    import fuzz.oracles.lifetime_cuda as checker_module
+
+    pool = _host_pool()
+    assert _hook(pool)
+    gate = _held(pool, 0, S1)
+    trace.EventRecordCallbacks.fire_callbacks(E1, S1)
+    inner = _polling(lambda event: False, "for_event", "cuda_event")
+    namespace = {"inner": inner}
+    exec(compile("def query(self):\n    return inner(self)\n", checker_module.__file__, "exec"),
+         namespace)
+    polled = SimpleNamespace(cuda_event=E1)
+    namespace["query"](polled)
+    namespace["query"](polled)
+    assert gate.opened and pool.opened_by_poll == 1
