@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--examples", type=int, default=300, help="examples per seed (default 300)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per pattern (default 3)")
     p.add_argument("--out", type=Path, default=Path("reports/patterns"))
+    p.add_argument("--only", nargs="+", choices=sorted(PATTERNS), metavar="PATTERN",
+                   help="these patterns (besides main-gather) instead of all")
     args = p.parse_args(argv)
     device = args.device
     if device == "auto":
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     world = 1 if device == "cuda" else 2
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    names = ["main-gather", *PATTERNS]
+    names = ["main-gather", *(args.only or PATTERNS)]
     with RankPool(world, device) as pool:
         for name in names:
             target = name if name == "main-gather" else _target(name)
