@@ -3,7 +3,9 @@ from the lifetime oracle's dispatch mode, and the lifetime oracle handed a
 tensor the runner made unseen. The oracles themselves are in ``tests/test_gpu.py``."""
 
 import weakref
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 from fuzz import gates
@@ -104,7 +106,7 @@ def test_a_reuse_watch_bug_is_one_finding_that_blames_streamfuzz_not_the_target(
     """Raised into the runner or the handler's op, it read as the target's crash."""
     watch = reuse.ReuseWatch(_Main(), rank=1)
     watch.step = 2
-    watch._used.append((0, 1 << 62, _BrokenEvent(), 1, "copy_"))
+    watch._used.append((0, 1 << 62, _BrokenEvent(), 1, "copy_", 0x20, 1))
     watch.check(_CudaLike(), "churn")
     watch.check(_CudaLike(), "churn")  # watches no more
     (f,) = watch.findings
@@ -136,3 +138,27 @@ def test_a_tensor_made_unseen_is_followed_as_made_by_its_op_on_the_named_stream(
     checker.name(t, "renamed", _Main(), made_by="elsewhere")  # followed already: named only
     assert (info.name, info.alloc_op) == ("renamed", "aten._to_copy")
     assert checker.model.findings == []
+
+
+class _Busy:
+    def query(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("main_waited, found", [(False, 1), (True, 0)])
+def test_a_busy_block_is_no_finding_where_main_is_ordered_after_its_use(main_waited, found):
+    """The lifetime oracle's clocks say whether main's new work runs after the
+    old tenant's last use: main waited for that stream, so nothing can collide."""
+    model = lifetime.LifetimeModel(0, {})
+    side = 0x20
+    model.new_stream(_Main.cuda_stream)
+    model.new_stream(side)
+    model.access(1, side, False, "index", ())  # no storage followed: only the clock moves
+    model._enqueue(side)
+    watch = reuse.ReuseWatch(_Main(), rank=0)
+    watch.share(SimpleNamespace(checker=SimpleNamespace(model=model)))
+    watch._used.append((0, 1 << 62, _Busy(), 1, "index", side, model.clocks[side][side]))
+    if main_waited:
+        model.wait_stream(_Main.cuda_stream, side)
+    watch.check(_CudaLike(), "churn")
+    assert len(watch.findings) == found

@@ -9,6 +9,12 @@ event has not completed got a block whose earlier tenant is still in use by
 unfinished work on another stream. That is a finding even when the values
 happened to come out right: the next run, or the next fill, corrupts them.
 
+A busy block is harmless where the main stream is ordered after the work
+that uses it (it waited for that stream's event, or the host synchronized
+with it): whatever main does with the new tenant runs after the old
+tenant's last use. Where the lifetime oracle runs beside it, its clocks say
+so, and such a reuse is no finding; alone, the watch judges by time only.
+
 What it sees: every op of the handler call (arguments flattened, so index
 tensors inside lists count); allocations made by ops on the main stream during
 the call, and the runner's own main-stream allocations (batch tensors, churn).
@@ -51,8 +57,9 @@ class ReuseWatch:
         self.main = main
         self.rank = rank
         self.step: int | None = None
-        # (start, end, event, step, op name) of storages used off main.
-        self._used: list[tuple[int, int, Any, int | None, str]] = []
+        # (start, end, event, step, op name, stream handle, its clock at the use)
+        # of storages used off main.
+        self._used: list[tuple[int, int, Any, int | None, str, int, int]] = []
         self.findings: list[Failure] = []
         self._seen: set[tuple[int, int]] = set()
         self._main_handle = main.cuda_stream
@@ -93,11 +100,12 @@ class ReuseWatch:
         end = start + max(1, s.nbytes())
         live = []
         for entry in self._used:
-            lo, hi, event, step, op = entry
+            lo, hi, event, step, op, stream, tick = entry
             if event.query():
                 continue  # that stream's use is over: reusing the block is safe
             live.append(entry)
-            if lo < end and start < hi and (step, lo) not in self._seen:
+            if lo < end and start < hi and (step, lo) not in self._seen \
+                    and not self._main_after(stream, tick):
                 self._seen.add((step, lo))
                 self.findings.append(Failure(
                     "reuse", f"step {self.step}: a main-stream allocation ({what}) got the "
@@ -142,10 +150,28 @@ class ReuseWatch:
     def _note(self, op: str, tensors: list[torch.Tensor], stream: Any) -> None:
         event = torch.cuda.Event()
         event.record(stream)
+        handle = stream.cuda_stream
+        model = self._model()
+        tick = model.clocks.get(handle, {}).get(handle, 0) if model is not None else 0
         for t in tensors:
             s = t.untyped_storage()
             lo = s.data_ptr()
-            self._used.append((lo, lo + max(1, s.nbytes()), event, self.step, op))
+            self._used.append((lo, lo + max(1, s.nbytes()), event, self.step, op, handle, tick))
+
+    def _model(self) -> Any:
+        """The lifetime oracle's model, where it runs beside the watch (``share``)."""
+        checker = getattr(self._shared, "checker", None)
+        return checker.model if checker is not None else None
+
+    def _main_after(self, stream: int, tick: int) -> bool:
+        """Whether work main queues from now on runs after ``stream``'s use at
+        ``tick``: main waited for it, or the host synchronized with it."""
+        model = self._model()
+        if model is None or not tick:
+            return False
+        seen = max(model.clocks.get(self._main_handle, {}).get(stream, 0),
+                   model.host.get(stream, 0))
+        return seen >= tick
 
 
 class _Shared:
