@@ -94,10 +94,36 @@ def test_a_gate_nobody_opens_times_out_instead_of_hanging(gates):
     g = gates.hold(s)
     after = torch.cuda.Event()
     after.record(s)
-    t = time.monotonic()
-    while not after.query() and time.monotonic() - t < 5:  # a query is no host sync
-        time.sleep(0.005)
+    time.sleep(1.0)  # five times the bound, and nothing waits: no poll, no sync
     assert after.query() and g.timed_out and not g.opened
+    gates.reset()
+
+
+def test_a_host_polling_gated_work_in_a_loop_opens_the_gate(gates):
+    s = torch.cuda.Stream()
+    g = gates.hold(s)
+    after = torch.cuda.Event()
+    after.record(s)
+    assert not after.query()  # one "not done": the gate holds
+    t = time.monotonic()
+    while not after.query():  # the second poll in a row opens it
+        assert time.monotonic() - t < 0.1, "the poll loop waited for the gate's bound"
+    assert g.opened and g.opened_early == "the host polling it in a loop"
+    torch.cuda.synchronize()
+    assert not g.timed_out
+    gates.reset()
+
+
+def test_the_opening_streams_wait_on_gated_work_opens_the_gate(gates):
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    g = gates.hold(side, main)  # main is to open it, later
+    with torch.cuda.stream(side):
+        x = torch.ones(4, device="cuda").mul_(2)
+    main.wait_stream(side)  # main waits for side's work behind the gate: opens now
+    assert g.opened and g.opened_early == "a wait of its opening stream"
+    t = time.monotonic()
+    assert x.sum().item() == 8  # the host waits for main, which waits for side
+    assert time.monotonic() - t < 0.1 and not g.timed_out
     gates.reset()
 
 
