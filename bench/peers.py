@@ -233,6 +233,8 @@ def worker(job_file: str) -> NoReturn:
         from torch.cuda import _sanitizer
 
         _sanitizer.enable_cuda_sanitizer()
+    import torch
+
     from fuzz import protocols, targets
     from fuzz.streams import CudaStreams, SimStreams
 
@@ -253,7 +255,9 @@ def worker(job_file: str) -> NoReturn:
 
     if job["warm"]:
         _warm(protocol, scenarios[0][1], env, "streamfuzz" in job["checkers"])
-    _emit(event="ready", start_s=round(time.perf_counter() - start, 3), gates=gate_kind)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
+    _emit(event="ready", start_s=round(time.perf_counter() - start, 3), gates=gate_kind,
+          device_name=name)
     checkers = job["checkers"]
     for i, checker in enumerate(checkers):
         deadline = time.perf_counter() + (job["deadline"] - time.time()) / (len(checkers) - i)
@@ -456,7 +460,7 @@ class Bench:
     def run(self, targets_: list[Target], notes: list[str]) -> dict[str, Any]:
         args = self.args
         tool = sanitizer_binary() if self.device == "cuda" else None
-        self.report = {"device": self.device, "device_name": _device_name(self.device),
+        self.report = {"device": self.device, "device_name": None,
                        "torch": _torch_version(), "python": platform.python_version(),
                        "code": _commit(), "date": time.strftime("%Y-%m-%d"),
                        "args": {k: str(v) for k, v in vars(args).items() if k != "worker"},
@@ -499,6 +503,9 @@ class Bench:
                    "deadline": time.time() + left - GRACE_S}
             stem = f"{_stem(t.name)}.{sanitizer or '+'.join(todo)}"
             events, text, rc = run_process(job, self.args.out, stem, left, prefix)
+            ready = [e for e in events if e.get("event") == "ready"]
+            if ready and not self.report["device_name"]:  # the parent never starts CUDA
+                self.report["device_name"] = ready[0].get("device_name")
             results = settle(job["checkers"], events, text, rc, sanitizer)
             self._add(results, t)
             done = {r["checker"] for r in results}
@@ -527,12 +534,6 @@ def _stem(name: str) -> str:
     from fuzz.corpus import target_dir
 
     return target_dir(name)
-
-
-def _device_name(device: str) -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if device == "cuda" else platform.machine()
 
 
 def _torch_version() -> str:
