@@ -153,7 +153,7 @@ def upstream_names() -> tuple[list[str], list[str]]:
             try:
                 targets.provenance(name)
                 names.append(name)
-            except targets.TargetError as exc:
+            except Exception as exc:  # a version without that file, or one it cannot read
                 notes.append(f"{name} not run: {exc}")
     return names, notes
 
@@ -599,7 +599,8 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
             if c.get("summary"):
                 note = f"{c['summary']}; {note}".rstrip("; ")
             out.append([t["name"], c["checker"], verdict(t["truth"], c),
-                        "-" if first is None else str(first), "-" if c.get("skipped") else ran,
+                        "-" if first is None else str(first) if first else "at start",
+                        "-" if c.get("skipped") else ran,
                         "-" if ms is None else f"{ms:.2f}",
                         "-" if ms is None or not base else f"{ms / base:.2f}",
                         note.replace("|", "/")[:160]])
@@ -700,10 +701,13 @@ def _interrupted(signum: int, frame: Any) -> NoReturn:
 def bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     """The whole run on ``device``; the table printed and written. SIGTERM is
     Ctrl-C: the running process is killed, what was measured is on disk."""
-    signal.signal(signal.SIGTERM, _interrupted)
-    (args.out / "peers.jsonl").write_text("")
-    targets_, notes = plan(args.targets, args.corpus, args.examples, args.seed)
-    report = Bench(args, device).run(targets_, notes)
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        (args.out / "peers.jsonl").write_text("")
+        targets_, notes = plan(args.targets, args.corpus, args.examples, args.seed)
+        report = Bench(args, device).run(targets_, notes)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(markdown(report))
     return report
 
