@@ -17,7 +17,7 @@ JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$
 # Modules the runs and tests import, as "module=distribution".
 TOOLS := hypothesis=hypothesis pytest=pytest xdist=pytest-xdist numpy=numpy matplotlib=matplotlib
 
-.PHONY: fuzz soak test replay lint bench bench-checked matrix clean vllm vllm-fetch
+.PHONY: fuzz soak test replay lint bench bench-checked bench-peers matrix clean vllm vllm-fetch
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -92,6 +92,12 @@ bench: $(VENV)/.ready
 # What a streamfuzz.checked() block adds to a user's Hypothesis test (bench/README.md).
 bench-checked: $(VENV)/.ready
 	PYTHONPATH=. $(PY) bench/checked_overhead.py --device auto --out $(BENCH_OUT)/checked.json
+
+# streamfuzz beside CSAN, compute-sanitizer and a stress test, on one GPU, inside
+# PEERS_BUDGET seconds (bench/README.md, "Peers"); on a machine without a GPU, one line.
+PEERS_BUDGET ?= 420
+bench-peers: $(VENV)/.ready
+	PYTHONPATH=. $(PY) bench/peers.py --budget $(PEERS_BUDGET) --out $(BENCH_OUT)/peers
 
 clean:
 	rm -rf $(VENV) reports soak .hypothesis .pytest_cache

@@ -40,6 +40,35 @@ def device_kind(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def one_rank_group(device_kind: str, gates_wanted: bool = True) -> tuple[Any, Any, Any, str]:
+    """A one-rank process group in this process (gloo on CPU, NCCL on CUDA):
+    (device, group, the gate pool on CUDA or None, what gates it got)."""
+    import torch
+    import torch.distributed as dist
+
+    gates, kind = None, "none"
+    if device_kind == "cuda":
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device)
+        group = dist.new_group(backend="nccl")
+        from fuzz.gates import Gates, GateUnavailable
+
+        try:
+            if gates_wanted:
+                gates = Gates.create(device)
+                kind = gates.kind
+        except GateUnavailable as exc:
+            kind = f"unavailable ({exc})"
+    else:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        group = dist.new_group(backend="gloo")
+    return device, group, gates, kind
+
+
 def write_report(out: Path, stem: str, report: dict[str, Any], lines: list[str]) -> None:
     """``stem.json`` and ``stem.md`` in ``out``; the markdown is printed too."""
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -52,30 +52,6 @@ from fuzz.streams import CudaStreams, SimStreams
 MODES = {"value+reuse": frozenset({Oracle.VALUE, Oracle.REUSE}), "all": frozenset(Oracle)}
 
 
-def _setup(device_kind: str) -> tuple[torch.device, Any, Any, str]:
-    """A one-rank group, and on CUDA the gate pool the ranks use."""
-    gates, kind = None, "none"
-    if device_kind == "cuda":
-        device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
-                                device_id=device)
-        group = dist.new_group(backend="nccl")
-        from fuzz.gates import Gates, GateUnavailable
-
-        try:
-            gates = Gates.create(device)
-            kind = gates.kind
-        except GateUnavailable as exc:
-            kind = f"unavailable ({exc})"
-    else:
-        torch.set_num_threads(1)
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        group = dist.new_group(backend="gloo")
-    return device, group, gates, kind
-
-
 def _pass(batch: list[Any], factory: Any, device: torch.device, group: Any, gates: Any,
           oracles: frozenset[Oracle], hold: Hold) -> tuple[float, float]:
     """Run every scenario once: (wall s, this process's CPU s); each example
@@ -161,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device_kind = _script.device_kind(args.device)
-    device, group, gates, gate_kind = _setup(device_kind)
+    device, group, gates, gate_kind = _script.one_rank_group(device_kind)
     hold = Hold.GATE if gates is not None else Hold.SPIN
     factory = targets.load(args.target)
     rng = random.Random(args.seed)

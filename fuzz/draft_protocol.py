@@ -36,6 +36,8 @@ PROTOCOL = Protocol(
     correct="main-gather",
     variants={"main-gather-synced": "fuzz.targets.pp_draft:main_gather_synced"},
     families=("vllm-pp", "vllm-pp-pre-pr"),
+    receiver_side=frozenset({"receiver-no-wait", "receiver-async-unwaited", "receiver-no-record",
+                             "receiver-drops-idx", "early-event"}),
     handler_methods={LAST_RANK: ("broadcast_drafts",),
                      OTHER_RANKS: ("receive_drafts", "apply_received")},
 )

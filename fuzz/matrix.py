@@ -16,15 +16,10 @@ import argparse
 import statistics
 from dataclasses import dataclass, field
 
-from fuzz import driver, profiles, targets
+from fuzz import driver, profiles, protocols, targets
 from fuzz.options import Oracle, RunOptions
 from fuzz.ranks import RankPool
 from fuzz.scenario import Scenario
-
-# Bugs only a receiving rank has: invisible with world size 1 (one GPU, NCCL).
-_RECEIVER_SIDE = frozenset({"receiver-no-wait", "receiver-no-record", "receiver-drops-idx",
-                            "early-event"})
-
 
 DEFAULT_COLUMNS = (frozenset({Oracle.LIFETIME}), frozenset({Oracle.VALUE}))
 
@@ -53,7 +48,7 @@ class Cell:
 
     @property
     def expected_found(self) -> bool:
-        if self.world < 2 and self.target in _RECEIVER_SIDE:
+        if self.world < 2 and self.target in protocols.of_target(self.target).receiver_side:
             return False
         return self.target not in targets.CORRECT
 

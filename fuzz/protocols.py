@@ -75,6 +75,9 @@ class Protocol:
     """Upstream target families (``family@VERSION``) this protocol drives."""
     handler_methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per role (as a report names it), the handler methods the runner calls there."""
+    receiver_side: frozenset[str] = frozenset()
+    """Mutants whose planted bug lies only in the receiving roles: a world of
+    one rank (one GPU) runs none of that code, so nothing can find them there."""
 
     @property
     def targets(self) -> dict[str, str]:

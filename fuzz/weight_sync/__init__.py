@@ -37,6 +37,8 @@ PROTOCOL = Protocol(
                           "weight-sync-consumer-load-on-caller")},
     correct="weight-sync-ordered",
     families=("vllm-weights",),
+    receiver_side=frozenset({"weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
+                             "weight-sync-consumer-load-on-caller"}),
     handler_methods={PRODUCER: ("send",), CONSUMERS: ("receive",)},
 )
 
