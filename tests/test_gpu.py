@@ -117,8 +117,8 @@ def test_a_host_polling_gated_work_in_a_loop_opens_the_gate(gates):
 def test_the_opening_streams_wait_on_gated_work_opens_the_gate(gates):
     main, side = torch.cuda.current_stream(), torch.cuda.Stream()
     g = gates.hold(side, main)  # main is to open it, later
-    with torch.cuda.stream(side):
-        x = torch.ones(4, device="cuda").mul_(2)
+    with torch.cuda.stream(side):  # kernels the fixture loaded: no first launch behind the gate
+        x = torch.zeros(4, device="cuda").fill_(2)
     main.wait_stream(side)  # main waits for side's work behind the gate: opens now
     assert g.opened and g.opened_early == "a wait of its opening stream"
     t = time.monotonic()
