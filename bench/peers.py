@@ -76,6 +76,8 @@ GRACE_S = 8.0
 """A worker stops its loops this long before it is killed: time to print and exit."""
 RESERVE_S = 5.0
 """Kept at the end of the budget for the final table."""
+MIN_SLOT_S = 30.0
+"""The least a target's cell is given (a worker's start alone, torch and NCCL, is a few seconds)."""
 
 
 @dataclass
@@ -358,26 +360,36 @@ def _events(text: str) -> list[dict[str, Any]]:
     return [e for e in map(_event, text.splitlines()) if e is not None]
 
 
+_REPORT = re.compile(r"=+ \S")
+"""The first line of a report (its later lines are indented under the ``=`` run)."""
 _BANNER = re.compile(r"=+ (COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|"
                      r"Target application returned|Program hit|\s*$)")
 
 
 def sanitizer_verdict(text: str) -> dict[str, Any]:
     """compute-sanitizer's counts from a log, and the example running at its
-    first report (the worker's last example line before it; 0: before any)."""
+    first report (the worker's last example line before it). Reports made
+    before the first example are the process's own start (NCCL's, the
+    driver's, the same for every target): counted apart, never a finding."""
     errors = sum(int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", text))
     hazards = sum(int(n) for n in re.findall(r"RACECHECK SUMMARY: (\d+) hazard", text))
-    example, first, message = 0, None, None
+    example, first, message, at_start, during = 0, None, None, 0, 0
     for line in text.splitlines():
         if line.startswith(MARK):
             ev = _event(line) or {}
             if ev.get("event") == "example":
                 example = ev["i"]
-        elif first is None and line.startswith("=====") and not _BANNER.match(line):
-            first, message = example, line.strip("= ").strip()
-    found = errors + hazards
+        elif _REPORT.match(line) and not _BANNER.match(line):
+            if not example:
+                at_start += 1
+                continue
+            during += 1
+            if first is None:
+                first, message = example, line.strip("= ").strip()
+    found = errors + hazards if not at_start else during
     summary = (f"ERROR SUMMARY {errors}" if "ERROR SUMMARY" in text else "no summary printed") + (
-        f", RACECHECK SUMMARY {hazards} hazards" if "RACECHECK SUMMARY" in text else "")
+        f", RACECHECK SUMMARY {hazards} hazards" if "RACECHECK SUMMARY" in text else "") + (
+        f"; {at_start} report(s) before the first example, not counted" if at_start else "")
     return {"tool_errors": found, "summary": summary, "first": first if found else None,
             "message": message if found else None}
 
@@ -480,9 +492,12 @@ class Bench:
             left = self.end - time.time()
             round_end = time.time() + left * share / sum(s for _, s in rounds[r:])
             for i, t in enumerate(runnable):
-                slot = (round_end - time.time()) / (len(runnable) - i)
+                # Each target at least MIN_SLOT_S, the first ones first: a cell
+                # that finishes early leaves its time to the next ones.
+                left_now = round_end - time.time()
+                slot = min(left_now, max(MIN_SLOT_S, left_now / (len(runnable) - i)))
                 if checkers[0] in SANITIZERS:
-                    slot = min(args.sanitizer_s, round_end - time.time())
+                    slot = min(args.sanitizer_s, left_now)
                 if slot < 2 * GRACE_S:
                     self._add([{"checker": c, "skipped": "budget"} for c in checkers], t)
                     continue

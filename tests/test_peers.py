@@ -208,6 +208,21 @@ def test_compute_sanitizer_output_is_counted_and_placed_at_its_example():
     assert "RACECHECK SUMMARY 0" in clean["summary"]
 
 
+def test_reports_before_the_first_example_are_the_processs_start_never_a_finding():
+    start_only = peers.sanitizer_verdict(_log(
+        "========= COMPUTE-SANITIZER", "========= Program hit cudaErrorInvalidValue on call",
+        "========= Invalid __global__ read of size 4 bytes", "=========     at nccl_init+0x1",
+        _ev(event="ready"), _ev(event="example", checker="none", i=1),
+        "========= ERROR SUMMARY: 16 errors"))
+    assert start_only["tool_errors"] == 0 and start_only["first"] is None
+    assert "1 report(s) before the first example, not counted" in start_only["summary"]
+    later = peers.sanitizer_verdict(_log(
+        "========= Invalid __global__ read of size 4 bytes", _ev(event="example", i=1),
+        _ev(event="example", i=2), "========= Invalid __global__ write of size 8 bytes",
+        "========= ERROR SUMMARY: 2 errors"))
+    assert later["tool_errors"] == 1 and later["first"] == 2
+
+
 def test_a_process_that_dies_is_a_crash_where_crashes_count_and_an_error_elsewhere():
     events = [{"event": "ready"}, {"event": "start", "checker": "none"},
               {"event": "result", **_cell("none")}, {"event": "start", "checker": "stress"},
