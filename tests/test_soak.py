@@ -586,6 +586,32 @@ def test_a_short_run_is_not_projected_and_says_so(tmp_path):
     assert "- memory: flat (too short to project to 8 h" in md
 
 
+@pytest.mark.parametrize("rank_mib, slope_mib, gpu_mib", [
+    (181.3, 0.06, None),   # a CPU rank: the 32 MiB cap alone is 18% of it
+    (96.0, 0.06, 640.0),   # a CUDA rank (host side small): the cap is a third of it
+], ids=["cpu", "cuda"])
+def test_a_two_minute_soak_with_flat_memory_is_not_growing_whatever_the_cap(
+        tmp_path, rank_mib, slope_mib, gpu_mib):
+    # Two minutes sampled every 10 s, the ranks growing 0.4% (a warm-up): a
+    # slope that, projected over 8 h, would pass the recycle cap. Too short to
+    # project comes first: no projection, no cap, judged on the quarters alone.
+    samples = _samples(lambda i: rank_mib + slope_mib * i, n=13)
+    for i, s in enumerate(samples):
+        if gpu_mib is not None:
+            s["ranks"][0]["gpu_reserved"] = int((gpu_mib + 0.1 * i) * 2**20)
+    rep = _memory_verdict(samples, recycle_mib=32)
+    assert rep["memory_growing"] == [] and not rep["projected"], rep["memory"]
+    rss = rep["memory"]["rank0_rss"]
+    assert rss["projected_growth"] is None and not rss["bounded_by_recycling"], rss
+    state = {"failures": [], "elapsed_s": 120.0, "examples": 1, "rounds": 1, "starts": 1,
+             "restarts": 0}
+    cfg = {"targets": ["main-gather"], "device": "cuda" if gpu_mib else "cpu",
+           "world_size": 1, "budget_s": 120.0, "recycle_mib": 32}
+    soak_report.write(tmp_path, state, samples, config=cfg, stop_reason="budget spent")
+    md = (tmp_path / "report.md").read_text()
+    assert "GROWING" not in md and "- memory: flat (too short to project" in md, md
+
+
 def test_the_plot_title_fits_and_a_resumed_start_is_marked():
     pytest.importorskip("matplotlib")
     samples = _samples(lambda i: 300, n=20)
