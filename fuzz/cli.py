@@ -99,8 +99,18 @@ def _add_run_options(q: argparse.ArgumentParser) -> None:
                         "on CPU)")
 
 
-def _run_options(args: argparse.Namespace) -> RunOptions:
-    return RunOptions(oracles=args.oracle, hold=args.hold)
+def _run_options(args: argparse.Namespace, device: str | None = None) -> RunOptions:
+    """The options of a run that judges on ``device``: refused (bad input) where
+    no oracle can see anything there, a note on stderr for each that cannot."""
+    options = RunOptions(oracles=args.oracle, hold=args.hold)
+    if device is not None:
+        _judging(options, device)
+    return options
+
+
+def _judging(options: RunOptions, device: str) -> None:
+    for note in options.judging(device):
+        print(f"streamfuzz: {note}", file=sys.stderr)
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -352,9 +362,12 @@ def _check_cpu_world(size: int, what: str) -> None:
 
 def _check_dir(path: Path, flag: str) -> None:
     """A directory that exists or can be made, and takes a new file; else one
-    line, exit 2. Tried for real (root passes any permission check)."""
+    line, exit 2. Tried for real (root passes any permission check); the
+    folders made for the try are removed again, so that a run that writes
+    nothing there leaves nothing behind (every writer makes its own folder)."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path}: exists and is not a directory")
+    made = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".streamfuzz-probe.", suffix=".tmp", dir=path)
@@ -363,6 +376,10 @@ def _check_dir(path: Path, flag: str) -> None:
     except OSError as exc:
         raise UsageError(f"{flag} {path}: not a writable directory "
                          f"({exc.strerror or exc})") from None
+    finally:
+        for p in made:  # deepest first; one that another writer filled meanwhile stays
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def _check_file(path: Path, flag: str) -> None:
@@ -406,6 +423,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.report:
         _check_file(args.report, "--report")
     options = _run_options(args)
+    if not options.oracles:  # bad input before any work, the GPU count included
+        options.judging(args.device)
     try:
         device, gpus = _device(args.device)
     except KeyboardInterrupt:  # the GPU count waits for torch's import: the report says so
@@ -415,6 +434,7 @@ def _run(args: argparse.Namespace) -> int:
         _say_interrupted(args, [])
         return 130
     world = _world_size(device, gpus, args.world_size)
+    _judging(options, device)
     corpus.sweep(args.corpus)
     settings = profiles.get(args.profile)
     for name in names:
@@ -630,11 +650,13 @@ def _mutate(args: argparse.Namespace) -> int:
     device, gpus = _device(args.device)
     world = args.world_size or (2 if device == "cpu" else 1)
     _world_size(device, gpus, world)
+    options = RunOptions(oracles=args.oracle)
+    _judging(options, device)
     try:
         report = mutate.run(args.target, sites, device=device, world_size=world,
                             jobs=args.jobs or mutate.default_jobs(device, gpus, world),
                             max_examples=args.max_examples, seed=args.seed,
-                            options=RunOptions(oracles=args.oracle), timeout=args.timeout,
+                            options=options, timeout=args.timeout,
                             shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
                             log=lambda line: print(line, flush=True))
     except mutate.NotClean as exc:
@@ -676,7 +698,7 @@ def _soak(args: argparse.Namespace) -> int:
                      database=args.database or args.out / "hypothesis-db", round_s=args.round,
                      shrink_s=args.shrink, round_examples=args.round_examples,
                      stats_every_s=args.stats_every, seed=args.seed,
-                     recycle_mib=args.recycle_mib, options=_run_options(args))
+                     recycle_mib=args.recycle_mib, options=_run_options(args, device))
     pool = RankPool(world, device, timeout=args.timeout, startup_timeout=args.startup_timeout,
                     listen=args.listen, authkey=authkey)
     soak = Soak(pool, cfg)

@@ -175,3 +175,11 @@ def test_a_crash_of_the_tool_is_not_exit_1(tmp_path):
     assert out.returncode == 70, out.stderr
     assert "RuntimeError: broken install" in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("streamfuzz: crashed")
+
+
+def test_a_clean_run_leaves_no_empty_corpus_folder(tmp_path):
+    out = _cli("run", "--target", "main-gather", "--device", "cpu", "--max-examples", "5",
+               "--seed", "0", "--report", "out/r.json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "clean over 5 examples" in out.stdout
+    assert not (tmp_path / "corpus").exists() and (tmp_path / "out" / "r.json").is_file()

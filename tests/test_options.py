@@ -151,3 +151,37 @@ def test_soak_recovery_replays_the_example_in_flight_with_the_runs_oracles(
     assert [f["kind"] for f in recovered] == ["lifetime"], rep["failures"]
     entry = corpus.load(Path(recovered[0]["path"]))
     assert entry.scenario.to_dict() in journaled and set(entry.found_on["oracles"]) == ALL
+
+
+def test_a_run_that_cannot_judge_is_refused_in_one_place():
+    with pytest.raises(OptionsError, match="no oracle given"):
+        RunOptions(oracles=()).judging("cpu")
+    with pytest.raises(OptionsError, match="reuse sees nothing on cpu"):
+        RunOptions(oracles={Oracle.REUSE}).judging("cpu")
+    assert RunOptions(oracles={Oracle.REUSE}).judging("cuda") == []
+    (note,) = RunOptions(oracles={Oracle.REUSE, Oracle.LIFETIME}).judging("cpu")
+    assert "reuse" in note and "lifetime judge alone" in note and "\n" not in note
+    assert DEFAULT.judging("cpu") == []  # all: every oracle that applies here
+
+
+@pytest.mark.parametrize("oracle, says", [("", "no oracle given"), (",", "no oracle given"),
+                                          ("reuse", "reuse sees nothing on cpu")])
+def test_a_run_with_no_working_oracle_is_bad_input(oracle, says, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--target", "pre-fix",
+                          "--device", "cpu", "--max-examples", "5", "--oracle", oracle,
+                          "--corpus", str(tmp_path / "c"), "--report", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2, out
+    assert len(out.stderr.strip().splitlines()) == 1 and says in out.stderr, out.stderr
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "c").exists()
+
+
+def test_an_oracle_blind_on_the_device_beside_others_gets_a_note(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--target", "pre-fix",
+                          "--device", "cpu", "--max-examples", "50", "--seed", "0",
+                          "--profile", "ci", "--oracle", "reuse,lifetime",
+                          "--corpus", str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 1, out
+    notes = [ln for ln in out.stderr.splitlines() if "sees nothing on cpu" in ln]
+    assert len(notes) == 1 and "lifetime judge alone" in notes[0], out.stderr
