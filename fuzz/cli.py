@@ -390,23 +390,38 @@ def _check_file(path: Path, flag: str) -> None:
 
 
 class _Progress:
-    """A live line on a terminal; silent otherwise."""
+    """A live line on a terminal, fuzzing then shrinking. Elsewhere (a pipe, a
+    log) one line when shrinking starts, so that its minutes are not silence."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, shrink_budget_s: float | None = None) -> None:
         self.target = target
+        self.shrink_budget_s = shrink_budget_s
         self.tty = sys.stderr.isatty()
         self.failures = 0
+        self.found_at: tuple[int, float] | None = None
         self.last = 0.0
 
     def __call__(self, examples: int, elapsed: float, failed: int) -> None:
         self.failures += failed
+        if failed and self.found_at is None:
+            self.found_at = (examples, elapsed)
+            if not self.tty:
+                bound = (f", at most {self.shrink_budget_s:g}s"
+                         if self.shrink_budget_s is not None else "")
+                print(f"[{self.target}] found a failure after {examples} examples; shrinking "
+                      f"it{bound} (Ctrl-C saves it as shrunk so far)", file=sys.stderr,
+                      flush=True)
         now = time.monotonic()
         if self.tty and now - self.last > 0.2:
             self.last = now
             rate = examples / elapsed if elapsed else 0.0
-            sys.stderr.write(f"\r[{self.target}] {examples} examples, {rate:.1f}/s, "
-                             f"{self.failures} failing (shrinking)" if self.failures else
-                             f"\r[{self.target}] {examples} examples, {rate:.1f}/s, 0 failures")
+            if self.found_at is not None:
+                n, t = self.found_at
+                line = (f"[{self.target}] shrinking: {examples - n} examples tried in "
+                        f"{elapsed - t:.0f}s, {self.failures} failing")
+            else:
+                line = f"[{self.target}] {examples} examples, {rate:.1f}/s, 0 failures"
+            sys.stderr.write(f"\r\033[K{line}")
             sys.stderr.flush()
 
     def done(self) -> None:
@@ -484,7 +499,7 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
     from fuzz import driver
 
     for name in names:
-        progress = _Progress(name)
+        progress = _Progress(name, args.shrink_budget)
         try:
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget,
@@ -553,7 +568,12 @@ def _print_result(res: Any) -> None:
               f"({res.elapsed_s:.1f}s), nothing found so far")
         return
     if res.failure is None:
-        print(f"{res.target}: clean over {res.examples} examples ({res.elapsed_s:.1f}s)")
+        cov = res.coverage
+        print(f"{res.target}: clean over {res.examples} examples"
+              f"{cov.note() if cov else ''} ({res.elapsed_s:.1f}s)")
+        unchecked = cov.unchecked() if cov else None
+        if unchecked:
+            print(f"  {unchecked}")
         return
     flaky = " [flaky: the shrunk case did not fail again]" if res.flaky else ""
     if res.shrink_truncated:
@@ -562,7 +582,8 @@ def _print_result(res: Any) -> None:
         flaky += " [interrupted while shrinking: saved as shrunk so far]"
     print(f"{res.target}: FOUND {res.failure.kind} after {res.first_failure_examples} examples "
           f"({res.first_failure_s:.1f}s){flaky}\n  {res.failure.message}\n"
-          f"  {'as found' if res.interrupted else 'shrunk'}: {res.scenario.describe()}\n"
+          f"  {'shrunk so far' if res.interrupted or res.shrink_truncated else 'shrunk'}: "
+          f"{res.scenario.describe()}\n"
           f"  saved: {res.corpus_path}")
 
 
@@ -605,8 +626,10 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
                      "first_failure_s": r.first_failure_s,
                      "first_failure_at": r.first_failure_at, "held_by": r.held,
                      "interrupted": r.interrupted,
-                     "upstream": targets.provenance(r.target)}
+                     "upstream": targets.provenance(r.target),
+                     "coverage": r.coverage.to_dict() if r.coverage else None}
                     for r in results],
+        "coverage": {r.target: r.coverage.to_dict() for r in results if r.coverage},
         "errors": list(errors or ()),
     }
     path.parent.mkdir(parents=True, exist_ok=True)

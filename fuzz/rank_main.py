@@ -374,23 +374,28 @@ class _Serving:
 
     def on_run(self, msg: Run) -> bool:
         target = msg.target
+        env: RankEnv | None = None
         stages.enter(stages.RUNNER)
         try:
             if target not in self.factories:
                 self.factories[target] = targets.load(target)
             protocol = protocols.of_target(target, self.factories[target])
-            obs = protocol.part("run")(msg.scenario, self.factories[target],
-                                       _env(self.device, self.group), msg.options)
+            env = _env(self.device, self.group)
+            obs = protocol.part("run")(msg.scenario, self.factories[target], env, msg.options)
             stages.restart(stages.MESSAGES)
-            self.conn.send(Done(msg.eid, self.rank, obs))
+            self.conn.send(Done(msg.eid, self.rank, obs, dict(env.calls)))
         except (targets.TargetError, protocols.ProtocolError) as exc:  # set up wrong
             if not isinstance(exc, targets.TargetError):
                 exc = targets.misused(target, exc)
             self.conn.send(Raised(msg.eid, self.rank, str(exc), "", False, usage=True))
         except Exception as exc:  # the target's failure is the finding
+            setup = isinstance(exc, protocols.FactoryRaised)
+            if setup:
+                exc = exc.__cause__ or exc
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             fatal = self.device.type == "cuda"
-            self.conn.send(Raised(msg.eid, self.rank, text, _user_frames(exc), fatal))
+            self.conn.send(Raised(msg.eid, self.rank, text, _user_frames(exc), fatal,
+                                  setup=setup, calls=dict(env.calls) if env else {}))
             if fatal:
                 self.conn.close()
                 os._exit(3)

@@ -53,6 +53,10 @@ class Outcome:
     failure: Failure | None = None
     usage: str | None = None
     """A rank found the target set up wrong (``Raised.usage``): what it said."""
+    setup: bool = False
+    """The failure is the target's factory raising (``Raised.setup``)."""
+    calls: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per rank that answered, what its runner called (``Done.calls``)."""
 
 
 _PORT_TRIES = 3
@@ -553,8 +557,10 @@ class RankPool:
             else:
                 self.restart()
         if failure is not None:
-            return Outcome(failure=failure, usage=ex.usage)
-        return Outcome(observations=[ex.done[r] for r in range(self.world_size)])
+            return Outcome(failure=failure, usage=ex.usage,
+                           setup=ex.setup and failure is ex.failure, calls=ex.calls)
+        return Outcome(observations=[ex.done[r] for r in range(self.world_size)],
+                       calls=ex.calls)
 
 
 @dataclass(frozen=True)
@@ -577,12 +583,15 @@ class _Example:
         self.answered: set[int] = set()
         self.failure: Failure | None = None
         self.usage: str | None = None
+        self.setup = False
+        self.calls: dict[int, dict[str, int]] = {}
         self.broken = False
 
     def on_done(self, msg: Done) -> bool:
         if msg.eid != self.eid:
             return False
         self.done[msg.rank] = msg.observations
+        self.calls[msg.rank] = msg.calls
         return True
 
     def on_raised(self, msg: Raised) -> bool:
@@ -590,6 +599,8 @@ class _Example:
             return False
         if msg.usage:
             self.usage = self.usage or msg.error
+        self.calls[msg.rank] = msg.calls
+        self.setup = self.setup or (msg.setup and self.failure is None)
         at = "".join(f"\n    {line}" for line in msg.frames.splitlines())
         self.failure = self.failure or Failure("crash", f"rank {msg.rank} raised {msg.error}{at}",
                                                msg.rank)

@@ -486,3 +486,15 @@ class PolledCountsFixed(PolledCounts):
 
 def polled_counts_fixed(ctx: TargetContext) -> PolledCountsFixed:
     return PolledCountsFixed(ctx)
+
+
+def factory_raises(ctx: TargetContext) -> MainGather:
+    """A factory set up wrong: it raises whatever the scenario."""
+    raise KeyError("model_config")
+
+
+def factory_raises_on_big_batches(ctx: TargetContext) -> MainGather:
+    """A factory with a bug of its own: it raises only for some scenarios."""
+    if ctx.max_num_reqs > 2:
+        raise ValueError(f"no room for {ctx.max_num_reqs} requests")
+    return MainGather(ctx)

@@ -183,3 +183,23 @@ def test_a_clean_run_leaves_no_empty_corpus_folder(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "clean over 5 examples" in out.stdout
     assert not (tmp_path / "corpus").exists() and (tmp_path / "out" / "r.json").is_file()
+
+
+def test_a_factory_that_raises_on_the_smallest_scenario_is_set_up_wrong(tmp_path):
+    out = _cli("run", "--target", "tests.targets:factory_raises", "--device", "cpu",
+               "--max-examples", "20", "--seed", "0", "--corpus", tmp_path / "c",
+               "--report", tmp_path / "r.json")
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "factory raises on the smallest scenario" in line and "KeyError" in line, line
+    assert "tests/targets.py:" in line
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_factory_that_raises_on_some_scenarios_only_is_a_finding(tmp_path):
+    out = _cli("run", "--target", "tests.targets:factory_raises_on_big_batches", "--device",
+               "cpu", "--max-examples", "100", "--seed", "0", "--profile", "ci",
+               "--corpus", tmp_path / "c")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FOUND crash" in out.stdout and "no room for 3 requests" in out.stdout
+    assert len(list((tmp_path / "c").rglob("*.json"))) == 1
