@@ -87,6 +87,17 @@ def _oracles(text: str) -> frozenset[Oracle]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _expect(text: str) -> tuple[str | None, str]:
+    """``--expect [TARGET=]clean|found``: (the target, or None for every user target, what)."""
+    from fuzz.matrix import EXPECTATIONS
+
+    name, _, what = text.rpartition("=")
+    if what not in EXPECTATIONS:
+        raise argparse.ArgumentTypeError(f"{text!r}: use clean, found, TARGET=clean or "
+                                         "TARGET=found")
+    return (name or None), what
+
+
 def _add_run_options(q: argparse.ArgumentParser) -> None:
     """``--oracle`` and ``--hold``: what every rank is asked to do (``RunOptions``)."""
     q.add_argument("--hold", choices=[h.value for h in Hold], default=DEFAULT.hold.value,
@@ -247,6 +258,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="a column: the oracles that judge it, as for run; repeatable "
                         "(default: a lifetime column and a value column)")
     m.add_argument("--target", action="append", metavar="T", help="rows (default: built-ins)")
+    m.add_argument("--expect", type=_expect, action="append", metavar="[T=]clean|found",
+                   help="what a user target is expected to be in every column: T=clean for "
+                        "one row; clean alone for every user target that declares nothing "
+                        "itself; repeatable (default: a built-in's own, else the factory's "
+                        "expected attribute, else none: reported, never failed)")
     u = sub.add_parser("mutate", help="remove each sync of a target in turn and fuzz it: "
                        "which syncs does the fuzzer catch missing?")
     u.add_argument("--target", required=True, metavar="T",

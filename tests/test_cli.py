@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -105,8 +106,41 @@ def test_matrix_prints_cells_and_fails_on_a_miss():
     assert "clean 1/1" in ok.stdout
     # A buggy target the lifetime oracle cannot see (wrong values, no stream bug) is a miss.
     miss = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--target",
-                "tests.targets:shifted_rows", "--max-examples", "20", "--seeds", "1")
+                "tests.targets:shifted_rows", "--expect", "found", "--max-examples", "20",
+                "--seeds", "1")
     assert miss.returncode == 1 and "FAIL: tests.targets:shifted_rows x lifetime" in miss.stdout
+
+
+def test_matrix_judges_user_targets_by_what_they_declare(tmp_path):
+    (tmp_path / "twins.py").write_text(textwrap.dedent("""
+        from fuzz.targets.pp_draft import MainGather, PreFix
+
+        def make_fixed(ctx):
+            return MainGather(ctx)
+        make_fixed.expected = "clean"
+
+        def make_buggy(ctx):
+            return PreFix(ctx)
+
+        def make_undeclared(ctx):
+            return MainGather(ctx)
+    """))
+    f = tmp_path / "twins.py"
+    out = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--max-examples", "30",
+               "--target", f"{f}:make_fixed", "--target", f"{f}:make_buggy",
+               "--target", f"{f}:make_undeclared", "--expect", f"{f}:make_buggy=found")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {ln.split()[0]: ln for ln in out.stdout.splitlines() if ln.startswith(f"  {f}")}
+    assert "clean 1/1" in rows[f"{f}:make_fixed"] and "FAIL" not in out.stdout
+    assert "found lifetime 1/1" in rows[f"{f}:make_buggy"]
+    assert "(no expectation)" in rows[f"{f}:make_undeclared"]
+    assert f"note: {f}:make_undeclared declares no expectation" in out.stdout
+    # Expected clean but found: a FAIL, exit 1.
+    wrong = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--max-examples", "30",
+                 "--target", f"{f}:make_buggy", "--expect", "clean")
+    assert wrong.returncode == 1 and "flagged a target expected clean" in wrong.stdout
+    bad = _cli("matrix", "--device", "cpu", "--target", f"{f}:make_buggy", "--expect", "maybe")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_an_unwritable_report_place_is_refused_before_fuzzing(tmp_path):
