@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from multiprocessing.connection import (
     AuthenticationError,
     Connection,
@@ -32,7 +33,16 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from fuzz import dispatch_mode, gloo_threads, messages, protocols, stages, targets
+from fuzz import (
+    collectives,
+    crash_text,
+    dispatch_mode,
+    gloo_threads,
+    messages,
+    protocols,
+    stages,
+    targets,
+)
 from fuzz.errors import FuzzError
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.host import rss_bytes
@@ -177,17 +187,24 @@ _NOT_USER = (os.path.dirname(torch.__file__) + os.sep,
 
 def _user_frames(exc: BaseException, limit: int = 8) -> str:
     """Where a target raised, in the user's code only, innermost first:
-    ``path:line function: source`` lines (paths shortened to the working
-    directory). Empty when no frame is the user's."""
+    ``path:line function: source`` lines. Empty when no frame is the user's."""
+    frames = reversed(traceback.extract_tb(exc.__traceback__))
+    return "\n".join(_user_lines(frames, source=True)[:limit])
+
+
+def _user_lines(frames: Iterable[traceback.FrameSummary], source: bool = False) -> list[str]:
+    """The user's frames among ``frames``, as ``path:line function`` (and its
+    source line), paths shortened (``crash_text.short_path``): never absolute,
+    since they go into corpus entries."""
     lines = []
-    for f in reversed(traceback.extract_tb(exc.__traceback__)):
+    for f in frames:
         path = os.path.abspath(f.filename)
         if (os.path.dirname(path) + os.sep in _HARNESS_DIRS or path.startswith(_NOT_USER)
                 or f.filename.startswith("<")):
             continue
-        short = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
-        lines.append(f"{short}:{f.lineno} {f.name}: {(f.line or '').strip()}")
-    return "\n".join(lines[:limit])
+        line = f"{crash_text.short_path(path)}:{f.lineno} {f.name}"
+        lines.append(f"{line}: {(f.line or '').strip()}" if source else line)
+    return lines
 
 
 def _dump_stacks_on_signal() -> None:
@@ -375,6 +392,7 @@ class _Serving:
     def on_run(self, msg: Run) -> bool:
         target = msg.target
         env: RankEnv | None = None
+        collectives.new_example()
         stages.enter(stages.RUNNER)
         try:
             if target not in self.factories:
@@ -446,6 +464,7 @@ def main() -> int:
         return 2
     die_with_parent()
     _dump_stacks_on_signal()
+    collectives.install(os.environ.get("STREAMFUZZ_STACKS"), _user_lines)
     stages.from_env()
     authkey = bytes.fromhex(os.environ.get("STREAMFUZZ_AUTHKEY", "")) or b"streamfuzz"
     return serve(os.environ.get("STREAMFUZZ_DEVICE", "cpu"), address, authkey)

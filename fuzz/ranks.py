@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import crash_text, host, messages, stages, zygote
+from fuzz import collectives, crash_text, host, messages, stages, zygote
 from fuzz.errors import BadInput
 from fuzz.messages import (
     Done,
@@ -215,6 +215,11 @@ class _World:
         with open(path, errors="replace") as fh:
             fh.seek(before)
             return crash_text.main_stack(fh.read())
+
+    def waits_in(self, rank: int) -> str:
+        """The collective a stuck rank waits in and the user's frames that called
+        it (``fuzz.collectives``); ``""`` where it noted none."""
+        return collectives.waits_in(self.stacks[rank]) if rank < len(self.stacks) else ""
 
     def tail(self, rank: int, limit: int = 600) -> str:
         try:
@@ -506,10 +511,13 @@ class RankPool:
                 return None
             if not ready:
                 ranks = sorted(waiting.values())
-                where = [(r, self._world.where_stuck(r)) for r in ranks] if self._world else []
+                where = [(r, self._world.where_stuck(r), self._world.waits_in(r))
+                         for r in ranks] if self._world else []
                 ex.failure = ex.failure or Failure(
                     "hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s"
-                    + "".join(f"\n    rank {r} is stuck at: {w}" for r, w in where if w),
+                    + "".join((f"\n    rank {r} {c}" if c else "")
+                              + (f"\n    rank {r} is stuck at: {w}" if w else "")
+                              for r, w, c in where),
                     ranks[0])
                 ex.broken = True
                 break

@@ -498,3 +498,17 @@ def factory_raises_on_big_batches(ctx: TargetContext) -> MainGather:
     if ctx.max_num_reqs > 2:
         raise ValueError(f"no room for {ctx.max_num_reqs} requests")
     return MainGather(ctx)
+
+
+class ReceiverSkipsDrafts(MainGather):
+    """A receiver that never joins the drafts' broadcast on batches of two or more."""
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        if (self.ctx.rank != self.ctx.last_rank and t.dim() == 2 and t.shape[0] >= 2
+                and t.shape[1] == self.ctx.num_spec_steps):
+            return
+        super()._bcast(t)
+
+
+def receiver_skips_drafts(ctx: TargetContext) -> ReceiverSkipsDrafts:
+    return ReceiverSkipsDrafts(ctx)

@@ -302,3 +302,16 @@ def test_the_progress_line_follows_the_shrinking_on_a_terminal(monkeypatch):
     assert frames[0].startswith("[t] 1 examples") and "0 failures" in frames[0]
     assert frames[-1] == "[t] shrinking: 7 examples tried in 10s, 2 failing", frames
     assert "\n" not in term.getvalue()  # one line that updates, on a terminal
+
+
+def test_a_hang_names_the_collective_and_the_users_frames_and_no_absolute_path(tmp_path):
+    with RankPool(2, "cpu", timeout=5.0) as pool:
+        res = driver.fuzz(pool, "tests.targets:receiver_skips_drafts", profiles.get("ci"),
+                          max_examples=5, corpus_dir=tmp_path, shrink_budget_s=0.1,
+                          strategy=st.just(_four_requests()))
+    assert res.failure is not None and res.failure.kind == "hang", res.failure
+    msg = res.failure.message
+    line = next(ln for ln in msg.splitlines() if "rank 1 waits" in ln)
+    assert "broadcast" in line and "tests/targets.py:" in line and "_bcast" in line, msg
+    saved = corpus.load(res.corpus_path).message
+    assert not [w for w in saved.split() if w.startswith("/")], saved
