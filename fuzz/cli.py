@@ -98,6 +98,43 @@ def _expect(text: str) -> tuple[str | None, str]:
     return (name or None), what
 
 
+class _OldSpelling(argparse.Action):
+    """An option's old name: still works, with a warning naming the new one."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"streamfuzz: warning: {option_string} is now {self.new}; the old spelling "
+              "still works, for now", file=sys.stderr)
+        items = getattr(namespace, self.dest, None) or []
+        setattr(namespace, self.dest, items + (values if isinstance(values, list) else [values]))
+
+
+def _add_target(q: argparse.ArgumentParser, help: str, nargs: str | None = None) -> None:
+    """``--target``, the one name of the target option in every command, and
+    ``--targets``, its old spelling in soak, kept as an alias that warns."""
+    q.add_argument("--target", dest="target", action="extend" if nargs else "append",
+                   nargs=nargs, metavar="T", help=help)
+    q.add_argument("--targets", dest="target", action=_OldSpelling, new="--target",
+                   nargs="+", metavar="T", help=argparse.SUPPRESS)
+
+
+def _targets_epilog() -> str:
+    """Every built-in target and family, as ``run --help`` lists them."""
+    others = [p for p in protocols.all_protocols().values()
+              if p.name != protocols.DEFAULT]
+    return ("built-in targets: the versions "
+            f"{', '.join(targets.VERSIONS)}; the mutants {', '.join(targets.MUTANTS)}; the "
+            f"correct variants {', '.join(targets.VARIANTS)}"
+            + "".join(f"; {p.name}: {', '.join(p.targets)}" for p in others)
+            + "; vLLM's own code: "
+            + ", ".join(f"{f}@VERSION" for p in protocols.all_protocols().values()
+                        for f in p.families))
+
+
 def _add_run_options(q: argparse.ArgumentParser) -> None:
     """``--oracle`` and ``--hold``: what every rank is asked to do (``RunOptions``)."""
     q.add_argument("--hold", choices=[h.value for h in Hold], default=DEFAULT.hold.value,
@@ -145,13 +182,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds one example may take before it is a hang (default 60)")
 
     r = sub.add_parser("run", help="fuzz targets; shrunk failures go to the corpus",
-                       epilog="built-in targets: the versions "
-                              f"{', '.join(targets.VERSIONS)}; the mutants "
-                              f"{', '.join(targets.MUTANTS)}; the correct variants "
-                              f"{', '.join(targets.VARIANTS)}")
-    r.add_argument("--target", action="append", metavar="T",
-                   help="built-in name, package.module:attr or path/to/file.py:attr; repeatable "
-                        "(default: the three versions)")
+                       epilog=_targets_epilog())
+    _add_target(r, "built-in name, package.module:attr or path/to/file.py:attr; repeatable "
+                   "(default: the three versions)")
     common(r)
     r.add_argument("--world-size", type=_positive, default=None,
                    help="ranks (default: 2 on cpu, every GPU on cuda)")
@@ -181,16 +214,18 @@ def _parser() -> argparse.ArgumentParser:
     k = sub.add_parser("soak", help="a time-budgeted campaign that survives crashes, hangs "
                        "and kills, resumes, and ends with a report and a plot")
     k.add_argument("--budget", type=_duration, required=True,
-                   help="total campaign time, e.g. 30s, 10m, 8h (counts earlier starts)")
-    k.add_argument("--targets", nargs="+", metavar="T", default=None,
-                   help="targets to rotate over (default: all built-ins)")
+                   help="total campaign time, e.g. 30s, 10m, 8h (counts earlier starts; "
+                        "required)")
+    _add_target(k, "targets to rotate over; several after one --target, or repeated "
+                   "(default: all built-ins)", nargs="+")
     common(k)
     k.add_argument("--world-size", type=_positive, default=None,
                    help="ranks (default: 2 on cpu, every GPU on cuda)")
     k.add_argument("--out", type=Path, default=Path("soak"),
                    help="campaign directory: journal, state, log, report (default soak/); "
                         "starting again with the same one resumes the campaign")
-    k.add_argument("--corpus", type=Path, default=Path("corpus"))
+    k.add_argument("--corpus", type=Path, default=Path("corpus"),
+                   help="directory the shrunk failures are saved in (default corpus/)")
     k.add_argument("--database", type=Path, default=None,
                    help="Hypothesis example database, may be shared by several nodes "
                         "(default OUT/hypothesis-db)")
@@ -205,59 +240,76 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--recycle-mib", type=_mib, default=32.0,
                    help="replace the ranks once one has grown this many MiB since it warmed "
                         "up, bounding a leak in the libraries they call (default 32; 0: never)")
-    k.add_argument("--seed", type=int, default=None)
+    k.add_argument("--seed", type=int, default=None,
+                   help="Hypothesis seed: repeatable rounds, and no example database "
+                        "(default: random, with the database)")
     _add_run_options(k)
     k.add_argument("--listen", type=_address, default=None, metavar="HOST:PORT",
-                   help="with --ranks-external: where ranks started by torchrun connect")
+                   help="with --ranks-external: where ranks started by torchrun connect "
+                        "(default: none, the driver starts its ranks)")
     k.add_argument("--ranks-external", type=_positive, default=None, metavar="N",
-                   help="do not start ranks; wait for N ranks launched by torchrun")
+                   help="do not start ranks; wait for N ranks launched by torchrun "
+                        "(default: none, the driver starts its ranks)")
     k.add_argument("--startup-timeout", type=_duration, default=600.0,
                    help="how long to wait for the ranks to join (default 10m)")
 
     y = sub.add_parser("replay", help="replay corpus entries as regressions")
-    y.add_argument("paths", nargs="+", type=Path)
+    y.add_argument("paths", nargs="+", type=Path,
+                   help="corpus entries (*.json) or folders of them, such as corpus/")
     common(y)
     y.add_argument("--attempts", type=_positive, default=3,
-                   help="tries for an entry found on a GPU (races need not show at once)")
+                   help="tries for an entry found on a GPU (races need not show at once; "
+                        "default 3)")
 
     b = sub.add_parser("bench", help="throughput vs a hand-written loop, time to first failure")
     b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
-                   help="auto: the CPU, and CUDA too where a GPU is visible")
-    b.add_argument("--target", action="append", metavar="T",
-                   help="repeatable (default: all built-ins)")
-    b.add_argument("--seeds", type=_positive, default=5)
+                   help="auto: the CPU, and CUDA too where a GPU is visible (default auto)")
+    _add_target(b, "repeatable (default: all built-ins)")
+    b.add_argument("--seeds", type=_positive, default=5,
+                   help="seeds per target (default 5)")
     b.add_argument("--examples", type=_positive, default=200,
-                   help="examples for throughput (fuzzer and loop each)")
+                   help="examples for throughput (fuzzer and loop each; default 200)")
     b.add_argument("--detect-examples", type=_positive, default=200,
-                   help="examples for each gate-vs-spin detection rate")
+                   help="examples for each gate-vs-spin detection rate (default 200)")
     b.add_argument("--random-examples", type=_positive, default=100,
-                   help="random scenarios (no Hypothesis) for the detection rates")
+                   help="random scenarios (no Hypothesis) for the detection rates "
+                        "(default 100)")
     b.add_argument("--oracle-examples", type=_positive, default=50,
-                   help="examples the oracle costs are measured on")
+                   help="examples the oracle costs are measured on (default 50)")
     b.add_argument("--shrink-budget", type=_seconds, default=30.0,
-                   help="most seconds of shrinking timed (first seed)")
+                   help="most seconds of shrinking timed (first seed; default 30)")
     b.add_argument("--ff-examples", type=_positive, default=1000,
-                   help="most examples per seed when looking for the first failure")
+                   help="most examples per seed when looking for the first failure "
+                        "(default 1000)")
     b.add_argument("--ff-budget", type=_seconds, default=60.0,
-                   help="most seconds per seed when looking for the first failure")
-    b.add_argument("--cpu-world-size", type=_positive, default=2)
-    b.add_argument("--cuda-world-size", type=_positive, default=1)
-    b.add_argument("--timeout", type=_seconds, default=60.0)
+                   help="most seconds per seed when looking for the first failure "
+                        "(default 60)")
+    b.add_argument("--cpu-world-size", type=_positive, default=2,
+                   help="ranks on the CPU (default 2)")
+    b.add_argument("--cuda-world-size", type=_positive, default=1,
+                   help="ranks on CUDA, one GPU each (default 1)")
+    b.add_argument("--timeout", type=_seconds, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60)")
     b.add_argument("--waiting", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the fuzzer judging each example before drawing the next "
-                        "(the 'waiting ex/s' column; as long again as the fuzzer's run)")
-    b.add_argument("--out", type=Path, default=Path("reports/bench"))
+                        "(the 'waiting ex/s' column; as long again as the fuzzer's run; "
+                        "default on)")
+    b.add_argument("--out", type=Path, default=Path("reports/bench"),
+                   help="where the JSON and markdown reports go (default reports/bench)")
     _add_run_options(b)
     m = sub.add_parser("matrix", help="every built-in target x oracle: found or clean")
-    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the ranks run (default cpu)")
     m.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds one example may take before it is a hang (default 60)")
-    m.add_argument("--max-examples", type=_positive, default=200)
-    m.add_argument("--seeds", type=_positive, default=1, help="seeds 0..K-1 per cell")
+    m.add_argument("--max-examples", type=_positive, default=200,
+                   help="examples per cell and seed at most (default 200)")
+    m.add_argument("--seeds", type=_positive, default=1,
+                   help="seeds 0..K-1 per cell (default 1)")
     m.add_argument("--oracle", type=_oracles, action="append", metavar="O[,O]",
                    help="a column: the oracles that judge it, as for run; repeatable "
                         "(default: a lifetime column and a value column)")
-    m.add_argument("--target", action="append", metavar="T", help="rows (default: built-ins)")
+    _add_target(m, "rows; repeatable (default: the draft broadcast's built-ins)")
     m.add_argument("--expect", type=_expect, action="append", metavar="[T=]clean|found",
                    help="what a user target is expected to be in every column: T=clean for "
                         "one row; clean alone for every user target that declares nothing "
@@ -266,15 +318,18 @@ def _parser() -> argparse.ArgumentParser:
     u = sub.add_parser("mutate", help="remove each sync of a target in turn and fuzz it: "
                        "which syncs does the fuzzer catch missing?")
     u.add_argument("--target", required=True, metavar="T",
-                   help="built-in name, package.module:attr or path/to/file.py:attr")
-    u.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+                   help="built-in name, package.module:attr or path/to/file.py:attr "
+                        "(required)")
+    u.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the mutants run (default cpu)")
     u.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds one example may take before it is a hang (default 60)")
     u.add_argument("--world-size", type=_positive, default=None,
                    help="ranks per mutant (default: 2 on cpu, 1 on cuda)")
     u.add_argument("--max-examples", type=_positive, default=200,
                    help="examples per mutant, and for the original (default 200)")
-    u.add_argument("--seed", type=int, default=0)
+    u.add_argument("--seed", type=int, default=0,
+                   help="Hypothesis seed of every mutant's run (default 0)")
     u.add_argument("--jobs", type=_positive, default=None,
                    help="mutants fuzzed at once, one rank pool each (default: CPU cores "
                         "per world on cpu, GPUs per world on cuda)")
@@ -711,7 +766,7 @@ def _soak(args: argparse.Namespace) -> int:
 
     from fuzz.soak import Soak, SoakConfig, stop_on_signals
 
-    names = args.targets or list(targets.BUILTIN)
+    names = args.target or list(targets.BUILTIN)
     names = [n for arg in names for n in arg.split(",") if n]
     for name in names:
         targets.check_importable(name)
@@ -755,7 +810,13 @@ def _soak(args: argparse.Namespace) -> int:
               "them. Restart them (torchrun --max-restarts does) and start the same soak "
               "command again: it resumes.", file=sys.stderr)
         return 3
+    if soak.stop_reason in _STOP_SIGNALS:
+        return 130  # interrupted, as for every command; the summary and report are written
     return 1 if report["failures"] else 0
+
+
+_STOP_SIGNALS = ("SIGINT", "SIGTERM")
+"""The stop reasons of a soak that a signal ended (``fuzz.soak.stop_on_signals``)."""
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -1,3 +1,4 @@
+import argparse
 import json
 import os
 import subprocess
@@ -237,3 +238,42 @@ def test_a_factory_that_raises_on_some_scenarios_only_is_a_finding(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "FOUND crash" in out.stdout and "no room for 3 requests" in out.stdout
     assert len(list((tmp_path / "c").rglob("*.json"))) == 1
+
+
+def test_every_option_of_every_command_says_what_it_does_and_its_default():
+    from fuzz import cli
+
+    parser = cli._parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = []
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            text = action.help or ""
+            needs_default = action.option_strings and not action.required
+            if not text or (needs_default and "default" not in text):
+                missing.append(f"{name} {action.option_strings or action.dest}")
+    assert missing == [], missing
+
+
+def test_run_help_lists_every_built_in_target_and_family():
+    from fuzz import protocols
+
+    text = " ".join(_cli("run", "--help").stdout.split()).replace("- ", "-")
+    listed = text.split("built-in targets:")[1]
+    for p in protocols.all_protocols().values():
+        for name in p.targets:
+            assert name in listed, name
+        for family in p.families:
+            assert f"{family}@VERSION" in listed, family
+
+
+def test_the_target_option_has_one_name_and_the_old_one_warns(tmp_path):
+    out = _cli("soak", "--budget", "1s", "--device", "cpu", "--targets", "no-such-target",
+               "--out", tmp_path / "s")
+    assert out.returncode == 2
+    assert "--targets is now --target" in out.stderr and "unknown target 'no-such-target'" \
+        in out.stderr
+    for command in ("run", "soak", "matrix", "bench", "mutate"):
+        assert "--target T" in _cli(command, "--help").stdout, command

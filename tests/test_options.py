@@ -107,7 +107,7 @@ def _soak_args(out, *more):
 def test_soak_sends_every_oracle_and_its_entries_record_them(rank_oracles, tmp_path):
     out = tmp_path / "soak"
     code = cli.main(_soak_args(out, "--budget", "6s", "--round", "3s", "--shrink", "3s",
-                               "--targets", "pre-fix"))
+                               "--target", "pre-fix"))
     assert code == 1
     assert _ran(rank_oracles) == {ALL}
     rep = json.loads((out / "report.json").read_text())
@@ -124,7 +124,7 @@ def test_soak_recovery_replays_the_example_in_flight_with_the_runs_oracles(
     bug in it (the value oracle alone cannot, on CPU) and saves it."""
     out, marker = tmp_path / "soak", tmp_path / "hung"
     monkeypatch.setenv("STREAMFUZZ_TEST_HANG_ONCE", str(marker))
-    args = _soak_args(out, "--targets", "tests.targets:hangs_once_then_pre_fix")
+    args = _soak_args(out, "--target", "tests.targets:hangs_once_then_pre_fix")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "fuzz", *args, "--budget", "10m",
                              "--timeout", "600"], cwd=ROOT, env=env,
