@@ -876,6 +876,11 @@ def _replay_one(driver: Any, pool: RankPool, e: corpus.Entry, attempts: int) -> 
         line += f"; {targets.UPSTREAM_FIXED} " + ("passes" if fixed.ok else
                                                   f"FAILS ({fixed.first.message})")
         wrong = wrong or not fixed.ok
+    elif v.ok:  # a user's target: its entry records a bug of that code
+        line += (": the bug no longer reproduces there. If you fixed it, delete this entry "
+                 "(a replay expects every entry of a user's target to fail on it) or keep "
+                 "its scenario as a regression test of the fix; if you did not, the failure "
+                 "depends on timing or on the machine it was found on")
     print(line)
     return int(wrong)
 

@@ -277,3 +277,12 @@ def test_the_target_option_has_one_name_and_the_old_one_warns(tmp_path):
         in out.stderr
     for command in ("run", "soak", "matrix", "bench", "mutate"):
         assert "--target T" in _cli(command, "--help").stdout, command
+
+
+def test_replay_of_a_fixed_user_entry_says_what_to_do(tmp_path):
+    src = json.loads(next(ROOT.glob("corpus/pre-fix/*.json")).read_text())
+    entry = tmp_path / "fixed.json"
+    entry.write_text(json.dumps(dict(src, target="fuzz.targets.pp_draft:main_gather")))
+    out = _cli("replay", entry, "--device", "cpu")
+    assert out.returncode == 1, out.stderr
+    assert "PASSES: the bug no longer reproduces there. If you fixed it, delete" in out.stdout
