@@ -176,9 +176,9 @@ def test_a_leaking_rank_is_recycled_and_its_memory_bounded(tmp_path):
         + 64 * 2**20
     # (The driver's own warm-up is not the point here.)
     assert not [k for k in rep["memory_growing"] if k.startswith("rank")], rep["memory"]
-    assert rep["memory"]["rank1_rss"]["bounded_by_recycling"]
-    md = (tmp_path / "out" / "report.md").read_text()
-    assert "bounded by recycling the ranks at +8 MiB" in md
+    # Seconds of samples are too short to project: judged on the quarters, not the cap
+    # (a long run's capped projection: test_a_steady_slope_is_bounded_when_...recycled).
+    assert rep["memory"]["rank1_rss"]["projected_growth"] is None and not rep["projected"]
     assert "recycling the ranks: rank" in (tmp_path / "out" / "soak.log").read_text()
 
 
