@@ -66,7 +66,7 @@ vllm-fetch: $(VENV)/.ready
 # SOAK_OUT resumes it. Report, plot and log land in SOAK_OUT, failures in corpus/.
 soak: $(VENV)/.ready
 	@$(PY) -m fuzz soak --device auto --budget $(BUDGET) --out $(SOAK_OUT) \
-		$(if $(TARGETS),--targets $(TARGETS)); rc=$$?; test $$rc -le 1
+		$(if $(TARGETS),--target $(TARGETS)); rc=$$?; test $$rc -le 1
 
 test: $(VENV)/.ready
 	$(PY) -m pytest -n $(JOBS) -q

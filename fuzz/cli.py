@@ -87,6 +87,54 @@ def _oracles(text: str) -> frozenset[Oracle]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _expect(text: str) -> tuple[str | None, str]:
+    """``--expect [TARGET=]clean|found``: (the target, or None for every user target, what)."""
+    from fuzz.matrix import EXPECTATIONS
+
+    name, _, what = text.rpartition("=")
+    if what not in EXPECTATIONS:
+        raise argparse.ArgumentTypeError(f"{text!r}: use clean, found, TARGET=clean or "
+                                         "TARGET=found")
+    return (name or None), what
+
+
+class _OldSpelling(argparse.Action):
+    """An option's old name: still works, with a warning naming the new one."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"streamfuzz: warning: {option_string} is now {self.new}; the old spelling "
+              "still works, for now", file=sys.stderr)
+        items = getattr(namespace, self.dest, None) or []
+        setattr(namespace, self.dest, items + (values if isinstance(values, list) else [values]))
+
+
+def _add_target(q: argparse.ArgumentParser, help: str, nargs: str | None = None) -> None:
+    """``--target``, the one name of the target option in every command, and
+    ``--targets``, its old spelling in soak, kept as an alias that warns."""
+    q.add_argument("--target", dest="target", action="extend" if nargs else "append",
+                   nargs=nargs, metavar="T", help=help)
+    q.add_argument("--targets", dest="target", action=_OldSpelling, new="--target",
+                   nargs="+", metavar="T", help=argparse.SUPPRESS)
+
+
+def _targets_epilog() -> str:
+    """Every built-in target and family, as ``run --help`` lists them."""
+    others = [p for p in protocols.all_protocols().values()
+              if p.name != protocols.DEFAULT]
+    return ("built-in targets: the versions "
+            f"{', '.join(targets.VERSIONS)}; the mutants {', '.join(targets.MUTANTS)}; the "
+            f"correct variants {', '.join(targets.VARIANTS)}"
+            + "".join(f"; {p.name}: {', '.join(p.targets)}" for p in others)
+            + "; vLLM's own code: "
+            + ", ".join(f"{f}@VERSION" for p in protocols.all_protocols().values()
+                        for f in p.families))
+
+
 def _add_run_options(q: argparse.ArgumentParser) -> None:
     """``--oracle`` and ``--hold``: what every rank is asked to do (``RunOptions``)."""
     q.add_argument("--hold", choices=[h.value for h in Hold], default=DEFAULT.hold.value,
@@ -99,8 +147,18 @@ def _add_run_options(q: argparse.ArgumentParser) -> None:
                         "on CPU)")
 
 
-def _run_options(args: argparse.Namespace) -> RunOptions:
-    return RunOptions(oracles=args.oracle, hold=args.hold)
+def _run_options(args: argparse.Namespace, device: str | None = None) -> RunOptions:
+    """The options of a run that judges on ``device``: refused (bad input) where
+    no oracle can see anything there, a note on stderr for each that cannot."""
+    options = RunOptions(oracles=args.oracle, hold=args.hold)
+    if device is not None:
+        _judging(options, device)
+    return options
+
+
+def _judging(options: RunOptions, device: str) -> None:
+    for note in options.judging(device):
+        print(f"streamfuzz: {note}", file=sys.stderr)
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -124,13 +182,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds one example may take before it is a hang (default 60)")
 
     r = sub.add_parser("run", help="fuzz targets; shrunk failures go to the corpus",
-                       epilog="built-in targets: the versions "
-                              f"{', '.join(targets.VERSIONS)}; the mutants "
-                              f"{', '.join(targets.MUTANTS)}; the correct variants "
-                              f"{', '.join(targets.VARIANTS)}")
-    r.add_argument("--target", action="append", metavar="T",
-                   help="built-in name, package.module:attr or path/to/file.py:attr; repeatable "
-                        "(default: the three versions)")
+                       epilog=_targets_epilog())
+    _add_target(r, "built-in name, package.module:attr or path/to/file.py:attr; repeatable "
+                   "(default: the three versions)")
     common(r)
     r.add_argument("--world-size", type=_positive, default=None,
                    help="ranks (default: 2 on cpu, every GPU on cuda)")
@@ -160,16 +214,18 @@ def _parser() -> argparse.ArgumentParser:
     k = sub.add_parser("soak", help="a time-budgeted campaign that survives crashes, hangs "
                        "and kills, resumes, and ends with a report and a plot")
     k.add_argument("--budget", type=_duration, required=True,
-                   help="total campaign time, e.g. 30s, 10m, 8h (counts earlier starts)")
-    k.add_argument("--targets", nargs="+", metavar="T", default=None,
-                   help="targets to rotate over (default: all built-ins)")
+                   help="total campaign time, e.g. 30s, 10m, 8h (counts earlier starts; "
+                        "required)")
+    _add_target(k, "targets to rotate over; several after one --target, or repeated "
+                   "(default: all built-ins)", nargs="+")
     common(k)
     k.add_argument("--world-size", type=_positive, default=None,
                    help="ranks (default: 2 on cpu, every GPU on cuda)")
     k.add_argument("--out", type=Path, default=Path("soak"),
                    help="campaign directory: journal, state, log, report (default soak/); "
                         "starting again with the same one resumes the campaign")
-    k.add_argument("--corpus", type=Path, default=Path("corpus"))
+    k.add_argument("--corpus", type=Path, default=Path("corpus"),
+                   help="directory the shrunk failures are saved in (default corpus/)")
     k.add_argument("--database", type=Path, default=None,
                    help="Hypothesis example database, may be shared by several nodes "
                         "(default OUT/hypothesis-db)")
@@ -184,71 +240,96 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--recycle-mib", type=_mib, default=32.0,
                    help="replace the ranks once one has grown this many MiB since it warmed "
                         "up, bounding a leak in the libraries they call (default 32; 0: never)")
-    k.add_argument("--seed", type=int, default=None)
+    k.add_argument("--seed", type=int, default=None,
+                   help="Hypothesis seed: repeatable rounds, and no example database "
+                        "(default: random, with the database)")
     _add_run_options(k)
     k.add_argument("--listen", type=_address, default=None, metavar="HOST:PORT",
-                   help="with --ranks-external: where ranks started by torchrun connect")
+                   help="with --ranks-external: where ranks started by torchrun connect "
+                        "(default: none, the driver starts its ranks)")
     k.add_argument("--ranks-external", type=_positive, default=None, metavar="N",
-                   help="do not start ranks; wait for N ranks launched by torchrun")
+                   help="do not start ranks; wait for N ranks launched by torchrun "
+                        "(default: none, the driver starts its ranks)")
     k.add_argument("--startup-timeout", type=_duration, default=600.0,
                    help="how long to wait for the ranks to join (default 10m)")
 
     y = sub.add_parser("replay", help="replay corpus entries as regressions")
-    y.add_argument("paths", nargs="+", type=Path)
+    y.add_argument("paths", nargs="+", type=Path,
+                   help="corpus entries (*.json) or folders of them, such as corpus/")
     common(y)
     y.add_argument("--attempts", type=_positive, default=3,
-                   help="tries for an entry found on a GPU (races need not show at once)")
+                   help="tries for an entry found on a GPU (races need not show at once; "
+                        "default 3)")
 
     b = sub.add_parser("bench", help="throughput vs a hand-written loop, time to first failure")
     b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
-                   help="auto: the CPU, and CUDA too where a GPU is visible")
-    b.add_argument("--target", action="append", metavar="T",
-                   help="repeatable (default: all built-ins)")
-    b.add_argument("--seeds", type=_positive, default=5)
+                   help="auto: the CPU, and CUDA too where a GPU is visible (default auto)")
+    _add_target(b, "repeatable (default: all built-ins)")
+    b.add_argument("--seeds", type=_positive, default=5,
+                   help="seeds per target (default 5)")
     b.add_argument("--examples", type=_positive, default=200,
-                   help="examples for throughput (fuzzer and loop each)")
+                   help="examples for throughput (fuzzer and loop each; default 200)")
     b.add_argument("--detect-examples", type=_positive, default=200,
-                   help="examples for each gate-vs-spin detection rate")
+                   help="examples for each gate-vs-spin detection rate (default 200)")
     b.add_argument("--random-examples", type=_positive, default=100,
-                   help="random scenarios (no Hypothesis) for the detection rates")
+                   help="random scenarios (no Hypothesis) for the detection rates "
+                        "(default 100)")
     b.add_argument("--oracle-examples", type=_positive, default=50,
-                   help="examples the oracle costs are measured on")
+                   help="examples the oracle costs are measured on (default 50)")
     b.add_argument("--shrink-budget", type=_seconds, default=30.0,
-                   help="most seconds of shrinking timed (first seed)")
+                   help="most seconds of shrinking timed (first seed; default 30)")
     b.add_argument("--ff-examples", type=_positive, default=1000,
-                   help="most examples per seed when looking for the first failure")
+                   help="most examples per seed when looking for the first failure "
+                        "(default 1000)")
     b.add_argument("--ff-budget", type=_seconds, default=60.0,
-                   help="most seconds per seed when looking for the first failure")
-    b.add_argument("--cpu-world-size", type=_positive, default=2)
-    b.add_argument("--cuda-world-size", type=_positive, default=1)
-    b.add_argument("--timeout", type=_seconds, default=60.0)
+                   help="most seconds per seed when looking for the first failure "
+                        "(default 60)")
+    b.add_argument("--cpu-world-size", type=_positive, default=2,
+                   help="ranks on the CPU (default 2)")
+    b.add_argument("--cuda-world-size", type=_positive, default=1,
+                   help="ranks on CUDA, one GPU each (default 1)")
+    b.add_argument("--timeout", type=_seconds, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60)")
     b.add_argument("--waiting", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the fuzzer judging each example before drawing the next "
-                        "(the 'waiting ex/s' column; as long again as the fuzzer's run)")
-    b.add_argument("--out", type=Path, default=Path("reports/bench"))
+                        "(the 'waiting ex/s' column; as long again as the fuzzer's run; "
+                        "default on)")
+    b.add_argument("--out", type=Path, default=Path("reports/bench"),
+                   help="where the JSON and markdown reports go (default reports/bench)")
     _add_run_options(b)
     m = sub.add_parser("matrix", help="every built-in target x oracle: found or clean")
-    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the ranks run (default cpu)")
     m.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds one example may take before it is a hang (default 60)")
-    m.add_argument("--max-examples", type=_positive, default=200)
-    m.add_argument("--seeds", type=_positive, default=1, help="seeds 0..K-1 per cell")
+    m.add_argument("--max-examples", type=_positive, default=200,
+                   help="examples per cell and seed at most (default 200)")
+    m.add_argument("--seeds", type=_positive, default=1,
+                   help="seeds 0..K-1 per cell (default 1)")
     m.add_argument("--oracle", type=_oracles, action="append", metavar="O[,O]",
                    help="a column: the oracles that judge it, as for run; repeatable "
                         "(default: a lifetime column and a value column)")
-    m.add_argument("--target", action="append", metavar="T", help="rows (default: built-ins)")
+    _add_target(m, "rows; repeatable (default: the draft broadcast's built-ins)")
+    m.add_argument("--expect", type=_expect, action="append", metavar="[T=]clean|found",
+                   help="what a user target is expected to be in every column: T=clean for "
+                        "one row; clean alone for every user target that declares nothing "
+                        "itself; repeatable (default: a built-in's own, else the factory's "
+                        "expected attribute, else none: reported, never failed)")
     u = sub.add_parser("mutate", help="remove each sync of a target in turn and fuzz it: "
                        "which syncs does the fuzzer catch missing?")
     u.add_argument("--target", required=True, metavar="T",
-                   help="built-in name, package.module:attr or path/to/file.py:attr")
-    u.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+                   help="built-in name, package.module:attr or path/to/file.py:attr "
+                        "(required)")
+    u.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the mutants run (default cpu)")
     u.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds one example may take before it is a hang (default 60)")
     u.add_argument("--world-size", type=_positive, default=None,
                    help="ranks per mutant (default: 2 on cpu, 1 on cuda)")
     u.add_argument("--max-examples", type=_positive, default=200,
                    help="examples per mutant, and for the original (default 200)")
-    u.add_argument("--seed", type=int, default=0)
+    u.add_argument("--seed", type=int, default=0,
+                   help="Hypothesis seed of every mutant's run (default 0)")
     u.add_argument("--jobs", type=_positive, default=None,
                    help="mutants fuzzed at once, one rank pool each (default: CPU cores "
                         "per world on cpu, GPUs per world on cuda)")
@@ -352,9 +433,12 @@ def _check_cpu_world(size: int, what: str) -> None:
 
 def _check_dir(path: Path, flag: str) -> None:
     """A directory that exists or can be made, and takes a new file; else one
-    line, exit 2. Tried for real (root passes any permission check)."""
+    line, exit 2. Tried for real (root passes any permission check); the
+    folders made for the try are removed again, so that a run that writes
+    nothing there leaves nothing behind (every writer makes its own folder)."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path}: exists and is not a directory")
+    made = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".streamfuzz-probe.", suffix=".tmp", dir=path)
@@ -363,6 +447,10 @@ def _check_dir(path: Path, flag: str) -> None:
     except OSError as exc:
         raise UsageError(f"{flag} {path}: not a writable directory "
                          f"({exc.strerror or exc})") from None
+    finally:
+        for p in made:  # deepest first; one that another writer filled meanwhile stays
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def _check_file(path: Path, flag: str) -> None:
@@ -373,23 +461,38 @@ def _check_file(path: Path, flag: str) -> None:
 
 
 class _Progress:
-    """A live line on a terminal; silent otherwise."""
+    """A live line on a terminal, fuzzing then shrinking. Elsewhere (a pipe, a
+    log) one line when shrinking starts, so that its minutes are not silence."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, shrink_budget_s: float | None = None) -> None:
         self.target = target
+        self.shrink_budget_s = shrink_budget_s
         self.tty = sys.stderr.isatty()
         self.failures = 0
+        self.found_at: tuple[int, float] | None = None
         self.last = 0.0
 
     def __call__(self, examples: int, elapsed: float, failed: int) -> None:
         self.failures += failed
+        if failed and self.found_at is None:
+            self.found_at = (examples, elapsed)
+            if not self.tty:
+                bound = (f", at most {self.shrink_budget_s:g}s"
+                         if self.shrink_budget_s is not None else "")
+                print(f"[{self.target}] found a failure after {examples} examples; shrinking "
+                      f"it{bound} (Ctrl-C saves it as shrunk so far)", file=sys.stderr,
+                      flush=True)
         now = time.monotonic()
         if self.tty and now - self.last > 0.2:
             self.last = now
             rate = examples / elapsed if elapsed else 0.0
-            sys.stderr.write(f"\r[{self.target}] {examples} examples, {rate:.1f}/s, "
-                             f"{self.failures} failing (shrinking)" if self.failures else
-                             f"\r[{self.target}] {examples} examples, {rate:.1f}/s, 0 failures")
+            if self.found_at is not None:
+                n, t = self.found_at
+                line = (f"[{self.target}] shrinking: {examples - n} examples tried in "
+                        f"{elapsed - t:.0f}s, {self.failures} failing")
+            else:
+                line = f"[{self.target}] {examples} examples, {rate:.1f}/s, 0 failures"
+            sys.stderr.write(f"\r\033[K{line}")
             sys.stderr.flush()
 
     def done(self) -> None:
@@ -406,6 +509,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.report:
         _check_file(args.report, "--report")
     options = _run_options(args)
+    if not options.oracles:  # bad input before any work, the GPU count included
+        options.judging(args.device)
     try:
         device, gpus = _device(args.device)
     except KeyboardInterrupt:  # the GPU count waits for torch's import: the report says so
@@ -415,6 +520,7 @@ def _run(args: argparse.Namespace) -> int:
         _say_interrupted(args, [])
         return 130
     world = _world_size(device, gpus, args.world_size)
+    _judging(options, device)
     corpus.sweep(args.corpus)
     settings = profiles.get(args.profile)
     for name in names:
@@ -464,7 +570,7 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
     from fuzz import driver
 
     for name in names:
-        progress = _Progress(name)
+        progress = _Progress(name, args.shrink_budget)
         try:
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget,
@@ -533,7 +639,12 @@ def _print_result(res: Any) -> None:
               f"({res.elapsed_s:.1f}s), nothing found so far")
         return
     if res.failure is None:
-        print(f"{res.target}: clean over {res.examples} examples ({res.elapsed_s:.1f}s)")
+        cov = res.coverage
+        print(f"{res.target}: clean over {res.examples} examples"
+              f"{cov.note() if cov else ''} ({res.elapsed_s:.1f}s)")
+        unchecked = cov.unchecked() if cov else None
+        if unchecked:
+            print(f"  {unchecked}")
         return
     flaky = " [flaky: the shrunk case did not fail again]" if res.flaky else ""
     if res.shrink_truncated:
@@ -542,7 +653,8 @@ def _print_result(res: Any) -> None:
         flaky += " [interrupted while shrinking: saved as shrunk so far]"
     print(f"{res.target}: FOUND {res.failure.kind} after {res.first_failure_examples} examples "
           f"({res.first_failure_s:.1f}s){flaky}\n  {res.failure.message}\n"
-          f"  {'as found' if res.interrupted else 'shrunk'}: {res.scenario.describe()}\n"
+          f"  {'shrunk so far' if res.interrupted or res.shrink_truncated else 'shrunk'}: "
+          f"{res.scenario.describe()}\n"
           f"  saved: {res.corpus_path}")
 
 
@@ -585,8 +697,10 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
                      "first_failure_s": r.first_failure_s,
                      "first_failure_at": r.first_failure_at, "held_by": r.held,
                      "interrupted": r.interrupted,
-                     "upstream": targets.provenance(r.target)}
+                     "upstream": targets.provenance(r.target),
+                     "coverage": r.coverage.to_dict() if r.coverage else None}
                     for r in results],
+        "coverage": {r.target: r.coverage.to_dict() for r in results if r.coverage},
         "errors": list(errors or ()),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -630,11 +744,13 @@ def _mutate(args: argparse.Namespace) -> int:
     device, gpus = _device(args.device)
     world = args.world_size or (2 if device == "cpu" else 1)
     _world_size(device, gpus, world)
+    options = RunOptions(oracles=args.oracle)
+    _judging(options, device)
     try:
         report = mutate.run(args.target, sites, device=device, world_size=world,
                             jobs=args.jobs or mutate.default_jobs(device, gpus, world),
                             max_examples=args.max_examples, seed=args.seed,
-                            options=RunOptions(oracles=args.oracle), timeout=args.timeout,
+                            options=options, timeout=args.timeout,
                             shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
                             log=lambda line: print(line, flush=True))
     except mutate.NotClean as exc:
@@ -650,7 +766,7 @@ def _soak(args: argparse.Namespace) -> int:
 
     from fuzz.soak import Soak, SoakConfig, stop_on_signals
 
-    names = args.targets or list(targets.BUILTIN)
+    names = args.target or list(targets.BUILTIN)
     names = [n for arg in names for n in arg.split(",") if n]
     for name in names:
         targets.check_importable(name)
@@ -676,7 +792,7 @@ def _soak(args: argparse.Namespace) -> int:
                      database=args.database or args.out / "hypothesis-db", round_s=args.round,
                      shrink_s=args.shrink, round_examples=args.round_examples,
                      stats_every_s=args.stats_every, seed=args.seed,
-                     recycle_mib=args.recycle_mib, options=_run_options(args))
+                     recycle_mib=args.recycle_mib, options=_run_options(args, device))
     pool = RankPool(world, device, timeout=args.timeout, startup_timeout=args.startup_timeout,
                     listen=args.listen, authkey=authkey)
     soak = Soak(pool, cfg)
@@ -694,7 +810,13 @@ def _soak(args: argparse.Namespace) -> int:
               "them. Restart them (torchrun --max-restarts does) and start the same soak "
               "command again: it resumes.", file=sys.stderr)
         return 3
+    if soak.stop_reason in _STOP_SIGNALS:
+        return 130  # interrupted, as for every command; the summary and report are written
     return 1 if report["failures"] else 0
+
+
+_STOP_SIGNALS = ("SIGINT", "SIGTERM")
+"""The stop reasons of a soak that a signal ended (``fuzz.soak.stop_on_signals``)."""
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -754,6 +876,11 @@ def _replay_one(driver: Any, pool: RankPool, e: corpus.Entry, attempts: int) -> 
         line += f"; {targets.UPSTREAM_FIXED} " + ("passes" if fixed.ok else
                                                   f"FAILS ({fixed.first.message})")
         wrong = wrong or not fixed.ok
+    elif v.ok:  # a user's target: its entry records a bug of that code
+        line += (": the bug no longer reproduces there. If you fixed it, delete this entry "
+                 "(a replay expects every entry of a user's target to fail on it) or keep "
+                 "its scenario as a regression test of the fix; if you did not, the failure "
+                 "depends on timing or on the machine it was found on")
     print(line)
     return int(wrong)
 

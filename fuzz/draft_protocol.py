@@ -25,6 +25,7 @@ PROTOCOL = Protocol(
     run="fuzz.draft_protocol:run_on_rank",
     values="fuzz.oracles.value:check",
     behaviours="fuzz.draft_protocol:behaviours",
+    smallest="fuzz.draft_protocol:smallest",
     versions={"pre-fix": "fuzz.targets.pp_draft:pre_fix",
               "pr-fix": "fuzz.targets.pp_draft:pr_fix",
               "main-gather": "fuzz.targets.pp_draft:main_gather"},
@@ -40,6 +41,7 @@ PROTOCOL = Protocol(
                              "receiver-drops-idx", "early-event"}),
     handler_methods={LAST_RANK: ("broadcast_drafts",),
                      OTHER_RANKS: ("receive_drafts", "apply_received")},
+    alone=LAST_RANK,
 )
 
 
@@ -63,7 +65,16 @@ def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> Draf
                         device=env.device, group=env.group, max_num_reqs=scenario.max_num_reqs,
                         num_spec_steps=scenario.num_spec_steps, streams=env.streams,
                         pipeline_depth=scenario.pipeline_depth)
-    return run_scenario(scenario, factory, ctx, options)
+    return run_scenario(scenario, factory, ctx, options, calls=env.calls)
+
+
+def smallest(world_size: int) -> Any:
+    """One step that schedules nothing, at the smallest sizes."""
+    from fuzz.scenario import Scenario
+
+    return Scenario.from_dict({"world_size": world_size, "max_num_reqs": 1,
+                               "num_spec_steps": 1, "pipeline_depth": 1,
+                               "steps": [{"idx_mapping": [], "idx_dtype": "int32"}]})
 
 
 def _bucket(n: int) -> str:

@@ -13,6 +13,7 @@ import pickle
 import random
 import time
 import unittest
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from fuzz import corpus, profiles, protocols, stages, targets
+from fuzz.coverage import Coverage
 from fuzz.errors import FuzzError
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import Outcome, RankPool, Ticket
@@ -70,6 +72,8 @@ def _settle(pool: RankPool, ticket: Ticket) -> Verdict:
     assert outcome is not None
     if outcome.usage is not None:
         raise targets.TargetError(outcome.usage)
+    if outcome.setup:
+        _check_setup(pool, ticket, outcome)
     scenario, options = ticket.scenario, ticket.options
     verdict = _judge(outcome, scenario, options.values)
     if verdict.ok and "gate-timeout" in verdict.held:
@@ -78,9 +82,33 @@ def _settle(pool: RankPool, ticket: Ticket) -> Verdict:
     return verdict
 
 
+_FACTORY_RUNS: weakref.WeakKeyDictionary[RankPool, set[str]] = weakref.WeakKeyDictionary()
+"""Per pool, the targets whose factory ran on the smallest scenario."""
+
+
+def _check_setup(pool: RankPool, ticket: Ticket, outcome: Outcome) -> None:
+    """A factory that raised: set up wrong (TargetError, nothing saved) where it
+    raises on the protocol's smallest scenario too, else the scenario made it
+    raise, and the crash is a finding. Asked once per target and pool."""
+    ran = _FACTORY_RUNS.setdefault(pool, set())
+    if ticket.target in ran:
+        return
+    smallest = protocols.of_scenario(ticket.scenario).part("smallest")(pool.world_size)
+    again = outcome if ticket.scenario == smallest else \
+        pool.run(ticket.target, smallest, ticket.options)
+    if not again.setup:
+        ran.add(ticket.target)
+        return
+    assert again.failure is not None
+    error, *frames = again.failure.message.splitlines()
+    where = f" (at {frames[0].strip()})" if frames else ""
+    raise targets.TargetError(f"target {ticket.target!r}: its factory raises on the smallest "
+                              f"scenario, so no example can run: {error}{where}")
+
+
 def _judge(outcome: Outcome, scenario: Scenario, values: bool) -> Verdict:
     if outcome.failure is not None:
-        return Verdict([outcome.failure])
+        return Verdict([outcome.failure], calls=outcome.calls)
     obs = outcome.observations
     held = sorted({h for o in obs for h in o.held})
     found = [f for o in obs for f in o.findings]
@@ -89,7 +117,7 @@ def _judge(outcome: Outcome, scenario: Scenario, values: bool) -> Verdict:
     stages.enter(stages.VALUE)
     wrong = protocols.of_scenario(scenario).part("values")(scenario, obs) if values else []
     stages.leave()
-    return Verdict(found + wrong, held=held)
+    return Verdict(found + wrong, held=held, calls=outcome.calls)
 
 
 class _Found(FuzzError):
@@ -149,6 +177,8 @@ class CampaignResult:
     stopped: bool = False
     interrupted: bool = False
     """Ctrl-C ended the run; a failure found is saved as shrunk so far."""
+    coverage: Coverage | None = None
+    """What the examples judged called on the ranks (``fuzz.coverage``)."""
 
     @property
     def examples_per_s(self) -> float:
@@ -199,8 +229,9 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     the ranks run the last one: see ``_Campaign``. The examples judged, the
     first failure and the shrunk case are those of a run without it.
     """
-    result = CampaignResult(target=target)
     protocol = protocols.of_target(target, _factory_or_none(target))
+    result = CampaignResult(target=target,
+                            coverage=Coverage(protocol, pool.world_size, pool.device))
     if strategy is None:
         strategy = protocol.part("strategy")(world_size=pool.world_size)
     own_seed = pipeline and seed is None
@@ -462,6 +493,8 @@ class _Campaign:
         self.held.update(verdict.held)
         if "gate-timeout" in verdict.held or "rerun" in verdict.held:
             result.gate_timeouts += 1
+        if result.coverage is not None:
+            result.coverage.add(verdict.calls)
         labels = behaviours(scenario, verdict)
         if hypothesis.currently_in_test_context():  # not for the last of an ahead run
             for label in labels:

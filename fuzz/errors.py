@@ -21,3 +21,12 @@ class FuzzError(Exception):
 
 class BadInput(FuzzError):
     """Input the user can fix; the message is one line naming the fix."""
+
+
+class CheckArgumentError(BadInput, ValueError):
+    """A bad argument of ``streamfuzz.checked()``, its pytest marker or fixture.
+    Here, not beside ``checked``, so that the plugin raises it without torch."""
+
+
+class NestedCheckError(BadInput, RuntimeError):
+    """A ``streamfuzz.checked()`` block entered inside another."""

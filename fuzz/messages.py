@@ -134,13 +134,17 @@ class Done:
     eid: int
     rank: int
     observations: Observations
+    calls: dict[str, int] = field(default_factory=dict)
+    """What the runner called on this rank this example (``RankEnv.calls``)."""
 
 
 @dataclass(frozen=True)
 class Raised:
     """Example ``eid`` raised on ``rank``: the exception line, the user's frames
     (innermost first), and whether the rank exits after this (a CUDA error).
-    ``usage``: the target is set up wrong (not a finding: the run stops)."""
+    ``usage``: the target is set up wrong (not a finding: the run stops);
+    ``setup``: the factory raised it, before any handler call; ``calls``: what
+    the runner called before the exception (``RankEnv.calls``)."""
 
     eid: int
     rank: int
@@ -148,3 +152,5 @@ class Raised:
     frames: str
     fatal: bool
     usage: bool = False
+    setup: bool = False
+    calls: dict[str, int] = field(default_factory=dict)

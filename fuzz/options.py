@@ -38,6 +38,11 @@ ALL = "all"
 ORACLE_CHOICES = (ALL, *(o.value for o in Oracle))
 """What ``--oracle`` accepts; ``all`` is every member of ``Oracle``."""
 
+_BLIND: dict[Oracle, dict[str, str]] = {
+    Oracle.REUSE: {"cpu": "it watches the CUDA caching allocator, which a CPU run never uses"},
+}
+"""Per oracle, the devices it can see nothing on, and why."""
+
 _LEGACY_ORACLES = frozenset({Oracle.VALUE})
 """What judged a corpus entry that does not say: entries written before the
 oracles were recorded were all found by the value oracle."""
@@ -75,9 +80,10 @@ def _hold(value: Hold | str) -> Hold:
 class RunOptions:
     """Options every rank gets unchanged with every example.
 
-    Defaults: every oracle, gates. An empty oracle set is allowed (the
-    benchmark measures the harness alone that way); names are accepted
-    wherever members are, and validated here.
+    Defaults: every oracle, gates. Names are accepted wherever members are,
+    and validated here. An empty oracle set can be built (the benchmark
+    measures the harness alone that way), but a run that is to judge asks
+    ``judging`` first, which refuses it.
     """
 
     oracles: frozenset[Oracle] = field(default_factory=lambda: frozenset(Oracle))
@@ -98,6 +104,29 @@ class RunOptions:
     def oracle_names(self) -> list[str]:
         """Sorted names, for reports, corpus entries and messages."""
         return sorted(o.value for o in self.oracles)
+
+    def judging(self, device: str) -> list[str]:
+        """Whether these oracles can judge a run on ``device`` ('cpu' or 'cuda'):
+        the one-line notes to print beside the run (an oracle here that sees
+        nothing on it), or OptionsError where none of them can see anything
+        there, since the run would call any target clean. ``all`` is every
+        oracle that applies, so it gets no note."""
+        if not self.oracles:
+            raise OptionsError("no oracle given, so nothing would judge the examples and any "
+                               f"target would be clean: name at least one of "
+                               f"{', '.join(ORACLE_CHOICES)}")
+        blind = {o: why for o in sorted(self.oracles, key=lambda o: o.value)
+                 if (why := _BLIND.get(o, {}).get(device))}
+        if len(blind) == len(self.oracles):
+            names = ", ".join(o.value for o in blind)
+            raise OptionsError(f"oracle {names} sees nothing on {device}: "
+                               f"{'; '.join(blind.values())}; add lifetime or value, "
+                               f"or run it on cuda")
+        if self.oracles == frozenset(Oracle):
+            return []
+        return [f"note: the {o.value} oracle sees nothing on {device} ({why}); "
+                f"{', '.join(n for n in self.oracle_names() if Oracle(n) not in blind)} "
+                "judge alone" for o, why in blind.items()]
 
     def to_dict(self) -> dict[str, Any]:
         return {"oracles": self.oracle_names(), "hold": self.hold.value}

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzz.errors import BadInput
+from fuzz.errors import BadInput, FuzzError
 
 DEFAULT = "draft-broadcast"
 """The protocol of a corpus entry that names none (entries from before there
@@ -40,6 +41,9 @@ class RankEnv:
     device: Any
     group: Any
     streams: Any
+    calls: Counter[str] = field(default_factory=Counter)
+    """What the runner called this example, by name (``Protocol.counted``),
+    counted before each call: the rank sends it back whatever the example did."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,9 @@ class Protocol:
       own outputs), on the rank;
     * ``values``: ``f(scenario, observations) -> list[Failure]``, in the driver;
     * ``behaviours``: ``f(scenario) -> list[str]``, coarse labels of what an
-      example exercised.
+      example exercised;
+    * ``smallest``: ``f(world_size) -> scenario``, what the strategy shrinks
+      to: a factory that raises there is set up wrong, not buggy.
     """
 
     name: str
@@ -63,6 +69,7 @@ class Protocol:
     run: str
     values: str
     behaviours: str
+    smallest: str
     versions: dict[str, str]
     """The versions ``fuzz run`` fuzzes when no target is named: name -> import spec."""
     mutants: dict[str, str] = field(default_factory=dict)
@@ -78,6 +85,17 @@ class Protocol:
     receiver_side: frozenset[str] = frozenset()
     """Mutants whose planted bug lies only in the receiving roles: a world of
     one rank (one GPU) runs none of that code, so nothing can find them there."""
+    alone: str = ""
+    """The role of a world of one rank; every other role is the receiver side,
+    which only a world of two or more runs."""
+    callbacks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per role, what the runner hands the handler to call (counted like its methods)."""
+
+    @property
+    def counted(self) -> dict[str, tuple[str, ...]]:
+        """Per role, every name coverage counts: the handler's methods, then callbacks."""
+        return {role: ms + self.callbacks.get(role, ())
+                for role, ms in self.handler_methods.items()}
 
     @property
     def targets(self) -> dict[str, str]:
@@ -142,6 +160,20 @@ def check_handler(p: Protocol, handler: Any, role: str | None = None) -> None:
                          for ms in q.handler_methods.values() for m in ms)), "")
     raise ProtocolError(f"the handler {kind.__qualname__} has no {', '.join(missing)}, which "
                         f"the {p.name} protocol calls{where}{hint}")
+
+
+class FactoryRaised(FuzzError):
+    """The target's factory raised (the ``__cause__``), before any handler call.
+    Where it does so on the smallest scenario too, the target is set up wrong
+    (``fuzz.driver``); else the scenario made it raise, a finding."""
+
+
+def make_handler(factory: Callable[[Any], Any], ctx: Any) -> Any:
+    """``factory(ctx)``, with what it raises marked as the factory's."""
+    try:
+        return factory(ctx)
+    except Exception as exc:
+        raise FactoryRaised(f"the factory raised {type(exc).__name__}") from exc
 
 
 def of_target(name: str, factory: Callable[..., Any] | None = None) -> Protocol:

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from multiprocessing.connection import (
     AuthenticationError,
     Connection,
@@ -32,7 +33,16 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from fuzz import dispatch_mode, gloo_threads, messages, protocols, stages, targets
+from fuzz import (
+    collectives,
+    crash_text,
+    dispatch_mode,
+    gloo_threads,
+    messages,
+    protocols,
+    stages,
+    targets,
+)
 from fuzz.errors import FuzzError
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.host import rss_bytes
@@ -177,17 +187,24 @@ _NOT_USER = (os.path.dirname(torch.__file__) + os.sep,
 
 def _user_frames(exc: BaseException, limit: int = 8) -> str:
     """Where a target raised, in the user's code only, innermost first:
-    ``path:line function: source`` lines (paths shortened to the working
-    directory). Empty when no frame is the user's."""
+    ``path:line function: source`` lines. Empty when no frame is the user's."""
+    frames = reversed(traceback.extract_tb(exc.__traceback__))
+    return "\n".join(_user_lines(frames, source=True)[:limit])
+
+
+def _user_lines(frames: Iterable[traceback.FrameSummary], source: bool = False) -> list[str]:
+    """The user's frames among ``frames``, as ``path:line function`` (and its
+    source line), paths shortened (``crash_text.short_path``): never absolute,
+    since they go into corpus entries."""
     lines = []
-    for f in reversed(traceback.extract_tb(exc.__traceback__)):
+    for f in frames:
         path = os.path.abspath(f.filename)
         if (os.path.dirname(path) + os.sep in _HARNESS_DIRS or path.startswith(_NOT_USER)
                 or f.filename.startswith("<")):
             continue
-        short = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
-        lines.append(f"{short}:{f.lineno} {f.name}: {(f.line or '').strip()}")
-    return "\n".join(lines[:limit])
+        line = f"{crash_text.short_path(path)}:{f.lineno} {f.name}"
+        lines.append(f"{line}: {(f.line or '').strip()}" if source else line)
+    return lines
 
 
 def _dump_stacks_on_signal() -> None:
@@ -374,23 +391,29 @@ class _Serving:
 
     def on_run(self, msg: Run) -> bool:
         target = msg.target
+        env: RankEnv | None = None
+        collectives.new_example()
         stages.enter(stages.RUNNER)
         try:
             if target not in self.factories:
                 self.factories[target] = targets.load(target)
             protocol = protocols.of_target(target, self.factories[target])
-            obs = protocol.part("run")(msg.scenario, self.factories[target],
-                                       _env(self.device, self.group), msg.options)
+            env = _env(self.device, self.group)
+            obs = protocol.part("run")(msg.scenario, self.factories[target], env, msg.options)
             stages.restart(stages.MESSAGES)
-            self.conn.send(Done(msg.eid, self.rank, obs))
+            self.conn.send(Done(msg.eid, self.rank, obs, dict(env.calls)))
         except (targets.TargetError, protocols.ProtocolError) as exc:  # set up wrong
             if not isinstance(exc, targets.TargetError):
                 exc = targets.misused(target, exc)
             self.conn.send(Raised(msg.eid, self.rank, str(exc), "", False, usage=True))
         except Exception as exc:  # the target's failure is the finding
+            setup = isinstance(exc, protocols.FactoryRaised)
+            if setup:
+                exc = exc.__cause__ or exc
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             fatal = self.device.type == "cuda"
-            self.conn.send(Raised(msg.eid, self.rank, text, _user_frames(exc), fatal))
+            self.conn.send(Raised(msg.eid, self.rank, text, _user_frames(exc), fatal,
+                                  setup=setup, calls=dict(env.calls) if env else {}))
             if fatal:
                 self.conn.close()
                 os._exit(3)
@@ -441,6 +464,7 @@ def main() -> int:
         return 2
     die_with_parent()
     _dump_stacks_on_signal()
+    collectives.install(os.environ.get("STREAMFUZZ_STACKS"), _user_lines)
     stages.from_env()
     authkey = bytes.fromhex(os.environ.get("STREAMFUZZ_AUTHKEY", "")) or b"streamfuzz"
     return serve(os.environ.get("STREAMFUZZ_DEVICE", "cpu"), address, authkey)

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import crash_text, host, messages, stages, zygote
+from fuzz import collectives, crash_text, host, messages, stages, zygote
 from fuzz.errors import BadInput
 from fuzz.messages import (
     Done,
@@ -53,6 +53,10 @@ class Outcome:
     failure: Failure | None = None
     usage: str | None = None
     """A rank found the target set up wrong (``Raised.usage``): what it said."""
+    setup: bool = False
+    """The failure is the target's factory raising (``Raised.setup``)."""
+    calls: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per rank that answered, what its runner called (``Done.calls``)."""
 
 
 _PORT_TRIES = 3
@@ -211,6 +215,11 @@ class _World:
         with open(path, errors="replace") as fh:
             fh.seek(before)
             return crash_text.main_stack(fh.read())
+
+    def waits_in(self, rank: int) -> str:
+        """The collective a stuck rank waits in and the user's frames that called
+        it (``fuzz.collectives``); ``""`` where it noted none."""
+        return collectives.waits_in(self.stacks[rank]) if rank < len(self.stacks) else ""
 
     def tail(self, rank: int, limit: int = 600) -> str:
         try:
@@ -502,10 +511,13 @@ class RankPool:
                 return None
             if not ready:
                 ranks = sorted(waiting.values())
-                where = [(r, self._world.where_stuck(r)) for r in ranks] if self._world else []
+                where = [(r, self._world.where_stuck(r), self._world.waits_in(r))
+                         for r in ranks] if self._world else []
                 ex.failure = ex.failure or Failure(
                     "hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s"
-                    + "".join(f"\n    rank {r} is stuck at: {w}" for r, w in where if w),
+                    + "".join((f"\n    rank {r} {c}" if c else "")
+                              + (f"\n    rank {r} is stuck at: {w}" if w else "")
+                              for r, w, c in where),
                     ranks[0])
                 ex.broken = True
                 break
@@ -553,8 +565,10 @@ class RankPool:
             else:
                 self.restart()
         if failure is not None:
-            return Outcome(failure=failure, usage=ex.usage)
-        return Outcome(observations=[ex.done[r] for r in range(self.world_size)])
+            return Outcome(failure=failure, usage=ex.usage,
+                           setup=ex.setup and failure is ex.failure, calls=ex.calls)
+        return Outcome(observations=[ex.done[r] for r in range(self.world_size)],
+                       calls=ex.calls)
 
 
 @dataclass(frozen=True)
@@ -577,12 +591,15 @@ class _Example:
         self.answered: set[int] = set()
         self.failure: Failure | None = None
         self.usage: str | None = None
+        self.setup = False
+        self.calls: dict[int, dict[str, int]] = {}
         self.broken = False
 
     def on_done(self, msg: Done) -> bool:
         if msg.eid != self.eid:
             return False
         self.done[msg.rank] = msg.observations
+        self.calls[msg.rank] = msg.calls
         return True
 
     def on_raised(self, msg: Raised) -> bool:
@@ -590,6 +607,8 @@ class _Example:
             return False
         if msg.usage:
             self.usage = self.usage or msg.error
+        self.calls[msg.rank] = msg.calls
+        self.setup = self.setup or (msg.setup and self.failure is None)
         at = "".join(f"\n    {line}" for line in msg.frames.splitlines())
         self.failure = self.failure or Failure("crash", f"rank {msg.rank} raised {msg.error}{at}",
                                                msg.rank)

@@ -17,7 +17,7 @@ back which oracles ran (``oracles``) and how streams were actually held
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from fuzz.dispatch_mode import unobserved
 from fuzz.draft_protocol import LAST_RANK, OTHER_RANKS, PROTOCOL, DraftObservations
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.oracles.lifetime import DEVICE, PINNED
-from fuzz.protocols import check_handler
+from fuzz.protocols import check_handler, make_handler
 from fuzz.reference import Applied, draft_rows, token_rows
 from fuzz.scenario import GATE_UNTIL, ITEMSIZE, Scenario, Step, spin_cycles
 from fuzz.targets import Batch, Factory, TargetContext
@@ -38,18 +38,20 @@ _UNTIL_ORDER = {until: rank for rank, until in enumerate(GATE_UNTIL) if until}
 
 
 def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
-                 options: RunOptions = DEFAULT) -> DraftObservations:
+                 options: RunOptions = DEFAULT,
+                 calls: Counter[str] | None = None) -> DraftObservations:
     """Run every step on this rank; returns its observations for the oracles.
 
     ``options`` come from the driver unchanged (which oracles run on the rank,
-    how streams are held); rank-side oracles add their ``findings``.
+    how streams are held); rank-side oracles add their ``findings``. Each
+    handler call is counted in ``calls`` before it is made (``RankEnv.calls``).
     """
     streams = ctx.streams
     if streams.kind == "sim" and ctx.device.type == "cpu":
         # Simulated streams stand for a CUDA device: a target allocates on it.
         ctx = dataclasses.replace(ctx, device=streams.device)
     with streams.session():
-        return _Run(scenario, factory, ctx, options).run()
+        return _Run(scenario, factory, ctx, options, calls).run()
 
 
 def lifetime_checker(ctx: Any, options: RunOptions) -> Any:
@@ -123,8 +125,9 @@ class _Staging:
 
 class _Run:
     def __init__(self, scenario: Scenario, factory: Factory, ctx: TargetContext,
-                 options: RunOptions) -> None:
+                 options: RunOptions, calls: Counter[str] | None = None) -> None:
         self.sc = scenario
+        self.calls = Counter() if calls is None else calls
         self.options = options
         self.ctx = ctx
         self.streams = ctx.streams
@@ -138,7 +141,7 @@ class _Run:
         self.main = self.streams.current_stream()
         self.checker = lifetime_checker(ctx, options)
         self.streams.hold_polls(0)  # none held before the first step
-        self.handler = factory(ctx)
+        self.handler = make_handler(factory, ctx)
         check_handler(PROTOCOL, self.handler, LAST_RANK if ctx.is_last_rank else OTHER_RANKS)
         k = scenario.num_spec_steps
         self.table = torch.zeros((scenario.max_num_reqs, k), dtype=torch.int64, device=self.dev)
@@ -225,6 +228,7 @@ class _Run:
                 self._drafter(i, step, batch.idx_mapping)
             # Earlier steps' gates held "until the next call": after this drafter.
             self._release(3, before_step=i)
+            self.calls["broadcast_drafts"] += 1
             if self.watch is not None:
                 with self.watch.call():
                     out = self.handler.broadcast_drafts(self.table, batch)
@@ -233,11 +237,13 @@ class _Run:
             if out is not None and self.values:
                 self.sent.append((i, out))
         elif self.watch is not None:
+            self.calls["receive_drafts"] += 1
             with self.watch.call():
                 self.handler.receive_drafts(batch)
             if step.broadcasts:
                 self.parked.append(i)
         else:
+            self.calls["receive_drafts"] += 1
             self.handler.receive_drafts(batch)
             if step.broadcasts:
                 self.parked.append(i)
@@ -250,6 +256,7 @@ class _Run:
         depth = self.sc.pipeline_depth
         while self.parked and (now is None or self.parked[0] + depth <= now):
             i = self.parked.popleft()
+            self.calls["apply_received"] += 1
             received = self.handler.apply_received(self.table)
             # A runner reads what it received, on main, then drops it: these
             # copies are that read, whatever the oracles (without them nothing

@@ -71,11 +71,11 @@ def _trend(values: list[float | None], ts: list[float], worlds: list[Any],
     growth = (end - start) / start if start else None
     slope = _slope_per_h(ts, values, worlds)
     rise = slope * PROJECTION_H if slope is not None else None
+    if len(ts) < 2 or ts[-1] - ts[0] < PROJECTION_MIN_S:
+        rise = None  # too short to project: judged on the quarters alone, cap or not
     capped = rise is not None and cap is not None and rise > cap
     if capped:
         rise = cap
-    elif len(ts) < 2 or ts[-1] - ts[0] < PROJECTION_MIN_S:
-        rise = None  # too short to project
     projected = rise / start if rise is not None and start else None
     return {"start": start, "end": end, "max": max(vals) if vals else None,
             "growth": round(growth, 4) if growth is not None else None,

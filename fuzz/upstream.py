@@ -64,6 +64,10 @@ APIS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 """The ``PPHandler`` method signatures the runner model knows how to drive."""
 
+SUPPORTED_VERSIONS = ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
+"""The releases whose PPHandler the runner model drives: the only ones ``fetch``
+downloads (another release's source can still be given by path, and is read)."""
+
 SUPPORTED = ("0.30.0, 0.31.0, 0.32.0 (broadcast_drafts(draft_tokens, input_batch)); "
              "0.33.0, 0.34.0 (broadcast_drafts(draft_tokens))")
 """Said in every error about an unusable vLLM."""
@@ -162,8 +166,16 @@ def find(version: str) -> Upstream:
     up = installed()
     if up is not None and up.version == version:
         return up
+    if version not in SUPPORTED_VERSIONS:
+        raise _unsupported(version)
     raise UpstreamError(f"vLLM {version} is not here: {fetch_hint(version)}; "
                         f"supported versions: {SUPPORTED}")
+
+
+def _unsupported(version: str) -> UpstreamError:
+    return UpstreamError(f"vLLM {version} is not a supported version, so it is not fetched: "
+                         f"supported versions: {SUPPORTED} (another release's wheel or "
+                         "source can still be given by path to --upstream)")
 
 
 def resolve(source: str | None) -> Upstream:
@@ -405,7 +417,11 @@ def fetch(version: str) -> Path:
     found = sorted(cache.glob(f"vllm-{version}-*.whl")) if cache.is_dir() else []
     if found:
         return found[0]
+    if version not in SUPPORTED_VERSIONS:
+        raise _unsupported(version)  # before a download of hundreds of MB
     cache.mkdir(parents=True, exist_ok=True)
+    print(f"fetching the vLLM {version} wheel (no dependencies) into {cache}...",
+          file=sys.stderr, flush=True)
     cmd = [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
            "--only-binary", ":all:", "-d", str(cache), "-q"]
     if subprocess.run(cmd).returncode != 0:

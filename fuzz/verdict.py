@@ -25,6 +25,8 @@ class Failure:
 class Verdict:
     failures: list[Failure] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per rank that answered, what its runner called (``fuzz.coverage``)."""
 
     @property
     def ok(self) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fuzz.errors import FuzzError
+from fuzz.errors import CheckArgumentError, FuzzError, NestedCheckError
 from fuzz.verdict import Failure
 from streamfuzz import _group
 
@@ -48,14 +48,30 @@ class StreamfuzzError(FuzzError):
         super().__init__("\n".join([head] + [f"{f.kind}: {f.message}" for f in findings]))
 
 
+def _valid_oracles(oracles: Any) -> tuple[str, ...]:
+    """``None`` (all), one name, or names."""
+    if oracles is None:
+        return ORACLES
+    try:
+        chosen = (oracles,) if isinstance(oracles, str) else tuple(oracles)
+    except TypeError:
+        raise CheckArgumentError(f"oracles must be a name or a list of names from "
+                                 f"{', '.join(ORACLES)}, not {oracles!r}") from None
+    unknown = sorted({o if isinstance(o, str) else repr(o) for o in chosen if o not in ORACLES})
+    if unknown:
+        raise CheckArgumentError(f"unknown oracle(s) {', '.join(unknown)}; "
+                                 f"choose from {', '.join(ORACLES)}")
+    return chosen
+
+
 def _set_default_device(device: str) -> None:
     global _default_device
     _default_device = _valid_device(device)
 
 
 def _valid_device(device: str) -> str:
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+    if not isinstance(device, str) or device not in DEVICES:
+        raise CheckArgumentError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
     return device
 
 
@@ -63,7 +79,7 @@ def _resolve(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' needs a CUDA GPU and none is visible; "
+        raise CheckArgumentError("device='cuda' needs a CUDA GPU and none is visible; "
                          "use 'cpu' (simulated streams) or 'auto'")
     return device
 
@@ -78,15 +94,12 @@ class Check:
         self.requested = _valid_device(device) if device is not None else None
         if isinstance(pending_polls, bool) or not isinstance(pending_polls, int) or not (
                 0 <= pending_polls <= MAX_PENDING_POLLS):
-            raise ValueError(f"pending_polls must be an integer in 0..{MAX_PENDING_POLLS}, "
-                             f"not {pending_polls!r}")
+            raise CheckArgumentError(f"pending_polls must be an integer in "
+                                     f"0..{MAX_PENDING_POLLS}, not {pending_polls!r}")
         self.pending_polls = pending_polls
-        chosen = tuple(ORACLES if oracles is None else oracles)
-        unknown = sorted(set(chosen) - set(ORACLES))
-        if unknown:
-            raise ValueError(f"unknown oracle(s) {', '.join(unknown)}; "
-                             f"choose from {', '.join(ORACLES)}")
-        self.oracles = chosen
+        self.oracles = _valid_oracles(oracles)
+        if not isinstance(collect, bool):
+            raise CheckArgumentError(f"collect must be True or False, not {collect!r}")
         self.collect = collect
         self.device: str | None = None
         self.findings: list[Failure] = []
@@ -104,7 +117,8 @@ class Check:
     def __enter__(self) -> Check:
         global _active
         if _active is not None:
-            raise RuntimeError("streamfuzz.checked() blocks do not nest")
+            raise NestedCheckError("streamfuzz.checked() blocks do not nest: end the outer "
+                                   "block first, or check the whole code in one block")
         self.device = _resolve(self.requested or _default_device)
         self.findings = []
         _group.ensure()

@@ -56,13 +56,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         group.close()
 
 
+_MARKER_KEYWORDS = ("device", "oracles", "collect", "pending_polls")
+"""``streamfuzz.checked()``'s arguments, which the marker passes on."""
+
+
 def _options(item: pytest.Item) -> dict[str, Any] | None:
+    """The marker's arguments; a bad one is a ``CheckArgumentError`` (a
+    ``BadInput``), as from ``checked()`` itself."""
+    from fuzz.errors import CheckArgumentError
+
     marker = item.get_closest_marker("streamfuzz")
     if marker is None:
         return None
-    if marker.args:
-        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamfuzz takes keyword "
-                                f"arguments only (device=, oracles=, collect=)")
+    unknown = sorted(set(marker.kwargs) - set(_MARKER_KEYWORDS))
+    if marker.args or unknown:
+        what = f"no {', '.join(unknown)}" if unknown else "keyword arguments only"
+        raise CheckArgumentError(f"{item.nodeid}: @pytest.mark.streamfuzz takes {what} "
+                                 f"({', '.join(k + '=' for k in _MARKER_KEYWORDS)})")
     return dict(marker.kwargs)
 
 
@@ -100,9 +110,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     fn = getattr(item, "obj", None)
     if options is not None and hasattr(getattr(fn, "hypothesis", None), "inner_test"):
         if options.get("collect"):
-            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamfuzz(collect=True) "
-                                    f"would drop every example's findings; on a Hypothesis "
-                                    f"test use streamfuzz.checked(collect=True) in the body")
+            from fuzz.errors import CheckArgumentError
+
+            raise CheckArgumentError(f"{item.nodeid}: @pytest.mark.streamfuzz(collect=True) "
+                                     f"would drop every example's findings; on a Hypothesis "
+                                     f"test use streamfuzz.checked(collect=True) in the body")
         _wrap_examples(fn, options)
 
 

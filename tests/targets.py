@@ -486,3 +486,29 @@ class PolledCountsFixed(PolledCounts):
 
 def polled_counts_fixed(ctx: TargetContext) -> PolledCountsFixed:
     return PolledCountsFixed(ctx)
+
+
+def factory_raises(ctx: TargetContext) -> MainGather:
+    """A factory set up wrong: it raises whatever the scenario."""
+    raise KeyError("model_config")
+
+
+def factory_raises_on_big_batches(ctx: TargetContext) -> MainGather:
+    """A factory with a bug of its own: it raises only for some scenarios."""
+    if ctx.max_num_reqs > 2:
+        raise ValueError(f"no room for {ctx.max_num_reqs} requests")
+    return MainGather(ctx)
+
+
+class ReceiverSkipsDrafts(MainGather):
+    """A receiver that never joins the drafts' broadcast on batches of two or more."""
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        if (self.ctx.rank != self.ctx.last_rank and t.dim() == 2 and t.shape[0] >= 2
+                and t.shape[1] == self.ctx.num_spec_steps):
+            return
+        super()._bcast(t)
+
+
+def receiver_skips_drafts(ctx: TargetContext) -> ReceiverSkipsDrafts:
+    return ReceiverSkipsDrafts(ctx)

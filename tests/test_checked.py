@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import streamfuzz
+from fuzz.errors import BadInput, FuzzError
 from streamfuzz import _group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,9 +90,64 @@ def test_bad_arguments_say_what_is_allowed(kwargs, error):
 
 def test_blocks_do_not_nest():
     with streamfuzz.checked(device="cpu"):
-        with pytest.raises(RuntimeError, match="do not nest"):
+        with pytest.raises(RuntimeError, match="do not nest") as info:
             with streamfuzz.checked(device="cpu"):
                 pass
+    assert isinstance(info.value, BadInput) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"device": "tpu"}, "device must be one of"),
+    ({"device": torch.device("cpu")}, "device must be one of"),
+    ({"oracles": ["x"]}, "unknown oracle(s) x; choose from lifetime, race"),
+    ({"oracles": "lifetme"}, "unknown oracle(s) lifetme; choose from lifetime, race"),
+    ({"oracles": 3}, "oracles must be a name or a list of names"),
+    ({"pending_polls": 99}, "pending_polls must be an integer in 0..64, not 99"),
+    ({"pending_polls": "2"}, "pending_polls must be an integer"),
+    ({"collect": "yes"}, "collect must be True or False"),
+])
+def test_every_bad_argument_is_bad_input_in_one_line(kwargs, says):
+    with pytest.raises(BadInput) as info:
+        with streamfuzz.checked(**kwargs):
+            pass
+    assert isinstance(info.value, FuzzError) and isinstance(info.value, ValueError)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_bare_string_names_one_oracle():
+    assert streamfuzz.checked(oracles="lifetime").oracles == ("lifetime",)
+    with streamfuzz.checked(device="cpu", oracles="race", collect=True) as check:
+        pass
+    assert check.oracles == ("race",) and check.findings == []
+
+
+def test_bad_marker_and_fixture_arguments_are_bad_input(tmp_path):
+    out = _pytest(tmp_path, """
+        import pytest
+
+        @pytest.mark.streamfuzz("cpu")
+        def test_positional():
+            pass
+
+        @pytest.mark.streamfuzz(devise="cpu")
+        def test_misspelt():
+            pass
+
+        @pytest.mark.streamfuzz(device="tpu")
+        def test_bad_device(stream_checker):
+            pass
+
+        @pytest.mark.streamfuzz(oracles="lifetime", device="cpu")
+        def test_one_oracle(stream_checker):
+            assert stream_checker.oracles == ("lifetime",)
+    """)
+    assert "1 passed, 3 errors" in out.stdout, out.stdout
+    errors = [ln for ln in out.stdout.splitlines() if ln.startswith("E ")]
+    assert len(errors) == 3 and all("fuzz.errors.CheckArgumentError: " in ln
+                                    for ln in errors), errors
+    assert any("takes keyword arguments only" in ln for ln in errors)
+    assert any("takes no devise" in ln for ln in errors)
+    assert any("device must be one of" in ln for ln in errors)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

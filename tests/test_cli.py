@@ -1,7 +1,9 @@
+import argparse
 import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -105,8 +107,41 @@ def test_matrix_prints_cells_and_fails_on_a_miss():
     assert "clean 1/1" in ok.stdout
     # A buggy target the lifetime oracle cannot see (wrong values, no stream bug) is a miss.
     miss = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--target",
-                "tests.targets:shifted_rows", "--max-examples", "20", "--seeds", "1")
+                "tests.targets:shifted_rows", "--expect", "found", "--max-examples", "20",
+                "--seeds", "1")
     assert miss.returncode == 1 and "FAIL: tests.targets:shifted_rows x lifetime" in miss.stdout
+
+
+def test_matrix_judges_user_targets_by_what_they_declare(tmp_path):
+    (tmp_path / "twins.py").write_text(textwrap.dedent("""
+        from fuzz.targets.pp_draft import MainGather, PreFix
+
+        def make_fixed(ctx):
+            return MainGather(ctx)
+        make_fixed.expected = "clean"
+
+        def make_buggy(ctx):
+            return PreFix(ctx)
+
+        def make_undeclared(ctx):
+            return MainGather(ctx)
+    """))
+    f = tmp_path / "twins.py"
+    out = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--max-examples", "30",
+               "--target", f"{f}:make_fixed", "--target", f"{f}:make_buggy",
+               "--target", f"{f}:make_undeclared", "--expect", f"{f}:make_buggy=found")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {ln.split()[0]: ln for ln in out.stdout.splitlines() if ln.startswith(f"  {f}")}
+    assert "clean 1/1" in rows[f"{f}:make_fixed"] and "FAIL" not in out.stdout
+    assert "found lifetime 1/1" in rows[f"{f}:make_buggy"]
+    assert "(no expectation)" in rows[f"{f}:make_undeclared"]
+    assert f"note: {f}:make_undeclared declares no expectation" in out.stdout
+    # Expected clean but found: a FAIL, exit 1.
+    wrong = _cli("matrix", "--device", "cpu", "--oracle", "lifetime", "--max-examples", "30",
+                 "--target", f"{f}:make_buggy", "--expect", "clean")
+    assert wrong.returncode == 1 and "flagged a target expected clean" in wrong.stdout
+    bad = _cli("matrix", "--device", "cpu", "--target", f"{f}:make_buggy", "--expect", "maybe")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_an_unwritable_report_place_is_refused_before_fuzzing(tmp_path):
@@ -175,3 +210,79 @@ def test_a_crash_of_the_tool_is_not_exit_1(tmp_path):
     assert out.returncode == 70, out.stderr
     assert "RuntimeError: broken install" in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("streamfuzz: crashed")
+
+
+def test_a_clean_run_leaves_no_empty_corpus_folder(tmp_path):
+    out = _cli("run", "--target", "main-gather", "--device", "cpu", "--max-examples", "5",
+               "--seed", "0", "--report", "out/r.json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "clean over 5 examples" in out.stdout
+    assert not (tmp_path / "corpus").exists() and (tmp_path / "out" / "r.json").is_file()
+
+
+def test_a_factory_that_raises_on_the_smallest_scenario_is_set_up_wrong(tmp_path):
+    out = _cli("run", "--target", "tests.targets:factory_raises", "--device", "cpu",
+               "--max-examples", "20", "--seed", "0", "--corpus", tmp_path / "c",
+               "--report", tmp_path / "r.json")
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "factory raises on the smallest scenario" in line and "KeyError" in line, line
+    assert "tests/targets.py:" in line
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_factory_that_raises_on_some_scenarios_only_is_a_finding(tmp_path):
+    out = _cli("run", "--target", "tests.targets:factory_raises_on_big_batches", "--device",
+               "cpu", "--max-examples", "100", "--seed", "0", "--profile", "ci",
+               "--corpus", tmp_path / "c")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FOUND crash" in out.stdout and "no room for 3 requests" in out.stdout
+    assert len(list((tmp_path / "c").rglob("*.json"))) == 1
+
+
+def test_every_option_of_every_command_says_what_it_does_and_its_default():
+    from fuzz import cli
+
+    parser = cli._parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = []
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            text = action.help or ""
+            needs_default = action.option_strings and not action.required
+            if not text or (needs_default and "default" not in text):
+                missing.append(f"{name} {action.option_strings or action.dest}")
+    assert missing == [], missing
+
+
+def test_run_help_lists_every_built_in_target_and_family():
+    from fuzz import protocols
+
+    text = " ".join(_cli("run", "--help").stdout.split()).replace("- ", "-")
+    listed = text.split("built-in targets:")[1]
+    for p in protocols.all_protocols().values():
+        for name in p.targets:
+            assert name in listed, name
+        for family in p.families:
+            assert f"{family}@VERSION" in listed, family
+
+
+def test_the_target_option_has_one_name_and_the_old_one_warns(tmp_path):
+    out = _cli("soak", "--budget", "1s", "--device", "cpu", "--targets", "no-such-target",
+               "--out", tmp_path / "s")
+    assert out.returncode == 2
+    assert "--targets is now --target" in out.stderr and "unknown target 'no-such-target'" \
+        in out.stderr
+    for command in ("run", "soak", "matrix", "bench", "mutate"):
+        assert "--target T" in _cli(command, "--help").stdout, command
+
+
+def test_replay_of_a_fixed_user_entry_says_what_to_do(tmp_path):
+    src = json.loads(next(ROOT.glob("corpus/pre-fix/*.json")).read_text())
+    entry = tmp_path / "fixed.json"
+    entry.write_text(json.dumps(dict(src, target="fuzz.targets.pp_draft:main_gather")))
+    out = _cli("replay", entry, "--device", "cpu")
+    assert out.returncode == 1, out.stderr
+    assert "PASSES: the bug no longer reproduces there. If you fixed it, delete" in out.stdout

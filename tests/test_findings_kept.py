@@ -3,6 +3,7 @@ crash in a user's handler, a hung rank. Real ranks, real gloo; every decision
 is made on events (an interrupt after the first failure, a rank that never
 answers), never on speed."""
 
+import io
 import json
 import os
 import signal
@@ -39,6 +40,9 @@ def test_ctrl_c_while_shrinking_saves_the_failure_and_writes_the_report(
     out, err = capsys.readouterr()
     assert rc == 130
     assert "interrupted while shrinking: saved as shrunk so far" in out
+    assert "\n  shrunk so far: " in out and "as found" not in out
+    # Shrinking is never silent, even on a pipe: one line when it starts.
+    assert "[pre-fix] found a failure after" in err and "shrinking it, at most 120s" in err
     (saved,) = (tmp_path / "corpus").rglob("*.json")
     assert corpus.load(saved).kind == "lifetime" and f"saved {saved}" in err
     data = json.loads(report.read_text())
@@ -281,3 +285,33 @@ def test_sigterm_is_handled_as_ctrl_c(tmp_path):
     data = json.loads(report.read_text())
     assert data["interrupted"] and data["targets"][0]["examples"] >= 5
     assert not list(tmp_path.glob(".r.json*"))
+
+
+def test_the_progress_line_follows_the_shrinking_on_a_terminal(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Tty()
+    monkeypatch.setattr(sys, "stderr", term)
+    progress = cli._Progress("t", 30.0)
+    for examples, elapsed, failed in ((1, 1.0, 0), (2, 2.0, 1), (9, 12.0, 1)):
+        progress.last = 0.0  # each call draws (the line is drawn at most every 0.2 s)
+        progress(examples, elapsed, failed)
+    frames = term.getvalue().split("\r\033[K")[1:]
+    assert frames[0].startswith("[t] 1 examples") and "0 failures" in frames[0]
+    assert frames[-1] == "[t] shrinking: 7 examples tried in 10s, 2 failing", frames
+    assert "\n" not in term.getvalue()  # one line that updates, on a terminal
+
+
+def test_a_hang_names_the_collective_and_the_users_frames_and_no_absolute_path(tmp_path):
+    with RankPool(2, "cpu", timeout=5.0) as pool:
+        res = driver.fuzz(pool, "tests.targets:receiver_skips_drafts", profiles.get("ci"),
+                          max_examples=5, corpus_dir=tmp_path, shrink_budget_s=0.1,
+                          strategy=st.just(_four_requests()))
+    assert res.failure is not None and res.failure.kind == "hang", res.failure
+    msg = res.failure.message
+    line = next(ln for ln in msg.splitlines() if "rank 1 waits" in ln)
+    assert "broadcast" in line and "tests/targets.py:" in line and "_bcast" in line, msg
+    saved = corpus.load(res.corpus_path).message
+    assert not [w for w in saved.split() if w.startswith("/")], saved

@@ -49,6 +49,9 @@ _ALL = [
     Done(8, 0, WeightSyncObservations(rank=0, held=("gate",), oracles=("value",), findings=(),
                                       sent=[(0, b"\x00\x01"), (1, b"\x02\x03")])),
     Raised(7, 1, "RuntimeError: boom", "user.py:3 f: raise RuntimeError('boom')", False),
+    Done(9, 1, WeightSyncObservations(rank=1, held=(), oracles=(), findings=()),
+         calls={"receive": 2, "load": 5}),
+    Raised(9, 0, "ValueError: no", "", False, setup=True, calls={"broadcast_drafts": 1}),
 ]
 
 

@@ -107,7 +107,7 @@ def _soak_args(out, *more):
 def test_soak_sends_every_oracle_and_its_entries_record_them(rank_oracles, tmp_path):
     out = tmp_path / "soak"
     code = cli.main(_soak_args(out, "--budget", "6s", "--round", "3s", "--shrink", "3s",
-                               "--targets", "pre-fix"))
+                               "--target", "pre-fix"))
     assert code == 1
     assert _ran(rank_oracles) == {ALL}
     rep = json.loads((out / "report.json").read_text())
@@ -124,7 +124,7 @@ def test_soak_recovery_replays_the_example_in_flight_with_the_runs_oracles(
     bug in it (the value oracle alone cannot, on CPU) and saves it."""
     out, marker = tmp_path / "soak", tmp_path / "hung"
     monkeypatch.setenv("STREAMFUZZ_TEST_HANG_ONCE", str(marker))
-    args = _soak_args(out, "--targets", "tests.targets:hangs_once_then_pre_fix")
+    args = _soak_args(out, "--target", "tests.targets:hangs_once_then_pre_fix")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "fuzz", *args, "--budget", "10m",
                              "--timeout", "600"], cwd=ROOT, env=env,
@@ -151,3 +151,37 @@ def test_soak_recovery_replays_the_example_in_flight_with_the_runs_oracles(
     assert [f["kind"] for f in recovered] == ["lifetime"], rep["failures"]
     entry = corpus.load(Path(recovered[0]["path"]))
     assert entry.scenario.to_dict() in journaled and set(entry.found_on["oracles"]) == ALL
+
+
+def test_a_run_that_cannot_judge_is_refused_in_one_place():
+    with pytest.raises(OptionsError, match="no oracle given"):
+        RunOptions(oracles=()).judging("cpu")
+    with pytest.raises(OptionsError, match="reuse sees nothing on cpu"):
+        RunOptions(oracles={Oracle.REUSE}).judging("cpu")
+    assert RunOptions(oracles={Oracle.REUSE}).judging("cuda") == []
+    (note,) = RunOptions(oracles={Oracle.REUSE, Oracle.LIFETIME}).judging("cpu")
+    assert "reuse" in note and "lifetime judge alone" in note and "\n" not in note
+    assert DEFAULT.judging("cpu") == []  # all: every oracle that applies here
+
+
+@pytest.mark.parametrize("oracle, says", [("", "no oracle given"), (",", "no oracle given"),
+                                          ("reuse", "reuse sees nothing on cpu")])
+def test_a_run_with_no_working_oracle_is_bad_input(oracle, says, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--target", "pre-fix",
+                          "--device", "cpu", "--max-examples", "5", "--oracle", oracle,
+                          "--corpus", str(tmp_path / "c"), "--report", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2, out
+    assert len(out.stderr.strip().splitlines()) == 1 and says in out.stderr, out.stderr
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "c").exists()
+
+
+def test_an_oracle_blind_on_the_device_beside_others_gets_a_note(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--target", "pre-fix",
+                          "--device", "cpu", "--max-examples", "50", "--seed", "0",
+                          "--profile", "ci", "--oracle", "reuse,lifetime",
+                          "--corpus", str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 1, out
+    notes = [ln for ln in out.stderr.splitlines() if "sees nothing on cpu" in ln]
+    assert len(notes) == 1 and "lifetime judge alone" in notes[0], out.stderr

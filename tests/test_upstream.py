@@ -206,3 +206,20 @@ def test_an_installed_vllm_is_found_without_importing_it(tmp_path):
                          env=env, cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["installed", "9.5.0", "gathered"]
+
+
+def test_an_unsupported_version_is_refused_before_any_download(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("STREAMFUZZ_VLLM_CACHE", str(tmp_path / "cache"))
+
+    def no_download(*args, **kwargs):
+        raise AssertionError(f"downloaded: {args}")
+
+    monkeypatch.setattr(upstream.subprocess, "run", no_download)
+    assert upstream.main(["fetch", "0.29.0"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "vLLM 0.29.0 is not a supported version, so it is not fetched" in line
+    assert not (tmp_path / "cache").exists()
+    # Nor does a run tell the user to fetch it.
+    with pytest.raises(upstream.UpstreamError, match="not a supported version") as info:
+        upstream.resolve("0.29.0")
+    assert "fuzz.upstream fetch" not in str(info.value)

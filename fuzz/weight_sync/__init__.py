@@ -16,6 +16,7 @@ rank), ``reference`` (the values every rank must end with), the strategies in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from fuzz.messages import Observations
 from fuzz.protocols import Protocol
@@ -30,6 +31,7 @@ PROTOCOL = Protocol(
     run="fuzz.weight_sync.runner:run_on_rank",
     values="fuzz.weight_sync.reference:check",
     behaviours="fuzz.weight_sync.scenario:behaviours",
+    smallest="fuzz.weight_sync:smallest",
     versions={"weight-sync-unordered": "fuzz.targets.weight_sync:unordered",
               "weight-sync-ordered": "fuzz.targets.weight_sync:ordered"},
     mutants={name: f"fuzz.targets.weight_sync:{name.removeprefix('weight-sync-').replace('-', '_')}"
@@ -40,7 +42,18 @@ PROTOCOL = Protocol(
     receiver_side=frozenset({"weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
                              "weight-sync-consumer-load-on-caller"}),
     handler_methods={PRODUCER: ("send",), CONSUMERS: ("receive",)},
+    alone=PRODUCER,
+    callbacks={CONSUMERS: ("load",)},
 )
+
+
+def smallest(world_size: int) -> Any:
+    """One one-element parameter, synced once through one one-byte buffer."""
+    from fuzz.weight_sync.scenario import WeightSyncScenario
+
+    return WeightSyncScenario.from_dict({
+        "world_size": world_size, "params": [{"shape": [1], "dtype": "float32"}],
+        "buffer_bytes": 1, "num_buffers": 1, "syncs": [{"writes": [0]}]})
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,14 @@ scenario's gates ask for.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
 
 from fuzz.options import Hold as HoldMode
 from fuzz.options import RunOptions
-from fuzz.protocols import RankEnv, check_handler
+from fuzz.protocols import RankEnv, check_handler, make_handler
 from fuzz.runner import lifetime_checker
 from fuzz.scenario import spin_cycles
 from fuzz.weight_sync import CONSUMERS, PRODUCER, PROTOCOL, WeightSyncObservations
@@ -37,13 +38,13 @@ def run_on_rank(scenario: WeightSyncScenario, factory: Any, env: RankEnv,
                             group=group, buffer_bytes=scenario.buffer_bytes,
                             num_buffers=scenario.num_buffers, streams=streams)
     with streams.session():
-        return _Run(scenario, factory, ctx, options).run()
+        return _Run(scenario, factory, ctx, options, env.calls).run()
 
 
 class _Run:
     def __init__(self, sc: WeightSyncScenario, factory: Any, ctx: WeightSyncContext,
-                 options: RunOptions) -> None:
-        self.sc, self.ctx, self.options = sc, ctx, options
+                 options: RunOptions, calls: Counter[str]) -> None:
+        self.sc, self.ctx, self.options, self.calls = sc, ctx, options, calls
         self.streams = ctx.streams
         self.main = self.streams.current_stream()
         self.gates = self.streams.gates if options.hold is HoldMode.GATE else None
@@ -55,7 +56,7 @@ class _Run:
             self._name(t, f"p{i}")
         self.streams.synchronize()
         self.streams.hold_polls(0)  # none held before the first sync
-        self.handler = factory(ctx)
+        self.handler = make_handler(factory, ctx)
         check_handler(PROTOCOL, self.handler, PRODUCER if ctx.is_producer else CONSUMERS)
         self.sent: list[tuple[int, list[torch.Tensor]]] = []
         self.received: list[tuple[int, list[torch.Tensor]]] = []
@@ -74,6 +75,7 @@ class _Run:
                 if self.ctx.is_producer:
                     self._optimizer_step(i, sync)
                     self.ctx.group.on_first = lambda: self._release("broadcast")
+                    self.calls["send"] += 1
                     self.handler.send(iter([(f"p{j}", t) for j, t in enumerate(self.params)]))
                     self.sent.append((i, self.ctx.group.sent))
                     self.ctx.group.sent = []
@@ -81,6 +83,7 @@ class _Run:
                     self.ctx.group.on_first = lambda: self._release("broadcast")
                     meta = [(f"p{j}", (list(p.shape), TORCH_DTYPES[p.dtype]))
                             for j, p in enumerate(self.sc.params)]
+                    self.calls["receive"] += 1
                     self.handler.receive(iter(meta), self._load)
                     self.received.append((i, [t.clone() for t in self.params]))
                 self._release("broadcast")
@@ -110,6 +113,7 @@ class _Run:
     def _load(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """The post-unpack callback: into this worker's own parameters, on the
         current stream (the one the consumer calls it on)."""
+        self.calls["load"] += 1
         for name, t in tensors:
             self.params[int(name[1:])].copy_(t)
 
