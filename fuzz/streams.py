@@ -11,12 +11,16 @@ can be reasoned about without a GPU.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import itertools
+import linecache
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,9 +30,122 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fuzz import cuda_on_cpu, stages, threads
 from fuzz.cuda_on_cpu import storage_key
 from fuzz.dispatch_mode import BROADCAST, RECORD_STREAM, DispatchMode, run_op, unobserved
-from fuzz.oracles.lifetime import tensors_in
+from fuzz.errors import FuzzError
+from fuzz.oracles.lifetime import tensors_in, user_code
 
 Listener = Callable[..., None]
+
+
+# -- stream names -------------------------------------------------------------------
+def site_name() -> str:
+    """The name a stream made here gets in findings: the variable or attribute
+    its creation is assigned to (``self.copy_stream = torch.cuda.Stream()``:
+    ``copy_stream``; ``streams[]`` for each element of a comprehension assigned
+    to ``streams``, numbered by ``_Names``), else the file and line that made
+    it. Asked once per stream, from inside the stream's constructor: the first
+    frame of the code under test is the one that made it."""
+    f = sys._getframe(1)
+    while f is not None and not user_code(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return "stream"
+    key = (f.f_code, f.f_lasti)
+    name = _SITES.get(key)
+    if name is None:
+        if len(_SITES) > 10_000:  # code made at run time, each with sites of its own
+            _SITES.clear()
+        name = _SITES[key] = (_assigned_to(f.f_code, f.f_lasti)
+                              or f"{Path(f.f_code.co_filename).name}:{f.f_lineno}")
+    return name
+
+
+_SITES: dict[tuple[Any, int], str] = {}
+"""Per call site (code object, instruction): the name ``site_name`` gave it."""
+
+
+def _assigned_to(code: Any, lasti: int) -> str | None:
+    """The name the call at instruction ``lasti`` of ``code`` is assigned to (or
+    passed as, a keyword argument), or None: the source is not there, or the
+    call is not the assigned value itself."""
+    try:
+        line, end_line, col, end_col = list(code.co_positions())[lasti // 2]
+        tree = ast.parse("".join(linecache.getlines(code.co_filename)))
+    except (IndexError, ValueError, SyntaxError, MemoryError):
+        return None
+    if line is None or col is None:
+        return None
+    at = (line, col, end_line, end_col)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            name = _matched(node.targets[0], node.value, at)
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            name = _matched(node.target, node.value, at)
+        elif isinstance(node, ast.keyword) and node.arg is not None:
+            name = node.arg if _span(node.value) == at else None
+        else:
+            continue
+        if name is not None:
+            return name
+    return None
+
+
+def _span(node: ast.AST) -> tuple[Any, ...]:
+    return (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
+
+
+def _matched(target: ast.AST, value: ast.AST, at: tuple[Any, ...]) -> str | None:
+    """``target``'s name where ``value`` is the call at ``at``, or holds it as
+    one branch (``a if c else b``, ``a or b``) or one element of a tuple
+    unpacked into as many targets."""
+    if _span(value) == at:
+        if isinstance(target, ast.Name):
+            return target.id
+        return target.attr if isinstance(target, ast.Attribute) else None
+    if isinstance(value, ast.Call) and len(value.args) == 1 and not value.keywords:
+        value = value.args[0]  # tuple(... for ...), list(... for ...)
+    if isinstance(value, (ast.ListComp, ast.GeneratorExp)) and _span(value.elt) == at:
+        name = _matched(target, value.elt, at)
+        return f"{name}[]" if name is not None else None
+    if isinstance(value, ast.IfExp):
+        return _matched(target, value.body, at) or _matched(target, value.orelse, at)
+    if isinstance(value, ast.BoolOp):
+        return next((n for v in value.values if (n := _matched(target, v, at))), None)
+    if (isinstance(value, (ast.Tuple, ast.List)) and isinstance(target, (ast.Tuple, ast.List))
+            and len(value.elts) == len(target.elts)):
+        return next((n for t, v in zip(target.elts, value.elts, strict=True)
+                     if (n := _matched(t, v, at))), None)
+    return None
+
+
+class _Names:
+    """The names of one run's streams in findings: each stream's own (its
+    site's, or the one the user gave it), with ``#2``, ``#3``... after a name
+    another stream of the run already has; ``main`` is the default stream's.
+    The elements of a comprehension (``streams[]``) are numbered from 0 in
+    the order they were made."""
+
+    def __init__(self) -> None:
+        self._given: dict[Any, str] = {}
+        self._taken: dict[str, int] = {"main": 1}
+
+    def of(self, key: Any, own: str) -> str:
+        name = self._given.get(key)
+        if name is None:
+            if own.endswith("[]"):
+                i = self._taken[own] = self._taken.get(own, -1) + 1
+                own = f"{own[:-2]}[{i}]"
+            n = self._taken[own] = self._taken.get(own, 0) + 1
+            name = self._given[key] = own if n == 1 else f"{own}#{n}"
+        return name
+
+    def rename(self, key: Any, name: str) -> None:
+        self._given[key] = name
+
+
+_CUDA_SITES: dict[int, str] = {}
+"""Each real CUDA stream's own name, by handle (``CudaStreams``): a stream
+made in one block and used in a later one keeps it. torch hands out streams
+from a pool, so a handle made again takes the newer stream's name."""
 
 
 class CudaStreams:
@@ -44,12 +161,26 @@ class CudaStreams:
         self.device = device
         self.gates = gates
         self.created: list[Any] = []
+        self._names = _Names()
 
     def Stream(self, priority: int = 0) -> torch.cuda.Stream:  # noqa: N802 - torch's name
         s = torch.cuda.Stream(self.device, priority=priority)
         if not any(c is s for c in self.created):  # a session notes it already
-            self.created.append(s)
+            self._note(s)
         return s
+
+    def _note(self, s: Any) -> None:
+        self.created.append(s)
+        _CUDA_SITES[s.cuda_stream] = self._names.of(s.cuda_stream, site_name())
+
+    def name_of(self, handle: int) -> str:
+        """A stream's name in findings, by its handle (see ``site_name``)."""
+        return self._names.of(handle, _CUDA_SITES.get(handle, f"stream{handle:#x}"))
+
+    def name_stream(self, s: Any, name: str) -> None:
+        """Call ``s`` ``name`` in findings, in this run and later ones."""
+        _CUDA_SITES[s.cuda_stream] = name
+        self._names.rename(s.cuda_stream, name)
 
     def stream(self, s: Any) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(s)
@@ -82,7 +213,7 @@ class CudaStreams:
         """Note the streams a target makes with ``torch.cuda.Stream`` too: the
         scenario's holds and churn use its first one as "side"."""
         real = torch.cuda.Stream
-        created = self.created
+        note = self._note
 
         class _Noted(real):  # type: ignore[valid-type, misc]
             def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -90,7 +221,7 @@ class CudaStreams:
                 # torch.cuda.current_stream() wraps an existing stream through this
                 # class too (stream_id=...): only a new stream is the target's.
                 if "stream_id" not in kwargs:
-                    created.append(s)
+                    note(s)
                 return s
 
         torch.cuda.Stream = _Noted
@@ -137,25 +268,38 @@ class SimStream(cuda_on_cpu.TORCH_STREAM):
     """A CPU stream that exists only as an identity and a clock for listeners.
 
     Under CUDA on CPU it is also ``torch.cuda.Stream``: ``SimStream()`` then
-    makes a new stream of the example's simulated streams.
+    makes a new stream of the example's simulated streams. A stream made in
+    an earlier example or block (kept in a module-level cache) belongs to the
+    one running when it is used (``SimStreams.adopt``): its ids are unique in
+    the process, and the default stream (id 0) is every run's ``main``.
     """
 
     _api: SimStreams
 
     def __new__(cls, device: Any = None, priority: int = 0, **_: Any) -> SimStream:
-        return _active().Stream(priority)
+        return _active("torch.cuda.Stream()").Stream(priority)
 
     PRIORITIES = (0, -3)
     """``priority_range()``: (least, greatest), what torch gives on current GPUs."""
 
     @classmethod
-    def _make(cls, api: SimStreams, stream_id: int, priority: int = 0) -> SimStream:
+    def _make(cls, api: SimStreams, stream_id: int, priority: int = 0,
+              name: str = "main") -> SimStream:
         self = cuda_on_cpu.TORCH_STREAM.__new__(cls, stream_id=stream_id, device_type=0,
                                                 device_index=0)
         self._api = api
+        self._name = name
+        """Its own name in findings: its creation site's, or the user's (``site_name``)."""
         least, greatest = cls.PRIORITIES
         self._priority = min(least, max(greatest, priority))  # clamped, as CUDA does
         return self
+
+    def _now(self, what: str) -> SimStreams:
+        """The simulated streams running now, this stream among them."""
+        api = _active(what)
+        if api is not self._api:
+            api.adopt(self)
+        return api
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -178,32 +322,36 @@ class SimStream(cuda_on_cpu.TORCH_STREAM):
         return SimStream.PRIORITIES
 
     def wait_stream(self, other: Any) -> None:  # type: ignore[override]
-        self._api.emit("wait_stream", self, other)
+        api = self._now("torch.cuda.Stream.wait_stream")
+        if isinstance(other, SimStream) and other._api is not api:
+            api.adopt(other)
+        api.emit("wait_stream", self, other)
 
     def wait_event(self, event: Any) -> None:  # type: ignore[override]
         event.wait(self)
 
     def record_event(self, event: Any = None) -> SimEvent:  # type: ignore[override]
-        event = event or self._api.Event()
+        event = event or self._now("torch.cuda.Stream.record_event").Event()
         event.record(self)
         return event
 
     def synchronize(self) -> None:  # type: ignore[override]
-        self._api.emit("sync_stream", self)
+        self._now("torch.cuda.Stream.synchronize").emit("sync_stream", self)
 
     def query(self) -> bool:  # type: ignore[override]
         """True unless the scenario holds this poll (``SimStreams.hold_polls``).
         A program that goes on because of a True has seen the stream's work
         done, as a host polling until True on a GPU has: a synchronize for
         the listeners."""
-        if not self._api.answer_poll(self):
+        if not self._now("torch.cuda.Stream.query").answer_poll(self):
             return False
         self.synchronize()
         return True
 
     def __enter__(self) -> SimStream:
-        self._entered = self._api.current_stream()
-        self._api.set_stream(self)
+        api = self._now("torch.cuda.stream(...)")
+        self._entered = api.current_stream()
+        api.set_stream(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -229,30 +377,40 @@ class SimEvent:
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False,
                  interprocess: bool = False, *, _api: SimStreams | None = None) -> None:
-        self._api = _api if _api is not None else _active()
+        self._api = _api if _api is not None else _active("torch.cuda.Event()")
         self.event_id = next(self._ids)
-        self.recorded = False
         self._at = 0.0
 
+    def _now(self, what: str) -> SimStreams:
+        """The simulated streams running now: an event made in an earlier run
+        is this one's (a wait for a record the run never saw waits for nothing)."""
+        self._api = _active(what)
+        return self._api
+
     def record(self, stream: Any = None) -> None:
-        stream = stream or self._api.current_stream()
-        self.recorded = True
+        api = self._now("torch.cuda.Event.record")
+        stream = stream or api.current_stream()
+        if isinstance(stream, SimStream) and stream._api is not api:
+            api.adopt(stream)
         self._at = time.perf_counter()
-        self._api.emit("record_event", self, stream)
+        api.emit("record_event", self, stream)
 
     def wait(self, stream: Any = None) -> None:
-        stream = stream or self._api.current_stream()
-        self._api.emit("wait_event", stream, self)
+        api = self._now("torch.cuda.Event.wait")
+        stream = stream or api.current_stream()
+        if isinstance(stream, SimStream) and stream._api is not api:
+            api.adopt(stream)
+        api.emit("wait_event", stream, self)
 
     def query(self) -> bool:
         """As ``SimStream.query``: True and a synchronize, unless the poll is held."""
-        if not self._api.answer_poll(self):
+        if not self._now("torch.cuda.Event.query").answer_poll(self):
             return False
         self.synchronize()
         return True
 
     def synchronize(self) -> None:
-        self._api.emit("sync_event", self)
+        self._now("torch.cuda.Event.synchronize").emit("sync_event", self)
 
     def elapsed_time(self, end: SimEvent) -> float:
         """Host time between the two records, in ms: every op ran when it was issued."""
@@ -261,11 +419,27 @@ class SimEvent:
 
 _ACTIVE: list[SimStreams] = []
 
+_stream_ids = itertools.count(1)
+"""Simulated stream ids, unique in the process: a stream kept from an earlier
+run is never taken for one of the current run's."""
 
-def _active() -> SimStreams:
+_STREAMS: weakref.WeakValueDictionary[int, SimStream] = weakref.WeakValueDictionary()
+"""Every simulated stream still alive, by id: aten names a stream by its id
+only (``record_stream``), and it may be one an earlier run made."""
+
+
+class NoSimulation(FuzzError, RuntimeError):
+    """A simulated stream or event used while no simulation runs."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: simulated CUDA streams and events work only while an "
+                         f"example runs on --device cpu or a streamfuzz.checked(device=\"cpu\") "
+                         f"block runs, and none does now")
+
+
+def _active(what: str = "a simulated CUDA stream") -> SimStreams:
     if not _ACTIVE:
-        raise RuntimeError("simulated CUDA streams exist only while an example runs "
-                           "on --device cpu")
+        raise NoSimulation(what)
     return _ACTIVE[-1]
 
 
@@ -280,9 +454,11 @@ class SimStreams:
     device = cuda_on_cpu.DEVICE
     """What ``ctx.device`` is: tensors made on it stand for device memory."""
 
-    def __init__(self) -> None:
-        self._next_id = itertools.count(1)
+    def __init__(self, simulation: cuda_on_cpu.Simulation = cuda_on_cpu.FUZZ) -> None:
+        self.simulation = simulation
+        """What runs these streams, as messages name it (``NotSimulated``)."""
         self.main = SimStream._make(self, 0)
+        self._names = _Names()
         self._local = threading.local()
         self._lock = threading.RLock()
         self.created: list[SimStream] = []
@@ -307,17 +483,35 @@ class SimStreams:
         work done (the lifetime checker's answer); None: every poll says done."""
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
-        s = SimStream._make(self, next(self._next_id), priority)
+        stream_id = next(_stream_ids)
+        s = SimStream._make(self, stream_id, priority, self._names.of(stream_id, site_name()))
+        _STREAMS[stream_id] = s
+        self._add(s)
+        return s
+
+    def _add(self, s: SimStream) -> None:
         self.created.append(s)
         self._by_id[s.stream_id] = s
         self.emit("new_stream", s)
-        return s
+
+    def adopt(self, s: SimStream) -> None:
+        """Make a stream an earlier run made (a module-level cache of streams)
+        one of these: the listeners see it from now on, as a new stream
+        whose work so far is done, as an earlier run's is for the checker."""
+        with self._lock:
+            if s._api is self:
+                return
+            s._api = self
+            if s.stream_id != 0 and s.stream_id not in self._by_id:
+                self._add(s)
 
     @contextlib.contextmanager
     def stream(self, s: Any) -> Iterator[None]:
         if s is None:
             yield
             return
+        if isinstance(s, SimStream) and s._api is not self:
+            self.adopt(s)
         before, self._current = self._current, s
         try:
             yield
@@ -337,6 +531,8 @@ class SimStreams:
         return self._current
 
     def set_stream(self, s: SimStream) -> None:
+        if isinstance(s, SimStream) and s._api is not self:
+            self.adopt(s)
         self._current = s
 
     def Event(self, **kwargs: Any) -> SimEvent:  # noqa: N802
@@ -373,12 +569,22 @@ class SimStreams:
 
     def by_id(self, stream_id: int) -> SimStream:
         """The simulated stream behind a plain ``torch.Stream`` seen by aten."""
-        return self._by_id[stream_id]
+        s = self._by_id.get(stream_id)
+        if s is None:
+            s = _STREAMS[stream_id]
+            self.adopt(s)
+        return s
 
     def name_of(self, s: SimStream) -> str:
+        """A stream's name in findings (see ``site_name``)."""
         if s.stream_id == 0:
             return "main"
-        return f"side{s.stream_id}"
+        return self._names.of(s.stream_id, s._name)
+
+    def name_stream(self, s: SimStream, name: str) -> None:
+        """Call ``s`` ``name`` in findings, in this run and later ones."""
+        s._name = name
+        self._names.rename(s.stream_id, name)
 
     def emit(self, what: str, *args: Any) -> None:
         with self._lock:  # one event at a time, from whichever thread
@@ -428,7 +634,8 @@ class SimStreams:
         _ACTIVE.append(self)
         ended = False
         try:
-            with cuda_on_cpu.session(self) as memory, threads.modes_follow_threads():
+            with cuda_on_cpu.session(self, self.simulation) as memory, \
+                    threads.modes_follow_threads():
                 self.memory = memory
                 with _SimDispatch(self):
                     yield
