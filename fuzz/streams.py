@@ -314,6 +314,9 @@ _stream_ids = itertools.count(1)
 """Simulated stream ids, unique in the process: a stream kept from an earlier
 run is never taken for one of the current run's."""
 
+_handle_keys = itertools.count(1)
+"""Work handles' keys among the listeners' events, unique in the process too."""
+
 _STREAMS: weakref.WeakValueDictionary[int, SimStream] = weakref.WeakValueDictionary()
 """Every simulated stream still alive, by id: aten names a stream by its id
 only (``record_stream``), and it may be one an earlier run made."""
@@ -366,7 +369,6 @@ class SimStreams:
         """The work handles of async calls handed to the program (``_Handle``),
         kept for the example: C++ holds them only through their boxed form, and
         the program must get these objects back, not a bare ``Work``."""
-        self._handle_keys = itertools.count(1)
         self.memory = cuda_on_cpu.Memory()
         self._polls_unfinished = 0
         self.unfinished: Callable[[Any], bool] | None = None
@@ -765,21 +767,29 @@ class _Handle(Work):
         # as the program keeps them.
         self._api, self._source = api, source
         self._result = [weakref.ref(t) for t in result]
-        self.key = ("work", next(api._handle_keys))
+        self.key = ("work", next(_handle_keys))
         """The handle's event among the listeners' events."""
         self.stream, self.stream_name = _backend_stream(func, args, kwargs, source)
         """The backend stream the call runs on: its key and its name in reports."""
         api.handles.append(self)
 
+    def _now(self) -> SimStreams:
+        """The simulated streams running now (a handle kept from an earlier run
+        is theirs), else its own: with none running its data has landed."""
+        if _ACTIVE:
+            self._api = _ACTIVE[-1]
+        return self._api
+
     def wait(self, *args: Any, **kwargs: Any) -> bool:
-        self._api.emit("wait_work", self, self._api.current_stream())
+        api = self._now()
+        api.emit("wait_work", self, api.current_stream())
         return True
 
     def synchronize(self) -> None:
         self.wait()
 
     def is_completed(self) -> bool:
-        return self._api.answer_poll(self)
+        return self._now().answer_poll(self)
 
     def is_success(self) -> bool:
         return True
