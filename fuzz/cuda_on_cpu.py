@@ -492,6 +492,32 @@ class _GenericStream(metaclass=_StreamType):
         return SimStream(priority=priority)
 
 
+TORCH_GENERATOR = torch.Generator
+"""torch's own ``Generator``: a session swaps ``_Generator`` in for it."""
+
+
+class _GeneratorType(type):
+    """``isinstance`` and ``issubclass`` against the stand-in ask torch's own ``Generator``."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, TORCH_GENERATOR)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, TORCH_GENERATOR)
+
+
+class _Generator(metaclass=_GeneratorType):
+    """``torch.Generator(device="cuda")``, as engines make one to sample on the
+    device: a CPU generator, which the device's factory calls (CPU calls here)
+    take."""
+
+    def __new__(cls, device: Any = "cpu") -> Any:
+        if _is_cuda(device):
+            _check_index(device)
+            device = "cpu"
+        return TORCH_GENERATOR(device)
+
+
 _KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
                    "cast", "lru_cache", "classproperty", "NewType", "Any", "Callable",
                    "Optional"})
@@ -592,6 +618,7 @@ def session(api: Any, simulation: Simulation = FUZZ) -> Iterator[Memory]:
         stack.enter_context(_patched(torch.accelerator, accel))
         stack.enter_context(_patched(torch.cuda.graphs, _cuda_graphs()))
         stack.enter_context(_patched(torch.cuda.nvtx, _nvtx_patches()))
-        stack.enter_context(_patched(torch, {"Event": _torch_event, "Stream": _GenericStream}))
+        stack.enter_context(_patched(torch, {"Event": _torch_event, "Stream": _GenericStream,
+                                             "Generator": _Generator}))
         stack.enter_context(_DeviceMode(memory))
         yield memory

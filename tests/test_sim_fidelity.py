@@ -70,6 +70,20 @@ def test_a_device_passed_back_into_torch_makes_device_memory(device, waits):
     del y
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_generator_on_the_device_samples_device_memory(device):
+    """Verdict: clean; a seeded ``torch.Generator(device="cuda")`` repeats itself."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        draws = []
+        for _ in range(2):
+            g = torch.Generator(device="cuda")
+            g.manual_seed(7)
+            assert isinstance(g, torch.Generator)
+            draws.append(torch.randn(4, device="cuda", generator=g))
+        assert draws[0].is_cuda and torch.equal(draws[0], draws[1])
+    assert check.findings == []
+
+
 # -- meta, and the default device ----------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 def test_meta_stays_meta_and_materializes_as_device_memory(device):
