@@ -11,10 +11,18 @@ For the duration of one example (``session``), inside the rank process only:
 * a torch-function mode rewrites every ``cuda`` device to ``cpu`` before torch
   parses the arguments (so nothing initialises CUDA), turns ``pin_memory``
   into a plain host copy, and keeps ``.cuda()``/``.to("cuda")`` copies;
+  a tensor that stands for device memory answers ``cuda:0`` wherever code
+  asks its device (``device``, ``is_cuda``, ``get_device``), since engine
+  code takes its GPU path only when it sees one; ``torch.set_default_device``
+  and ``with torch.device("cuda")`` make device memory;
 * ``Memory`` remembers which CPU storages stand for device memory and which
   for pinned or pageable host memory, since CPU tensors stand for all three.
+  Meta tensors stay meta: engine code that builds a model on ``meta`` and
+  materializes it on ``cuda`` gets device memory.
 
-What is not simulated raises ``NotSimulated``: one line naming the call.
+What is not simulated raises ``NotSimulated``: one line naming the call, and
+how to run it on a GPU in the words of whatever runs the simulation
+(``Simulation``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.utils._device as _default_device
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
@@ -37,6 +46,8 @@ from fuzz.oracles.lifetime import PAGEABLE, PINNED, tensors_in
 
 _expired = torch.UntypedStorage._expired
 """``StorageWeakRef.expired`` on its ``cdata``, without two Python calls: asked at every op."""
+_DEVICE_OF = torch.Tensor.device.__get__
+_IS_CPU = torch.Tensor.is_cpu.__get__
 
 DEVICE = torch.device("cuda", 0)
 """The device a target sees on the simulation (``ctx.device``)."""
@@ -70,12 +81,34 @@ SIMULATED_DEVICE = DeviceProperties()
 """The one simulated device's properties; ``get_device_capability`` is its (major, minor)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+    """What runs the simulation, as its messages name it to the user: where it
+    runs, and how to run the same code on a GPU."""
+
+    where: str
+    on_gpu: str
+
+
+FUZZ = Simulation("on --device cpu", "run this target with --device cuda")
+"""A fuzz target on ``--device cpu``; ``streamfuzz.checked`` passes its own words."""
+
+_running: list[Simulation] = []
+"""The simulation of the session now open (innermost last)."""
+
+
+def running() -> Simulation | None:
+    """The simulation now open, or None outside every session."""
+    return _running[-1] if _running else None
+
+
 class NotSimulated(FuzzError, RuntimeError):
     """A CUDA feature the CPU simulation does not model."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(f"{what} is not simulated on --device cpu (see the README's "
-                         f"'CUDA on CPU'); run this target with --device cuda")
+        sim = running() or FUZZ
+        super().__init__(f"{what} is not simulated {sim.where} (see the README's "
+                         f"'CUDA on CPU'); {sim.on_gpu}")
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -145,15 +178,17 @@ class Memory:
         if kind is None:
             kind = DEVICE_KIND if any(self.is_device(t) for t in tensors_in(args)) else PAGEABLE
         for t in fresh:
-            self.mark(t, kind)
+            if not t.is_meta:  # a meta tensor has no memory, here as on a GPU
+                self.mark(t, kind)
 
 
 def _is_cuda(device: Any) -> bool:
+    """Whether a ``device`` argument names the CUDA device (an index does, as in torch)."""
     if isinstance(device, torch.device):
         return device.type == "cuda"
     if isinstance(device, str):
         return device == "cuda" or device.startswith("cuda:")
-    return False
+    return isinstance(device, int) and not isinstance(device, bool)
 
 
 def _check_index(device: Any) -> None:
@@ -185,6 +220,13 @@ class _DeviceMode(TorchFunctionMode):
             if kwargs.get("pin_memory"):
                 kwargs = dict(kwargs, pin_memory=False)
                 making = PINNED
+        if (_default_device.CURRENT_DEVICE is not None and making is None and special is None
+                and kwargs.get("device") is None and _is_cuda(_default_device.CURRENT_DEVICE)
+                and func in _default_device._device_constructors()):
+            # torch's default device (set_default_device, ``with torch.device``) is cuda:
+            # a factory call makes device memory, as torch would give it the device.
+            kwargs = dict(kwargs, device="cpu")
+            making = DEVICE_KIND
         stages.enter(stages.RUNNER)
         try:
             if special is not None:
@@ -205,9 +247,35 @@ def _making(memory: Memory, kind: str, func: Any, *args: Any, **kwargs: Any) -> 
         memory.making = before
 
 
+def _device(memory: Memory, t: torch.Tensor) -> torch.device:
+    """``Tensor.device``: the CUDA device for device memory."""
+    return DEVICE if memory.is_device(t) else _DEVICE_OF(t)
+
+
+def _is_cuda_tensor(memory: Memory, t: torch.Tensor) -> bool:
+    return memory.is_device(t)
+
+
+def _is_cpu_tensor(memory: Memory, t: torch.Tensor) -> bool:
+    return not memory.is_device(t) and _IS_CPU(t)
+
+
+def _get_device(memory: Memory, t: torch.Tensor) -> int:
+    return DEVICE.index if memory.is_device(t) else torch.Tensor.get_device(t)
+
+
+def _type(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """``Tensor.type()``: ``torch.cuda.FloatTensor`` for device memory; a cast as torch's."""
+    out = torch.Tensor.type(t, *args, **kwargs)
+    if not args and not kwargs and memory.is_device(t):
+        return out.replace("torch.", "torch.cuda.", 1)
+    return out
+
+
 def _to(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """``Tensor.to``: a copy whenever the memory kind changes, as on CUDA."""
-    args = list(args)
+    """``Tensor.to``: a copy whenever the memory kind changes, as on CUDA. A
+    device other than the CPU and CUDA (``meta``) is torch's own."""
+    given, args = args, list(args)
     target = kwargs.get("device")
     where = "device" if target is not None else None
     if target is None and args:
@@ -216,11 +284,13 @@ def _to(memory: Memory, t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Ten
                                                        and not isinstance(first, bool)):
             target, where = first, 0
         elif isinstance(first, torch.Tensor):
-            target = DEVICE if memory.is_device(first) else "cpu"
+            target = DEVICE if memory.is_device(first) else _DEVICE_OF(first)
             args[0] = first.dtype
     if target is None:
         return torch.Tensor.to(t, *args, **kwargs)
-    to_device = _is_cuda(target) or (isinstance(target, int) and not isinstance(target, bool))
+    to_device = _is_cuda(target)
+    if not to_device and torch.device(target).type != "cpu":
+        return torch.Tensor.to(t, *given, **kwargs)
     if where == "device":
         kwargs["device"] = "cpu"
     elif where == 0:
@@ -281,6 +351,11 @@ def _host_read(method: Any) -> Any:
 
 
 _METHODS: dict[Any, Any] = {
+    _DEVICE_OF: _device,
+    torch.Tensor.is_cuda.__get__: _is_cuda_tensor,
+    _IS_CPU: _is_cpu_tensor,
+    torch.Tensor.get_device: _get_device,
+    torch.Tensor.type: _type,
     torch.Tensor.to: _to,
     torch.Tensor.cuda: _cuda,
     torch.Tensor.cpu: _cpu,
@@ -417,6 +492,32 @@ class _GenericStream(metaclass=_StreamType):
         return SimStream(priority=priority)
 
 
+TORCH_GENERATOR = torch.Generator
+"""torch's own ``Generator``: a session swaps ``_Generator`` in for it."""
+
+
+class _GeneratorType(type):
+    """``isinstance`` and ``issubclass`` against the stand-in ask torch's own ``Generator``."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, TORCH_GENERATOR)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, TORCH_GENERATOR)
+
+
+class _Generator(metaclass=_GeneratorType):
+    """``torch.Generator(device="cuda")``, as engines make one to sample on the
+    device: a CPU generator, which the device's factory calls (CPU calls here)
+    take."""
+
+    def __new__(cls, device: Any = "cpu") -> Any:
+        if _is_cuda(device):
+            _check_index(device)
+            device = "cpu"
+        return TORCH_GENERATOR(device)
+
+
 _KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
                    "cast", "lru_cache", "classproperty", "NewType", "Any", "Callable",
                    "Optional"})
@@ -487,8 +588,22 @@ def _patched(module: Any, values: dict[str, Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def session(api: Any) -> Iterator[Memory]:
-    """torch.cuda and torch.accelerator on ``api``'s simulated streams, for one example."""
+def _default_device_kept() -> Iterator[None]:
+    """torch's default device as it was before the session, after it: a
+    ``set_default_device("cuda")`` inside means the simulated device, which
+    is gone once the session ends."""
+    before = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    try:
+        yield
+    finally:
+        if getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is not before:
+            torch.set_default_device(before.device if before is not None else None)
+
+
+@contextlib.contextmanager
+def session(api: Any, simulation: Simulation = FUZZ) -> Iterator[Memory]:
+    """torch.cuda and torch.accelerator on ``api``'s simulated streams, for one
+    example or block; ``simulation`` names what runs it in messages."""
     memory = Memory(api.host_read)
     cuda = _cuda_patches(api)
     cuda.update(_unsimulated(torch.cuda, frozenset(cuda)))
@@ -496,10 +611,14 @@ def session(api: Any) -> Iterator[Memory]:
     accel = _accelerator_patches(api)
     accel.update(_unsimulated(torch.accelerator, frozenset(accel)))
     with contextlib.ExitStack() as stack:
+        _running.append(simulation)
+        stack.callback(_running.pop)
+        stack.enter_context(_default_device_kept())
         stack.enter_context(_patched(torch.cuda, cuda))
         stack.enter_context(_patched(torch.accelerator, accel))
         stack.enter_context(_patched(torch.cuda.graphs, _cuda_graphs()))
         stack.enter_context(_patched(torch.cuda.nvtx, _nvtx_patches()))
-        stack.enter_context(_patched(torch, {"Event": _torch_event, "Stream": _GenericStream}))
+        stack.enter_context(_patched(torch, {"Event": _torch_event, "Stream": _GenericStream,
+                                             "Generator": _Generator}))
         stack.enter_context(_DeviceMode(memory))
         yield memory

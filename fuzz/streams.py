@@ -26,9 +26,17 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fuzz import cuda_on_cpu, stages, threads
 from fuzz.cuda_on_cpu import storage_key
 from fuzz.dispatch_mode import BROADCAST, RECORD_STREAM, DispatchMode, run_op, unobserved
+from fuzz.errors import FuzzError
 from fuzz.oracles.lifetime import tensors_in
+from fuzz.stream_names import Names, site_name
 
 Listener = Callable[..., None]
+
+
+_CUDA_SITES: dict[int, str] = {}
+"""Each real CUDA stream's own name, by handle (``CudaStreams``): a stream
+made in one block and used in a later one keeps it. torch hands out streams
+from a pool, so a handle made again takes the newer stream's name."""
 
 
 class CudaStreams:
@@ -44,12 +52,26 @@ class CudaStreams:
         self.device = device
         self.gates = gates
         self.created: list[Any] = []
+        self._names = Names()
 
     def Stream(self, priority: int = 0) -> torch.cuda.Stream:  # noqa: N802 - torch's name
         s = torch.cuda.Stream(self.device, priority=priority)
         if not any(c is s for c in self.created):  # a session notes it already
-            self.created.append(s)
+            self._note(s)
         return s
+
+    def _note(self, s: Any) -> None:
+        self.created.append(s)
+        _CUDA_SITES[s.cuda_stream] = self._names.of(s.cuda_stream, site_name())
+
+    def name_of(self, handle: int) -> str:
+        """A stream's name in findings, by its handle (see ``site_name``)."""
+        return self._names.of(handle, _CUDA_SITES.get(handle, f"stream{handle:#x}"))
+
+    def name_stream(self, s: Any, name: str) -> None:
+        """Call ``s`` ``name`` in findings, in this run and later ones."""
+        _CUDA_SITES[s.cuda_stream] = name
+        self._names.rename(s.cuda_stream, name)
 
     def stream(self, s: Any) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(s)
@@ -83,7 +105,7 @@ class CudaStreams:
         """Note the streams a target makes with ``torch.cuda.Stream`` too: the
         scenario's holds and churn use its first one as "side"."""
         real = torch.cuda.Stream
-        created = self.created
+        note = self._note
 
         class _Noted(real):  # type: ignore[valid-type, misc]
             def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -91,7 +113,7 @@ class CudaStreams:
                 # torch.cuda.current_stream() wraps an existing stream through this
                 # class too (stream_id=...): only a new stream is the target's.
                 if "stream_id" not in kwargs:
-                    created.append(s)
+                    note(s)
                 return s
 
         torch.cuda.Stream = _Noted
@@ -138,25 +160,38 @@ class SimStream(cuda_on_cpu.TORCH_STREAM):
     """A CPU stream that exists only as an identity and a clock for listeners.
 
     Under CUDA on CPU it is also ``torch.cuda.Stream``: ``SimStream()`` then
-    makes a new stream of the example's simulated streams.
+    makes a new stream of the example's simulated streams. A stream made in
+    an earlier example or block (kept in a module-level cache) belongs to the
+    one running when it is used (``SimStreams.adopt``): its ids are unique in
+    the process, and the default stream (id 0) is every run's ``main``.
     """
 
     _api: SimStreams
 
     def __new__(cls, device: Any = None, priority: int = 0, **_: Any) -> SimStream:
-        return _active().Stream(priority)
+        return _active("torch.cuda.Stream()").Stream(priority)
 
     PRIORITIES = (0, -3)
     """``priority_range()``: (least, greatest), what torch gives on current GPUs."""
 
     @classmethod
-    def _make(cls, api: SimStreams, stream_id: int, priority: int = 0) -> SimStream:
+    def _make(cls, api: SimStreams, stream_id: int, priority: int = 0,
+              name: str = "main") -> SimStream:
         self = cuda_on_cpu.TORCH_STREAM.__new__(cls, stream_id=stream_id, device_type=0,
                                                 device_index=0)
         self._api = api
+        self._name = name
+        """Its own name in findings: its creation site's, or the user's (``site_name``)."""
         least, greatest = cls.PRIORITIES
         self._priority = min(least, max(greatest, priority))  # clamped, as CUDA does
         return self
+
+    def _now(self, what: str) -> SimStreams:
+        """The simulated streams running now, this stream among them."""
+        api = _active(what)
+        if api is not self._api:
+            api.adopt(self)
+        return api
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -179,32 +214,36 @@ class SimStream(cuda_on_cpu.TORCH_STREAM):
         return SimStream.PRIORITIES
 
     def wait_stream(self, other: Any) -> None:  # type: ignore[override]
-        self._api.emit("wait_stream", self, other)
+        api = self._now("torch.cuda.Stream.wait_stream")
+        if isinstance(other, SimStream) and other._api is not api:
+            api.adopt(other)
+        api.emit("wait_stream", self, other)
 
     def wait_event(self, event: Any) -> None:  # type: ignore[override]
         event.wait(self)
 
     def record_event(self, event: Any = None) -> SimEvent:  # type: ignore[override]
-        event = event or self._api.Event()
+        event = event or self._now("torch.cuda.Stream.record_event").Event()
         event.record(self)
         return event
 
     def synchronize(self) -> None:  # type: ignore[override]
-        self._api.emit("sync_stream", self)
+        self._now("torch.cuda.Stream.synchronize").emit("sync_stream", self)
 
     def query(self) -> bool:  # type: ignore[override]
         """True unless the scenario holds this poll (``SimStreams.hold_polls``).
         A program that goes on because of a True has seen the stream's work
         done, as a host polling until True on a GPU has: a synchronize for
         the listeners."""
-        if not self._api.answer_poll(self):
+        if not self._now("torch.cuda.Stream.query").answer_poll(self):
             return False
         self.synchronize()
         return True
 
     def __enter__(self) -> SimStream:
-        self._entered = self._api.current_stream()
-        self._api.set_stream(self)
+        api = self._now("torch.cuda.stream(...)")
+        self._entered = api.current_stream()
+        api.set_stream(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -230,30 +269,40 @@ class SimEvent:
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False,
                  interprocess: bool = False, *, _api: SimStreams | None = None) -> None:
-        self._api = _api if _api is not None else _active()
+        self._api = _api if _api is not None else _active("torch.cuda.Event()")
         self.event_id = next(self._ids)
-        self.recorded = False
         self._at = 0.0
 
+    def _now(self, what: str) -> SimStreams:
+        """The simulated streams running now: an event made in an earlier run
+        is this one's (a wait for a record the run never saw waits for nothing)."""
+        self._api = _active(what)
+        return self._api
+
     def record(self, stream: Any = None) -> None:
-        stream = stream or self._api.current_stream()
-        self.recorded = True
+        api = self._now("torch.cuda.Event.record")
+        stream = stream or api.current_stream()
+        if isinstance(stream, SimStream) and stream._api is not api:
+            api.adopt(stream)
         self._at = time.perf_counter()
-        self._api.emit("record_event", self, stream)
+        api.emit("record_event", self, stream)
 
     def wait(self, stream: Any = None) -> None:
-        stream = stream or self._api.current_stream()
-        self._api.emit("wait_event", stream, self)
+        api = self._now("torch.cuda.Event.wait")
+        stream = stream or api.current_stream()
+        if isinstance(stream, SimStream) and stream._api is not api:
+            api.adopt(stream)
+        api.emit("wait_event", stream, self)
 
     def query(self) -> bool:
         """As ``SimStream.query``: True and a synchronize, unless the poll is held."""
-        if not self._api.answer_poll(self):
+        if not self._now("torch.cuda.Event.query").answer_poll(self):
             return False
         self.synchronize()
         return True
 
     def synchronize(self) -> None:
-        self._api.emit("sync_event", self)
+        self._now("torch.cuda.Event.synchronize").emit("sync_event", self)
 
     def elapsed_time(self, end: SimEvent) -> float:
         """Host time between the two records, in ms: every op ran when it was issued."""
@@ -262,11 +311,30 @@ class SimEvent:
 
 _ACTIVE: list[SimStreams] = []
 
+_stream_ids = itertools.count(1)
+"""Simulated stream ids, unique in the process: a stream kept from an earlier
+run is never taken for one of the current run's."""
 
-def _active() -> SimStreams:
+_handle_keys = itertools.count(1)
+"""Work handles' keys among the listeners' events, unique in the process too."""
+
+_STREAMS: weakref.WeakValueDictionary[int, SimStream] = weakref.WeakValueDictionary()
+"""Every simulated stream still alive, by id: aten names a stream by its id
+only (``record_stream``), and it may be one an earlier run made."""
+
+
+class NoSimulation(FuzzError, RuntimeError):
+    """A simulated stream or event used while no simulation runs."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: simulated CUDA streams and events work only while an "
+                         f"example runs on --device cpu or a streamfuzz.checked(device=\"cpu\") "
+                         f"block runs, and none does now")
+
+
+def _active(what: str = "a simulated CUDA stream") -> SimStreams:
     if not _ACTIVE:
-        raise RuntimeError("simulated CUDA streams exist only while an example runs "
-                           "on --device cpu")
+        raise NoSimulation(what)
     return _ACTIVE[-1]
 
 
@@ -281,9 +349,11 @@ class SimStreams:
     device = cuda_on_cpu.DEVICE
     """What ``ctx.device`` is: tensors made on it stand for device memory."""
 
-    def __init__(self) -> None:
-        self._next_id = itertools.count(1)
+    def __init__(self, simulation: cuda_on_cpu.Simulation = cuda_on_cpu.FUZZ) -> None:
+        self.simulation = simulation
+        """What runs these streams, as messages name it (``NotSimulated``)."""
         self.main = SimStream._make(self, 0)
+        self._names = Names()
         self._local = threading.local()
         self._lock = threading.RLock()
         self.created: list[SimStream] = []
@@ -300,7 +370,6 @@ class SimStreams:
         """The work handles of async calls handed to the program (``_Handle``),
         kept for the example: C++ holds them only through their boxed form, and
         the program must get these objects back, not a bare ``Work``."""
-        self._handle_keys = itertools.count(1)
         self.memory = cuda_on_cpu.Memory()
         self._polls_unfinished = 0
         self.unfinished: Callable[[Any], bool] | None = None
@@ -308,17 +377,35 @@ class SimStreams:
         work done (the lifetime checker's answer); None: every poll says done."""
 
     def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
-        s = SimStream._make(self, next(self._next_id), priority)
+        stream_id = next(_stream_ids)
+        s = SimStream._make(self, stream_id, priority, self._names.of(stream_id, site_name()))
+        _STREAMS[stream_id] = s
+        self._add(s)
+        return s
+
+    def _add(self, s: SimStream) -> None:
         self.created.append(s)
         self._by_id[s.stream_id] = s
         self.emit("new_stream", s)
-        return s
+
+    def adopt(self, s: SimStream) -> None:
+        """Make a stream an earlier run made (a module-level cache of streams)
+        one of these: the listeners see it from now on, as a new stream
+        whose work so far is done, as an earlier run's is for the checker."""
+        with self._lock:
+            if s._api is self:
+                return
+            s._api = self
+            if s.stream_id != 0 and s.stream_id not in self._by_id:
+                self._add(s)
 
     @contextlib.contextmanager
     def stream(self, s: Any) -> Iterator[None]:
         if s is None:
             yield
             return
+        if isinstance(s, SimStream) and s._api is not self:
+            self.adopt(s)
         before, self._current = self._current, s
         try:
             yield
@@ -338,6 +425,8 @@ class SimStreams:
         return self._current
 
     def set_stream(self, s: SimStream) -> None:
+        if isinstance(s, SimStream) and s._api is not self:
+            self.adopt(s)
         self._current = s
 
     def Event(self, **kwargs: Any) -> SimEvent:  # noqa: N802
@@ -374,12 +463,22 @@ class SimStreams:
 
     def by_id(self, stream_id: int) -> SimStream:
         """The simulated stream behind a plain ``torch.Stream`` seen by aten."""
-        return self._by_id[stream_id]
+        s = self._by_id.get(stream_id)
+        if s is None:
+            s = _STREAMS[stream_id]
+            self.adopt(s)
+        return s
 
     def name_of(self, s: SimStream) -> str:
+        """A stream's name in findings (see ``site_name``)."""
         if s.stream_id == 0:
             return "main"
-        return f"side{s.stream_id}"
+        return self._names.of(s.stream_id, s._name)
+
+    def name_stream(self, s: SimStream, name: str) -> None:
+        """Call ``s`` ``name`` in findings, in this run and later ones."""
+        s._name = name
+        self._names.rename(s.stream_id, name)
 
     def emit(self, what: str, *args: Any) -> None:
         with self._lock:  # one event at a time, from whichever thread
@@ -429,7 +528,8 @@ class SimStreams:
         _ACTIVE.append(self)
         ended = False
         try:
-            with cuda_on_cpu.session(self) as memory, threads.modes_follow_threads():
+            with cuda_on_cpu.session(self, self.simulation) as memory, \
+                    threads.modes_follow_threads():
                 self.memory = memory
                 with _SimDispatch(self):
                     yield
@@ -668,21 +768,29 @@ class _Handle(Work):
         # as the program keeps them.
         self._api, self._source = api, source
         self._result = [weakref.ref(t) for t in result]
-        self.key = ("work", next(api._handle_keys))
+        self.key = ("work", next(_handle_keys))
         """The handle's event among the listeners' events."""
         self.stream, self.stream_name = _backend_stream(func, args, kwargs, source)
         """The backend stream the call runs on: its key and its name in reports."""
         api.handles.append(self)
 
+    def _now(self) -> SimStreams:
+        """The simulated streams running now (a handle kept from an earlier run
+        is theirs), else its own: with none running its data has landed."""
+        if _ACTIVE:
+            self._api = _ACTIVE[-1]
+        return self._api
+
     def wait(self, *args: Any, **kwargs: Any) -> bool:
-        self._api.emit("wait_work", self, self._api.current_stream())
+        api = self._now()
+        api.emit("wait_work", self, api.current_stream())
         return True
 
     def synchronize(self) -> None:
         self.wait()
 
     def is_completed(self) -> bool:
-        return self._api.answer_poll(self)
+        return self._now().answer_poll(self)
 
     def is_success(self) -> bool:
         return True

@@ -109,10 +109,16 @@ class Check:
         # frame is on the stack there (the plugin's block ends inside pytest).
         self._end_frames: tuple[tuple[str, int, str], ...] = ()
 
-    def name(self, tensor: torch.Tensor, name: str) -> None:
-        """Call ``tensor``'s storage ``name`` in findings (as the fuzzer names ``idx_mapping``)."""
-        if self._checker is not None:
-            self._checker.name(tensor, name)
+    def name(self, what: torch.Tensor | torch.Stream, name: str) -> None:
+        """Call a tensor's storage, or a stream, ``name`` in findings (as the
+        fuzzer names ``idx_mapping``). A stream is otherwise named after the
+        variable or attribute it was assigned to where it was made."""
+        if self._checker is None:
+            return
+        if isinstance(what, torch.Tensor):
+            self._checker.name(what, name)
+        else:
+            self._checker.name_stream(what, name)
 
     def __enter__(self) -> Check:
         global _active
@@ -195,10 +201,12 @@ def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
             if checker is not None:
                 checker.detach()
         return
+    from fuzz.cuda_on_cpu import Simulation
     from fuzz.oracles.lifetime import LifetimeChecker
     from fuzz.streams import SimStreams
 
-    streams = SimStreams()
+    streams = SimStreams(Simulation('under streamfuzz.checked(device="cpu")',
+                                    'run the block under checked(device="cuda") on a GPU'))
     checker = LifetimeChecker(streams, group_rank=_group.rank()).attach() if check else None
     streams.hold_polls(pending_polls)
     try:

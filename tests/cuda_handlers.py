@@ -6,6 +6,7 @@ that unmodified torch.cuda code runs on the CPU simulation.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import deque
 
@@ -184,3 +185,24 @@ class GenericStreamPreFix(PlainPreFix):
     def __init__(self, ctx) -> None:  # noqa: ANN001
         super().__init__(ctx)
         self.side = torch.Stream(device=ctx.device)
+
+
+@functools.cache
+def _process_streams() -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    """The streams an engine keeps for the life of its process (made in the first
+    example that asks, used by every later one)."""
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    return main, side
+
+
+class CachedStreamsPreFix(PlainPreFix):
+    """``PlainPreFix`` on streams cached for the process, not made per handler."""
+
+    def __init__(self, ctx) -> None:  # noqa: ANN001
+        self.src, self.group, self.k = ctx.last_rank, ctx.group, ctx.num_spec_steps
+        self.main, self.side = _process_streams()
+        self.parked: deque = deque()
+
+
+class CachedStreamsMainGather(CachedStreamsPreFix, PlainMainGather):
+    """``PlainMainGather`` on streams cached for the process: clean."""

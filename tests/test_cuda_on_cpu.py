@@ -24,7 +24,9 @@ def test_cuda_devices_become_cpu_tensors_that_stand_for_device_memory():
         made = [torch.empty(3, device="cuda"), torch.zeros(2, device=torch.device("cuda", 0)),
                 torch.tensor([1, 2], device="cuda:0"), torch.arange(4, device=api.device),
                 torch.full((2,), 7, device="cuda")]
-        assert all(t.device.type == "cpu" and mem.kind(t) == "device" for t in made)
+        # CPU memory underneath, standing for device memory, and answering as such.
+        assert all(t.untyped_storage().device.type == "cpu" and mem.kind(t) == "device"
+                   and t.device == torch.device("cuda", 0) for t in made)
         host = torch.tensor([1, 2])
         assert mem.kind(host) == "pageable" and not host.is_pinned()
         pinned = host.pin_memory()

@@ -45,7 +45,7 @@ def test_wait_stream_does_not_order_the_host():
     assert f.kind == "race"
     assert f.message.startswith("read-after-write race on a tensor int64[4] made by "
                                    "aten.empty.memory_format: the host reads it "
-                                   "(Tensor.tolist) unordered with side1's write (aten.copy_)")
+                                   "(Tensor.tolist) unordered with side's write (aten.copy_)")
 
 
 def test_without_any_wait_the_reader_is_named_the_host_not_main():
@@ -108,7 +108,7 @@ def test_the_host_rewriting_a_pinned_buffer_a_pending_upload_reads():
 
     (f,) = _run(body)
     assert f.kind == "race"
-    assert "the host writes it" in f.message and "unordered with side1's read" in f.message
+    assert "the host writes it" in f.message and "unordered with side's read" in f.message
 
 
 def test_a_pinned_buffer_freed_with_an_upload_pending_is_not_a_lifetime_failure():

@@ -993,6 +993,11 @@ class LifetimeChecker(TensorTracker):
              made_by: str = "a host copy") -> None:
         super().name(t, name, self._sid(s or self.streams.current_stream()), made_by)
 
+    def name_stream(self, s: Any, name: str) -> None:
+        """Call stream ``s`` ``name`` in findings (``streamfuzz.Check.name``)."""
+        self.streams.name_stream(s, name)
+        self.model.stream_names[self._sid(s)] = name
+
     def __call__(self, what: str, *args: Any) -> None:
         self._guarded(self._handle, what, args)
 

@@ -226,12 +226,14 @@ class CudaLifetimeChecker(TensorTracker):
 
     def _sid(self, handle: int) -> int:
         if handle not in self.model.stream_names:
-            name = f"stream{handle:#x}"
-            for i, s in enumerate(self.streams.created):
-                if s.cuda_stream == handle:
-                    name = "side" if i == 0 else f"side{i + 1}"
-            self.model.stream_names[handle] = name
+            # Its creation site's name, or the user's (``CudaStreams.name_of``).
+            self.model.stream_names[handle] = self.streams.name_of(handle)
         return handle
+
+    def name_stream(self, s: Any, name: str) -> None:
+        """Call stream ``s`` ``name`` in findings (``streamfuzz.Check.name``)."""
+        self.streams.name_stream(s, name)
+        self.model.stream_names[s.cuda_stream] = name
 
     def _current(self) -> int:
         # A raw handle at every op: no Stream object made.

@@ -1,0 +1,343 @@
+"""CUDA on CPU that engine code cannot tell from a GPU.
+
+Each probe is a few lines of plain torch.cuda code, written as engine code
+is, under ``streamfuzz.checked``, and states its verdict. Those parametrized
+with ``cuda`` run the same lines on a GPU too, and must agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+
+import streamfuzz
+from fuzz import driver
+from fuzz.cuda_on_cpu import NotSimulated
+from fuzz.options import Oracle, RunOptions
+from fuzz.streams import NoSimulation, SimStreams
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, GPU])]
+
+
+def _kinds(check: streamfuzz.Check) -> list[str]:
+    return [f.kind for f in check.findings]
+
+
+# -- what a tensor says about its device -----------------------------------------------
+def _fused_scale(x: torch.Tensor) -> torch.Tensor:
+    """An engine kernel's guard, as engines write it."""
+    if not x.is_cuda or x.get_device() != 0:
+        raise ValueError(f"fused_scale expects CUDA tensors, got device={x.device}")
+    return x * 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_guard_on_is_cuda_takes_the_gpu_path(device):
+    """Verdict: clean, and the guard passes (device memory says cuda:0, host memory cpu)."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        x = torch.ones(4, device="cuda")
+        assert x.device == torch.device("cuda", 0) and str(x.device) == "cuda:0"
+        assert x.is_cuda and not x.is_cpu and x.get_device() == 0
+        assert _fused_scale(x).is_cuda
+        for host in (torch.ones(4), torch.ones(4).pin_memory(), x.cpu()):
+            assert host.device == torch.device("cpu") and not host.is_cuda
+            assert host.get_device() == -1
+    assert check.findings == []
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_device_passed_back_into_torch_makes_device_memory(device, waits):
+    """Verdict: a race where the side stream reads, unordered, what main wrote
+    into a buffer made on ``x.device``; clean once the side stream waits."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        x = torch.ones(4, device="cuda")
+        made = [x.to(x.device), torch.empty(4, device=x.device), x.new_empty(4),
+                torch.empty_like(x), torch.zeros(4, device=x.device.index)]
+        assert all(t.is_cuda and t.device == x.device for t in made)
+        buf = torch.empty(4, device=x.device)
+        buf.fill_(2)
+        side = torch.cuda.Stream()
+        if waits:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = buf * 2
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_generator_on_the_device_samples_device_memory(device):
+    """Verdict: clean; a seeded ``torch.Generator(device="cuda")`` repeats itself."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        draws = []
+        for _ in range(2):
+            g = torch.Generator(device="cuda")
+            g.manual_seed(7)
+            assert isinstance(g, torch.Generator)
+            draws.append(torch.randn(4, device="cuda", generator=g))
+        assert draws[0].is_cuda and torch.equal(draws[0], draws[1])
+    assert check.findings == []
+
+
+# -- meta, and the default device ----------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_meta_stays_meta_and_materializes_as_device_memory(device):
+    """Verdict: clean; ``meta`` is meta, and materializing on cuda gives device memory."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        x = torch.ones(4, device="cuda")
+        for m in (x.to("meta"), x.to(device="meta"), torch.empty_like(x, device="meta"),
+                  torch.empty(2, device=torch.device("meta"))):
+            assert m.is_meta and m.device.type == "meta" and not m.is_cuda
+        assert torch.empty_like(x.to("meta"), device="cuda").is_cuda
+        layer = torch.nn.Linear(4, 4, device="meta")
+        layer.to_empty(device="cuda")
+        assert layer.weight.is_cuda and not layer.weight.is_meta
+    assert check.findings == []
+
+
+def _load_weights_and_run(wait: bool) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A weight loader as engines write it: build without memory, materialize
+    on the device, copy the weights in on a loader stream, run the layer."""
+    layer = torch.nn.Linear(4, 4, bias=False).to("meta")
+    if layer.weight.is_meta:
+        layer.to_empty(device="cuda")
+    loader = torch.cuda.Stream()
+    host = torch.ones(4, 4).pin_memory()
+    loader.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(loader):
+        layer.weight.data.copy_(host, non_blocking=True)
+    if wait:
+        torch.cuda.current_stream().wait_stream(loader)
+    return layer, layer(torch.ones(1, 4, device="cuda"))
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_weights_loaded_into_a_model_built_on_meta_are_checked(device, waits):
+    """Verdict: a race where the forward reads weights the loader stream is
+    still writing; clean once main waits for the loader."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        out = _load_weights_and_run(waits)
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    assert re.search(r"\bloader\b", "".join(f.message for f in check.findings)) or waits
+    del out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_default_device_cuda_makes_device_memory(device):
+    """Verdict: a race (the side stream reads, unordered, what main wrote into a
+    tensor made with no device argument under ``set_default_device("cuda")``)."""
+    try:
+        with streamfuzz.checked(device=device, collect=True) as check:
+            with torch.device("cuda"):
+                assert torch.zeros(2).is_cuda
+                assert torch.get_default_device() == torch.device("cuda", 0)
+            assert torch.get_default_device() == torch.device("cpu")
+            torch.set_default_device("cuda")
+            x = torch.zeros(4)
+            assert x.is_cuda and torch.get_default_device() == torch.device("cuda", 0)
+            assert torch.zeros(2, device="cpu").is_cpu
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                y = x + 1
+        if device == "cpu":  # the simulated device ends with the block
+            assert torch.get_default_device() == torch.device("cpu")
+    finally:
+        torch.set_default_device(None)
+    assert _kinds(check) == ["race"], check.findings
+    del y
+
+
+# -- streams and events made before the block ------------------------------------------
+@functools.cache
+def _copy_stream(device: str) -> torch.cuda.Stream:
+    """A module-level cache of streams, made in the first block that asks."""
+    return torch.cuda.Stream()
+
+
+def _scale_on_copy_stream(device: str, sync: bool) -> torch.Tensor:
+    s = _copy_stream(device)
+    x = torch.ones(1024, device="cuda")
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * 2
+    if sync:
+        s.synchronize()
+    del x  # freed: safe once the host knows the copy stream is done with it
+    return y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_stream_cached_from_an_earlier_block_is_the_current_blocks(device):
+    """Verdicts, block by block: clean (the stream is made), clean (its
+    synchronize is seen in the second block), lifetime (no synchronize)."""
+    verdicts, messages, distinct = [], [], []
+    for sync in (True, True, False):
+        with streamfuzz.checked(device=device, collect=True) as check:
+            _scale_on_copy_stream(device, sync)
+            distinct.append(torch.cuda.Stream() != _copy_stream(device))
+        verdicts.append(_kinds(check))
+        messages += [f.message for f in check.findings]
+    assert verdicts == [[], [], ["lifetime"]], messages
+    assert all(distinct)  # a new stream is never taken for one of an earlier block
+    # Not assigned to a name where it was made: named after its file and line.
+    assert "while stream test_sim_fidelity.py:" in messages[0], messages
+
+
+@functools.cache
+def _producer(device: str) -> tuple[torch.cuda.Stream, torch.cuda.Event]:
+    side = torch.cuda.Stream()
+    ready = torch.cuda.Event()
+    return side, ready
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_event_cached_from_an_earlier_block_is_the_current_blocks(device):
+    """Verdicts, block by block: clean, clean (main waits for the cached event,
+    recorded in this block), race (main does not wait)."""
+    verdicts = []
+    for wait in (True, True, False):
+        with streamfuzz.checked(device=device, collect=True) as check:
+            side, ready = _producer(device)
+            with torch.cuda.stream(side):
+                x = torch.ones(4, device="cuda")
+                ready.record()
+            if wait:
+                torch.cuda.current_stream().wait_event(ready)
+            y = x * 2
+        verdicts.append(_kinds(check))
+    assert verdicts == [[], [], ["race"]]
+    del x, y
+
+
+_by_device: dict[str, torch.cuda.Stream] = {}
+
+
+def _stream_for(device: torch.device) -> torch.cuda.Stream:
+    """One copy stream per device, as an engine's cache keyed by ``str(device)``."""
+    key = str(device)
+    if key not in _by_device:
+        _by_device[key] = torch.cuda.Stream()
+    return _by_device[key]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_cache_of_streams_keyed_by_str_device_sees_one_device(device):
+    """Verdict: clean; the copy and the wait for it are on one stream."""
+    _by_device.clear()
+    with streamfuzz.checked(device=device, collect=True) as check:
+        dst, src = torch.empty(4, device="cuda"), torch.ones(4, device="cuda")
+        copy = _stream_for(dst.device)
+        copy.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(copy):
+            dst.copy_(src)
+        here = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.current_stream().wait_stream(_stream_for(here))
+        total = dst.sum()
+    assert list(_by_device) == ["cuda:0"]
+    assert check.findings == []
+    del total
+
+
+def test_a_simulated_stream_used_after_its_block_raises_one_line():
+    """Verdict: ``NoSimulation`` at each use, never a sync nobody sees."""
+    with streamfuzz.checked(device="cpu", collect=True):
+        side, done = torch.cuda.Stream(), torch.cuda.Event()
+    for call in (side.synchronize, side.query, lambda: side.wait_stream(side),
+                 done.synchronize, done.record, done.query):
+        with pytest.raises(NoSimulation) as err:
+            call()
+        assert "\n" not in str(err.value) and "checked(device=\"cpu\")" in str(err.value)
+
+
+# -- what is not simulated -----------------------------------------------------------
+def test_what_is_not_simulated_names_the_call_and_how_the_block_runs_on_a_gpu():
+    """Verdict: one ``NotSimulated`` line; under ``checked()`` it names
+    ``checked(device="cuda")``, in a fuzz target the ``--device`` flag."""
+    with pytest.raises(NotSimulated) as err, streamfuzz.checked(device="cpu", collect=True):
+        torch.cuda.memory_allocated()
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("torch.cuda.memory_allocated is not simulated")
+    assert 'checked(device="cuda")' in text and "--device" not in text
+    with pytest.raises(NotSimulated) as err, SimStreams().session():
+        torch.cuda.memory_allocated()
+    assert "--device cuda" in str(err.value) and "checked(" not in str(err.value)
+
+
+# -- stream names ----------------------------------------------------------------------
+class _Loader:
+    def __init__(self) -> None:
+        self.copy_stream = torch.cuda.Stream()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_stream_is_named_after_what_it_was_assigned_to_or_by_the_user(device):
+    """Verdict: one race per stream (each reads, unordered, what main wrote),
+    each naming its stream: an attribute, the user's name, a comprehension's."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        loader = _Loader()
+        quant = torch.cuda.Stream()
+        check.name(quant, "quant")
+        lanes = [torch.cuda.Stream() for _ in range(2)]
+        kept = []
+        for s in (loader.copy_stream, quant, *lanes):
+            kept.append(torch.ones(4, device="cuda"))
+            with torch.cuda.stream(s):
+                kept[-1].sum()
+    text = "\n".join(f.message for f in check.findings)
+    assert _kinds(check) == ["race"] * 4, text
+    for name in ("copy_stream", "quant", r"lanes\[0\]", r"lanes\[1\]"):
+        assert re.search(rf"(^|\s){name} reads it", text, re.M), (name, text)
+    assert "main's write" in text and "side" not in text
+
+
+# -- fuzz targets ----------------------------------------------------------------------
+LIFETIME = RunOptions(oracles={Oracle.LIFETIME})
+
+
+def test_a_target_keeping_its_streams_for_the_process_is_judged_on_them(cpu_pool,
+                                                                        ci_settings):
+    """Verdicts over many examples of one rank process: the correct handler on
+    streams cached at its first example is clean; the pre-fix one is found."""
+    clean = driver.fuzz(cpu_pool, "tests.cuda_handlers:CachedStreamsMainGather", ci_settings,
+                        max_examples=30, seed=0, options=LIFETIME)
+    assert clean.failure is None, clean.failure
+    found = driver.fuzz(cpu_pool, "tests.cuda_handlers:CachedStreamsPreFix", ci_settings,
+                        max_examples=30, seed=0, options=LIFETIME)
+    assert found.failure is not None and found.failure.kind == "lifetime", found.failure
+    assert "while stream side may still use it" in found.failure.message
+
+
+class _HandleOnly:
+    """What the CUDA adapter reads of a ``torch.cuda.Stream``: its handle."""
+
+    handles = iter(range(0xA0, 0x100))
+
+    def __init__(self, device: object = None, priority: int = 0) -> None:
+        self.cuda_stream = next(self.handles)
+
+
+def test_on_cuda_a_stream_is_named_by_its_site_or_the_user(monkeypatch):
+    """The CUDA adapter's names, without a GPU: the same rule as on CPU."""
+    from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
+    from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
+    from fuzz.streams import CudaStreams
+
+    monkeypatch.setattr(torch.cuda, "Stream", _HandleOnly)
+    streams = CudaStreams(torch.device("cuda", 0))
+    copy_stream = streams.Stream()
+    lanes = [streams.Stream() for _ in range(2)]
+    quant = streams.Stream()
+    checker = CudaLifetimeChecker.__new__(CudaLifetimeChecker)  # no GPU: the naming part
+    TensorTracker.__init__(checker, LifetimeModel(0, {0x1: "main"}), 0)
+    checker.streams = streams
+    checker.name_stream(quant, "quant")
+    names = [checker.model.name_of(checker._sid(s.cuda_stream))
+             for s in (copy_stream, *lanes, quant)]
+    assert names == ["copy_stream", "lanes[0]", "lanes[1]", "quant"]
+    assert checker.model.name_of(checker._sid(0xFFFF)) == "stream0xffff"  # made elsewhere
