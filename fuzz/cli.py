@@ -696,6 +696,7 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
                      "first_failure_examples": r.first_failure_examples,
                      "first_failure_s": r.first_failure_s,
                      "first_failure_at": r.first_failure_at, "held_by": r.held,
+                     "gate_timeouts": r.gate_timeouts,
                      "interrupted": r.interrupted,
                      "upstream": targets.provenance(r.target),
                      "coverage": r.coverage.to_dict() if r.coverage else None}
