@@ -363,7 +363,7 @@ def _events(text: str) -> list[dict[str, Any]]:
 _REPORT = re.compile(r"=+ \S")
 """The first line of a report (its later lines are indented under the ``=`` run)."""
 _BANNER = re.compile(r"=+ (COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|"
-                     r"Target application returned|Program hit|\s*$)")
+                     r"Target application returned|\s*$)")
 
 
 def sanitizer_verdict(text: str) -> dict[str, Any]:

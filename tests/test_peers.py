@@ -215,7 +215,7 @@ def test_reports_before_the_first_example_are_the_processs_start_never_a_finding
         _ev(event="ready"), _ev(event="example", checker="none", i=1),
         "========= ERROR SUMMARY: 16 errors"))
     assert start_only["tool_errors"] == 0 and start_only["first"] is None
-    assert "1 report(s) before the first example, not counted" in start_only["summary"]
+    assert "2 report(s) before the first example, not counted" in start_only["summary"]
     later = peers.sanitizer_verdict(_log(
         "========= Invalid __global__ read of size 4 bytes", _ev(event="example", i=1),
         _ev(event="example", i=2), "========= Invalid __global__ write of size 8 bytes",
