@@ -19,3 +19,10 @@ from fuzz.bench import from_process_start
 from fuzz.options import DEFAULT
 print(json.dumps(from_process_start('cuda', 1, '$1', $2, 200, 10.0, DEFAULT, 10.0)))" > "$3" 2>&1
 }
+# The node's card, driver, torch and cores, as the first line of the summary.
+machine() {
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    "$py" -c 'import torch; print("torch", torch.__version__)'; nproc
+  } > "$w/machine.txt" 2>&1
+  say "machine: $(tr '\n' ' ' < "$w/machine.txt")"
+}

@@ -13,10 +13,7 @@ set -uo pipefail
 out=${1:?usage: bench/gpu_goals.sh OUTDIR}
 source "$(dirname "$0")/_steps.sh"
 venv
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  "$py" -c 'import torch; print("torch", torch.__version__)'; nproc
-} > "$w/machine.txt" 2>&1
-say "machine: $(tr '\n' ' ' < "$w/machine.txt")"
+machine
 
 timeout 90 "$py" -m pytest -m gpu -n 8 -q -p no:cacheprovider tests > "$w/gpu-tests.log" 2>&1
 say "GPU tests: exit $? ($(tail -1 "$w/gpu-tests.log"))"

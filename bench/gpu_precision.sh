@@ -9,10 +9,7 @@ out=${1:?usage: bench/gpu_precision.sh OUTDIR [BEFORE]}
 before=${2:-}
 source "$(dirname "$0")/_steps.sh"
 venv
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  "$py" -c 'import torch; print("torch", torch.__version__)'; nproc
-} > "$w/machine.txt" 2>&1
-say "machine: $(tr '\n' ' ' < "$w/machine.txt")"
+machine
 
 timeout 120 "$py" -m pytest -q -p no:cacheprovider -rxs tests/test_precision.py \
     tests/test_gates.py tests/test_findings_text.py > "$w/precision.log" 2>&1

@@ -47,13 +47,17 @@ class _Pattern(MyHandler):
                 self._bcast(t)
 
 
-class ThreeStreams(_Pattern):
-    """Gather on one side stream, record an event; a second side stream and
-    main both wait on it; the second broadcasts."""
+class _GatherThenSend(_Pattern):
+    """Two side streams of its own: one gathers, the other broadcasts."""
 
     def __init__(self, ctx: TargetContext) -> None:
         super().__init__(ctx)
         self.gather, self.comm = torch.cuda.Stream(), torch.cuda.Stream()
+
+
+class ThreeStreams(_GatherThenSend):
+    """Gather on one side stream, record an event; a second side stream and
+    main both wait on it; the second broadcasts."""
 
     def broadcast_drafts(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor | None:
         if not batch.samples:
@@ -116,12 +120,8 @@ class PollUntilDone(_Pattern):
         return send
 
 
-class WaitChain(_Pattern):
+class WaitChain(_GatherThenSend):
     """main -> gather -> comm -> back to main, by ``wait_stream`` alone."""
-
-    def __init__(self, ctx: TargetContext) -> None:
-        super().__init__(ctx)
-        self.gather, self.comm = torch.cuda.Stream(), torch.cuda.Stream()
 
     def broadcast_drafts(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor | None:
         if not batch.samples:
