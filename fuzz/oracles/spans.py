@@ -31,7 +31,7 @@ Span = tuple[tuple[int, int], ...] | None
 WHOLE: Span = None
 _MAX_PIECES = 256
 """The most intervals a span keeps (beyond, hulls: more overlap, never less)."""
-_MAX_INDICES = 1 << 16
+_MAX_INDICES = 4096
 """An index tensor with more elements is not read: the op touches its whole view."""
 
 
@@ -108,12 +108,13 @@ def _strided(offset: int, sizes: Sequence[int], strides: Sequence[int],
     count = 1
     for _, size in dims:
         count *= size
-    if count > 4 * _MAX_PIECES:  # too many to walk: one hull per value of the outer dimensions
+    if count > 4 * _MAX_PIECES:  # too many to walk: hulls along the outermost dimension
         hull_inner = sum((size - 1) * stride for stride, size in dims[1:]) + run
         stride0, size0 = dims[0]
+        per = -(-size0 // _MAX_PIECES)  # values of the outermost index per hull
         return _merged([((offset + i * stride0) * itemsize,
-                         (offset + i * stride0 + hull_inner) * itemsize)
-                        for i in range(size0)])
+                         (offset + (min(i + per, size0) - 1) * stride0 + hull_inner) * itemsize)
+                        for i in range(0, size0, per)])
     for stride, size in dims:
         starts = [s + i * stride for s in starts for i in range(size)]
     return _merged([(s * itemsize, (s + run) * itemsize) for s in starts])
@@ -146,6 +147,8 @@ def _rows(t: torch.Tensor, dim: int, index: torch.Tensor) -> tuple[tuple[int, in
     inner = _strided(0, sizes, strides, 1)  # in elements, relative to each row's start
     itemsize, offset = t.element_size(), t.storage_offset()
     rows = sorted({i % size for i in index.reshape(-1).tolist()}) if size else []
+    if inner and len(rows) * len(inner) > 64 * _MAX_PIECES:
+        inner = ((inner[0][0], inner[-1][1]),)  # each row as its hull: fewer, wider pieces
     return _merged([((offset + i * stride + lo) * itemsize, (offset + i * stride + hi) * itemsize)
                     for i in rows for lo, hi in inner])
 
