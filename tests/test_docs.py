@@ -15,7 +15,7 @@ from tests import doc_quotes
 from tests.doc_quotes import QUOTES, ROOT
 
 # What a block of printed findings has and prose or code does not.
-_FINDING = re.compile(r"FOUND |race on |was freed while|StreamfuzzError|\.py:\d+ \w+ <- ")
+_FINDING = re.compile(r"FOUND |race on |was freed while stream|StreamfuzzError|\.py:\d+ \w+ <- ")
 
 
 def _all_blocks() -> list[doc_quotes.Block]:
