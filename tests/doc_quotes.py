@@ -17,9 +17,11 @@ project's ``corpus/``.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +48,7 @@ def run(*args: str, in_root: bool = False, timeout: int = 900) -> Ran:
     """``python ARGS...`` in a fresh folder (or the project's), once per process
     for the same args; ``{tmp}`` in ARGS is that fresh folder."""
     tmp = Path(tempfile.mkdtemp(prefix="quote-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     res = subprocess.run([sys.executable, *(a.replace("{tmp}", str(tmp)) for a in args)],
