@@ -2,7 +2,7 @@
 safe form side by side, with the verdict the checker must give.
 
 They run on simulated streams, and on a GPU where one is present (the same
-code, the same verdicts, except where the README's "What the checker sees"
+code, the same verdicts, except where "What the checker sees" (docs/oracles.md)
 says the GPU path is coarser: ``CUDA_WHOLE`` here).
 """
 

@@ -216,7 +216,7 @@ def test_a_signal_stops_cleanly_with_the_summary_and_exit_130(tmp_path, sig):
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, stderr  # interrupted, as the README's list says
+    assert proc.returncode == 130, stderr  # interrupted, as the README's exit statuses say
     assert f"stopped ({sig.name})" in stderr
     rep = json.loads((out / "report.json").read_text())
     assert rep["stop_reason"] == sig.name and rep["examples"] > 0
