@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fuzz import corpus, profiles, protocols, targets, upstream
+from fuzz import corpus, profiles, targets, upstream
+from fuzz import protocol as protocols
 from fuzz.__main__ import EXIT_CRASH
 from fuzz.errors import BadInput
 from fuzz.host import cpu_world_limit, probe_gpus
@@ -628,7 +629,7 @@ def _strategy(name: str, world: int, scale: int) -> Any:
     """The weight-sync strategy at ``scale``; None (the protocol's default) otherwise."""
     if scale == 1 or protocols.of_target(name).name != "weight-sync":
         return None
-    from strategies.weight_sync import weight_sync_scenarios
+    from fuzz.weight_sync.strategies import weight_sync_scenarios
 
     return weight_sync_scenarios(world_size=world, scale=scale)
 

@@ -20,10 +20,11 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
-from fuzz import driver, profiles, protocols, targets
+from fuzz import driver, profiles, targets
+from fuzz import protocol as protocols
+from fuzz.draft.scenario import Scenario
 from fuzz.options import Oracle, RunOptions
 from fuzz.ranks import RankPool
-from fuzz.scenario import Scenario
 
 DEFAULT_COLUMNS = (frozenset({Oracle.LIFETIME}), frozenset({Oracle.VALUE}))
 

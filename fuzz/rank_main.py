@@ -33,24 +33,17 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from fuzz import (
-    collectives,
-    crash_text,
-    dispatch_mode,
-    gloo_threads,
-    messages,
-    protocols,
-    stages,
-    targets,
-)
+from fuzz import collectives, crash_text, dispatch_mode, messages, stages, targets
+from fuzz import protocol as protocols
+from fuzz.draft.runner import run_scenario
+from fuzz.draft.scenario import CHURN_DTYPES, Scenario
 from fuzz.errors import FuzzError
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.host import rss_bytes
 from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.protocols import RankEnv
-from fuzz.runner import run_scenario
-from fuzz.scenario import CHURN_DTYPES, Scenario
+from fuzz.protocol import RankEnv
+from fuzz.sim import gloo_threads
 from fuzz.streams import CudaStreams, SimStreams
 from fuzz.targets import TargetContext
 from fuzz.zygote import EARLY_START_ENV, die_with_parent

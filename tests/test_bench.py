@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from fuzz import bench
+from fuzz.draft.runner import run_scenario
+from fuzz.draft.scenario import DEFAULT_SPIN, Delay, Scenario, Step
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.runner import run_scenario
-from fuzz.scenario import DEFAULT_SPIN, Delay, Scenario, Step
 from fuzz.streams import SimStreams
 from fuzz.targets import TargetContext
 
@@ -94,7 +94,7 @@ class _SpinOnly(SimStreams):
 
 
 def _factory(ctx):
-    from fuzz.targets.pp_draft import MainGather
+    from fuzz.draft.targets.pp_draft import MainGather
 
     return MainGather(ctx)
 

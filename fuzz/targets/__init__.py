@@ -13,7 +13,7 @@ every rank at the start of every example (a fresh runner), then per step:
 Built-in targets are named; a user's target is ``package.module:attr``.
 vLLM's own handler is the family ``vllm-pp`` (and ``vllm-pp-pre-pr``, the
 derived pre-PR code), named with the upstream version: ``vllm-pp@0.32.0``
-(``fuzz.upstream`` finds that version; ``fuzz.targets.vllm_pp`` drives it).
+(``fuzz.upstream`` finds that version; ``fuzz.draft.targets.vllm_pp`` drives it).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fuzz import protocols
-from fuzz.draft_protocol import PROTOCOL as DRAFT_BROADCAST
+from fuzz import protocol as protocols
+from fuzz.draft import PROTOCOL as DRAFT_BROADCAST
 from fuzz.errors import BadInput
 
 if TYPE_CHECKING:  # the driver imports this module and never needs torch itself
@@ -38,14 +38,14 @@ VERSIONS: dict[str, str] = DRAFT_BROADCAST.versions
 """The three versions of the draft-broadcast handler: what ``run`` fuzzes by default."""
 
 MUTANTS: dict[str, str] = DRAFT_BROADCAST.mutants
-"""Planted bugs (see ``fuzz.targets.mutants``): each must be found on CPU."""
+"""Planted bugs (see ``fuzz.draft.targets.mutants``): each must be found on CPU."""
 
 VARIANTS: dict[str, str] = DRAFT_BROADCAST.variants
 """Correct variants of ``main-gather`` (host syncs); run only when named."""
 
 BUILTIN: dict[str, str] = {**VERSIONS, **MUTANTS}
 """The draft broadcast's built-in targets (the default of matrix, bench and soak).
-Every protocol's built-ins: ``fuzz.protocols.builtin_targets()``."""
+Every protocol's built-ins: ``fuzz.protocol.builtin_targets()``."""
 
 CORRECT: frozenset[str] = frozenset(
     name for p in protocols.all_protocols().values() for name in (p.correct, *p.variants))
@@ -60,7 +60,7 @@ UPSTREAM: dict[str, bool] = {"vllm-pp": False, "vllm-pp-pre-pr": True}
 """vLLM's ``PPHandler`` as shipped, and with the AST edit that gives the pre-PR code."""
 
 WEIGHTS_FAMILY = "vllm-weights"
-"""vLLM's packed NCCL weight broadcast (``fuzz.targets.vllm_weights``), a weight-sync target."""
+"""vLLM's packed NCCL weight broadcast (``fuzz.weight_sync.vllm_weights``), a weight-sync target."""
 
 UPSTREAM_FIXED = "vllm-pp@0.34.0"
 """vLLM's handler after the fix (gather on the main stream): where it is cached,
@@ -172,7 +172,7 @@ def provenance(name: str) -> dict[str, Any] | None:
     """What reports and corpus entries say about the upstream code a target runs."""
     weights = _weights_version(name)
     if weights is not None:
-        from fuzz.targets import vllm_weights
+        from fuzz.weight_sync import vllm_weights
 
         with _upstream_errors(name):
             return vllm_weights.provenance(weights[0])
@@ -224,13 +224,13 @@ def load(name: str) -> Factory:
         return mutated.load(name)
     weights = _weights_version(name)
     if weights is not None:
-        from fuzz.targets import vllm_weights
+        from fuzz.weight_sync import vllm_weights
 
         with _upstream_errors(name):
             return vllm_weights.factory(weights[0])
     up = upstream_of(name)
     if up is not None:
-        from fuzz.targets import vllm_pp
+        from fuzz.draft.targets import vllm_pp
 
         return vllm_pp.factory(up)
     spec = resolve(name)

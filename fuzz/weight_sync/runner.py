@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
+from fuzz.draft.runner import lifetime_checker
+from fuzz.draft.scenario import spin_cycles
 from fuzz.options import Hold as HoldMode
 from fuzz.options import RunOptions
-from fuzz.protocols import RankEnv, check_handler, make_handler
-from fuzz.runner import lifetime_checker
-from fuzz.scenario import spin_cycles
+from fuzz.protocol import RankEnv, check_handler, make_handler
 from fuzz.weight_sync import CONSUMERS, PRODUCER, PROTOCOL, WeightSyncObservations
 from fuzz.weight_sync.context import Group, WeightSyncContext
 from fuzz.weight_sync.reference import TORCH_DTYPES, values

@@ -111,7 +111,7 @@ def _load(spec: str) -> Any:
 
 
 _DECLARED: tuple[str, ...] = (
-    "fuzz.draft_protocol:PROTOCOL",
+    "fuzz.draft:PROTOCOL",
     "fuzz.weight_sync:PROTOCOL",
 )
 

@@ -24,12 +24,12 @@ import torch
 
 from fuzz import stages
 from fuzz.dispatch_mode import unobserved
-from fuzz.draft_protocol import LAST_RANK, OTHER_RANKS, PROTOCOL, DraftObservations
+from fuzz.draft import LAST_RANK, OTHER_RANKS, PROTOCOL, DraftObservations
+from fuzz.draft.reference import Applied, draft_rows, token_rows
+from fuzz.draft.scenario import GATE_UNTIL, ITEMSIZE, Scenario, Step, spin_cycles
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.oracles.lifetime import DEVICE, PINNED
-from fuzz.protocols import check_handler, make_handler
-from fuzz.reference import Applied, draft_rows, token_rows
-from fuzz.scenario import GATE_UNTIL, ITEMSIZE, Scenario, Step, spin_cycles
+from fuzz.protocol import check_handler, make_handler
 from fuzz.targets import Batch, Factory, TargetContext
 
 _DTYPES = {name: getattr(torch, name) for name in ITEMSIZE}
