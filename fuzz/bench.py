@@ -1,6 +1,7 @@
 """``python -m fuzz bench``: how fast the fuzzer is, and what Hypothesis costs.
 
-For each device and built-in target it measures, on one warm rank pool:
+For each device and draft-broadcast target (bench measures that protocol
+only) it measures, on one warm rank pool:
 
 * fuzzer examples/s (Hypothesis + driver, generation only, failures counted
   and not raised) and, on exactly the scenarios it drew, a hand-written loop
@@ -46,6 +47,7 @@ import hypothesis
 from hypothesis import Phase
 
 from fuzz import corpus, driver, profiles, stages, stages_report, targets
+from fuzz.draft import PROTOCOL as DRAFT
 from fuzz.draft.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn, Delay, Scenario, Step
 from fuzz.draft.strategies.scenarios import scenarios
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
@@ -279,7 +281,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 
 STREAMS_FORM = {name: f"fuzz.draft.targets.pp_draft_streams:{name.replace('-', '_')}"
-                for name in targets.VERSIONS}
+                for name in DRAFT.versions}
 """Each built-in version's ``ctx.streams`` form, for ``api_forms``."""
 
 

@@ -265,7 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="throughput vs a hand-written loop, time to first failure")
     b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                    help="auto: the CPU, and CUDA too where a GPU is visible (default auto)")
-    _add_target(b, "repeatable (default: all built-ins)")
+    _add_target(b, "repeatable; bench measures the draft broadcast only (default: its "
+                   "built-ins)")
     b.add_argument("--seeds", type=_positive, default=5,
                    help="seeds per target (default 5)")
     b.add_argument("--examples", type=_positive, default=200,
@@ -310,7 +311,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--oracle", type=_oracles, action="append", metavar="O[,O]",
                    help="a column: the oracles that judge it, as for run; repeatable "
                         "(default: a lifetime column and a value column)")
-    _add_target(m, "rows; repeatable (default: the draft broadcast's built-ins)")
+    _add_target(m, "rows; repeatable (default: every protocol's built-ins)")
     m.add_argument("--expect", type=_expect, action="append", metavar="[T=]clean|found",
                    help="what a user target is expected to be in every column: T=clean for "
                         "one row; clean alone for every user target that declares nothing "
@@ -712,9 +713,13 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
 def _bench(args: argparse.Namespace) -> int:
     from fuzz import bench
 
-    names = args.target or list(targets.BUILTIN)
+    draft = protocols.get(protocols.DEFAULT)
+    names = args.target or [*draft.versions, *draft.mutants]
     for name in names:
         targets.check_importable(name)
+        if protocols.of_target(name, targets.load(name) if ":" in name else None) is not draft:
+            raise UsageError(f"bench measures the {draft.name} protocol only: {name!r} is a "
+                             f"{protocols.of_target(name).name} target")
     gpus = probe_gpus() if args.device in ("cuda", "auto") else 0
     if args.device == "cuda" and gpus == 0:
         raise UsageError("--device cuda: no CUDA GPU is visible here")

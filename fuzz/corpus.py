@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fuzz import protocol as protocols
-from fuzz.draft.scenario import ScenarioError
 from fuzz.errors import BadInput
+from fuzz.protocol.scenario import ScenarioError
 from fuzz.verdict import KINDS
 
 SCHEMA = 1

@@ -187,15 +187,16 @@ class CampaignResult:
 
 
 def found_on(pool: RankPool, options: RunOptions, target: str | None = None) -> dict[str, Any]:
-    """Where a failure was found, and by which oracles (those that ran), for
-    the corpus entry: ``fuzz replay`` judges it with the same ones. For
-    upstream code, which release too (version, sha256 of the file, AST edit)."""
+    """Where a failure was found, with every run option (the oracles those
+    that ran there, and ``hold``), for the corpus entry: ``fuzz replay`` judges
+    it with the same ones. For upstream code, which release too (version,
+    sha256 of the file, AST edit)."""
     info = pool.info[0] if pool.info else None
     found = {"torch": info.torch if info else None, "device": pool.device,
              "device_name": info.device_name if info else None,
              "backend": info.backend if info else None,
              "world_size": pool.world_size, "hypothesis": hypothesis.__version__,
-             "oracles": options.oracle_names()}
+             **options.to_dict(), "oracles": options.running_on(pool.device)}
     upstream = targets.provenance(target) if target else None
     if upstream:
         found["upstream"] = upstream

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from fuzz import collectives, crash_text, dispatch_mode, messages, stages, targets
 from fuzz import protocol as protocols
+from fuzz.draft.context import TargetContext
 from fuzz.draft.runner import run_scenario
 from fuzz.draft.scenario import CHURN_DTYPES, Scenario
 from fuzz.errors import FuzzError
@@ -45,7 +46,6 @@ from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.protocol import RankEnv
 from fuzz.sim import gloo_threads
 from fuzz.streams import CudaStreams, SimStreams
-from fuzz.targets import TargetContext
 from fuzz.zygote import EARLY_START_ENV, die_with_parent
 
 

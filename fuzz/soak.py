@@ -41,10 +41,10 @@ from typing import Any, TextIO
 from fuzz import corpus, driver, profiles
 from fuzz import protocol as protocols
 from fuzz.corpus import write_json_atomic
-from fuzz.draft.scenario import ScenarioError
 from fuzz.host import rss_bytes
 from fuzz.messages import Memory
 from fuzz.options import DEFAULT, RunOptions
+from fuzz.protocol.scenario import ScenarioError
 from fuzz.ranks import RankPool
 from fuzz.verdict import Failure, Verdict
 

@@ -26,10 +26,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fuzz import stages
 from fuzz.dispatch_mode import BROADCAST, RECORD_STREAM, DispatchMode, run_op, unobserved
 from fuzz.errors import FuzzError
-from fuzz.oracles.lifetime import tensors_in
 from fuzz.sim import cuda_on_cpu, threads
 from fuzz.sim.cuda_on_cpu import storage_key
 from fuzz.sim.stream_names import Names, site_name
+from fuzz.tensors import tensors_in
 
 Listener = Callable[..., None]
 

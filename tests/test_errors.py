@@ -47,8 +47,8 @@ def test_bad_input_the_commands_raise_keeps_its_builtin_base():
         assert issubclass(cls, BadInput) and issubclass(cls, ValueError)
 
 
-@pytest.mark.parametrize("error", ["fuzz.draft.scenario:ScenarioError", "fuzz.options:OptionsError",
-                                   "fuzz.protocol:ProtocolError"])
+@pytest.mark.parametrize("error", ["fuzz.protocol.scenario:ScenarioError",
+                                   "fuzz.options:OptionsError", "fuzz.protocol:ProtocolError"])
 def test_any_bad_input_from_a_command_is_one_line_and_exit_2(monkeypatch, capsys, error):
     module, name = error.split(":")
     cls = getattr(importlib.import_module(module), name)

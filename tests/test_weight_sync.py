@@ -13,8 +13,8 @@ import pytest
 
 from fuzz import corpus, driver
 from fuzz import protocol as protocols
-from fuzz.draft.scenario import ScenarioError
 from fuzz.options import Oracle, RunOptions
+from fuzz.protocol.scenario import ScenarioError
 from fuzz.weight_sync import PROTOCOL, WeightSyncObservations
 from fuzz.weight_sync.reference import check, expected, values
 from fuzz.weight_sync.scenario import Param, Sync, WeightSyncScenario, chunk_sizes

@@ -58,8 +58,8 @@ class DraftObservations(Observations):
 
 def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> DraftObservations:
     """The runner of ``fuzz.draft.runner`` with the draft broadcast's target context."""
+    from fuzz.draft.context import TargetContext
     from fuzz.draft.runner import run_scenario
-    from fuzz.targets import TargetContext
 
     ctx = TargetContext(rank=env.rank, world_size=env.world_size, last_rank=env.world_size - 1,
                         device=env.device, group=env.group, max_num_reqs=scenario.max_num_reqs,

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fuzz.targets import TargetContext
+from fuzz.draft.context import TargetContext
 
 
 @dataclass
