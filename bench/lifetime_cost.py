@@ -1,7 +1,7 @@
 """What the lifetime oracle costs per example, on this machine's device: a micro-bench.
 
 One process, one rank (a one-rank process group: gloo on CPU, NCCL on CUDA),
-no driver and no pipe: the runner of ``fuzz.runner`` on the same random
+no driver and no pipe: the runner of ``fuzz.draft.runner`` on the same random
 scenarios (``fuzz.bench.random_scenario``), in rounds in which each scenario
 runs with the value and reuse oracles and with every oracle, one after the
 other (``_paired_round``). The lifetime oracle's cost is the difference, per
@@ -43,10 +43,10 @@ import torch.distributed as dist
 
 from fuzz import targets
 from fuzz.bench import random_scenario
-from fuzz.draft_protocol import run_on_rank
+from fuzz.draft import run_on_rank
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.oracles import lifetime
-from fuzz.protocols import RankEnv
+from fuzz.protocol import RankEnv
 from fuzz.streams import CudaStreams, SimStreams
 
 MODES = {"value+reuse": frozenset({Oracle.VALUE, Oracle.REUSE}), "all": frozenset(Oracle)}

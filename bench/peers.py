@@ -179,7 +179,8 @@ def plan(names: list[str] | None, corpus: Path, examples: int,
          seed: int) -> tuple[list[Target], list[str]]:
     """The targets in the order they run: each protocol's versions, vLLM's,
     then the variants and mutants (the budget reaches the first ones first)."""
-    from fuzz import protocols, targets
+    from fuzz import protocol as protocols
+    from fuzz import targets
 
     notes: list[str] = []
     if names is None:
@@ -237,7 +238,8 @@ def worker(job_file: str) -> NoReturn:
         _sanitizer.enable_cuda_sanitizer()
     import torch
 
-    from fuzz import protocols, targets
+    from fuzz import protocol as protocols
+    from fuzz import targets
     from fuzz.streams import CudaStreams, SimStreams
 
     start = time.perf_counter()
@@ -249,7 +251,7 @@ def worker(job_file: str) -> NoReturn:
     factory = targets.load(job["target"])
 
     def env(with_gates: bool) -> Any:
-        from fuzz.protocols import RankEnv
+        from fuzz.protocol import RankEnv
 
         streams = (CudaStreams(device, gates if with_gates else None)
                    if device.type == "cuda" else SimStreams())

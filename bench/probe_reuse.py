@@ -8,12 +8,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-import fuzz.runner as runner_module
+import fuzz.draft.runner as runner_module
 from fuzz import oracles, targets
-from fuzz.draft_protocol import run_on_rank
+from fuzz.draft import run_on_rank
+from fuzz.draft.scenario import Churn, Delay, Scenario, Step
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.rank_main import _env
-from fuzz.scenario import Churn, Delay, Scenario, Step
 
 _OPTIONS = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.SPIN)
 

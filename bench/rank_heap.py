@@ -68,7 +68,8 @@ def main() -> None:
 
     import torch
 
-    from fuzz import draft_protocol, rank_main, targets
+    from fuzz import draft as draft_protocol
+    from fuzz import rank_main, targets
     from fuzz.bench import random_scenario
     from fuzz.options import RunOptions
 

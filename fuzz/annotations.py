@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fuzz.oracles.lifetime import HOST
+from fuzz.tensors import HOST
 
 
 def describe(reads: list[torch.Tensor], writes: list[torch.Tensor], label: str,

@@ -1,6 +1,7 @@
 """``python -m fuzz bench``: how fast the fuzzer is, and what Hypothesis costs.
 
-For each device and built-in target it measures, on one warm rank pool:
+For each device and draft-broadcast target (bench measures that protocol
+only) it measures, on one warm rank pool:
 
 * fuzzer examples/s (Hypothesis + driver, generation only, failures counted
   and not raised) and, on exactly the scenarios it drew, a hand-written loop
@@ -10,7 +11,7 @@ For each device and built-in target it measures, on one warm rank pool:
   alone; medians over seeds;
 * the cost of each oracle: the loop again with oracles switched off one by one;
 * for the built-in versions, what writing them as plain torch.cuda costs
-  against their ``ctx.streams`` form (``fuzz.targets.pp_draft_streams``): the
+  against their ``ctx.streams`` form (``fuzz.draft.targets.pp_draft_streams``): the
   two forms alternate on the same scenarios, round by round;
 * on fresh pools (a cold start: processes, process group, gate compile, with
   an empty Triton cache), the examples and seconds to the first failure and
@@ -46,11 +47,12 @@ import hypothesis
 from hypothesis import Phase
 
 from fuzz import corpus, driver, profiles, stages, stages_report, targets
+from fuzz.draft import PROTOCOL as DRAFT
+from fuzz.draft.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn, Delay, Scenario, Step
+from fuzz.draft.strategies.scenarios import scenarios
 from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool
-from fuzz.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn, Delay, Scenario, Step
 from fuzz.verdict import Verdict
-from strategies import scenarios
 
 Log = Callable[[str], None]
 ORACLE_SETS = {"none": frozenset(), "value": frozenset({Oracle.VALUE}),
@@ -278,8 +280,8 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
-STREAMS_FORM = {name: f"fuzz.targets.pp_draft_streams:{name.replace('-', '_')}"
-                for name in targets.VERSIONS}
+STREAMS_FORM = {name: f"fuzz.draft.targets.pp_draft_streams:{name.replace('-', '_')}"
+                for name in DRAFT.versions}
 """Each built-in version's ``ctx.streams`` form, for ``api_forms``."""
 
 

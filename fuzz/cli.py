@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fuzz import corpus, profiles, protocols, targets, upstream
+from fuzz import corpus, profiles, targets, upstream
+from fuzz import protocol as protocols
 from fuzz.__main__ import EXIT_CRASH
 from fuzz.errors import BadInput
 from fuzz.host import cpu_world_limit, probe_gpus
@@ -264,7 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="throughput vs a hand-written loop, time to first failure")
     b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                    help="auto: the CPU, and CUDA too where a GPU is visible (default auto)")
-    _add_target(b, "repeatable (default: all built-ins)")
+    _add_target(b, "repeatable; bench measures the draft broadcast only (default: its "
+                   "built-ins)")
     b.add_argument("--seeds", type=_positive, default=5,
                    help="seeds per target (default 5)")
     b.add_argument("--examples", type=_positive, default=200,
@@ -309,7 +311,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--oracle", type=_oracles, action="append", metavar="O[,O]",
                    help="a column: the oracles that judge it, as for run; repeatable "
                         "(default: a lifetime column and a value column)")
-    _add_target(m, "rows; repeatable (default: the draft broadcast's built-ins)")
+    _add_target(m, "rows; repeatable (default: every protocol's built-ins)")
     m.add_argument("--expect", type=_expect, action="append", metavar="[T=]clean|found",
                    help="what a user target is expected to be in every column: T=clean for "
                         "one row; clean alone for every user target that declares nothing "
@@ -628,7 +630,7 @@ def _strategy(name: str, world: int, scale: int) -> Any:
     """The weight-sync strategy at ``scale``; None (the protocol's default) otherwise."""
     if scale == 1 or protocols.of_target(name).name != "weight-sync":
         return None
-    from strategies.weight_sync import weight_sync_scenarios
+    from fuzz.weight_sync.strategies import weight_sync_scenarios
 
     return weight_sync_scenarios(world_size=world, scale=scale)
 
@@ -711,9 +713,13 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
 def _bench(args: argparse.Namespace) -> int:
     from fuzz import bench
 
-    names = args.target or list(targets.BUILTIN)
+    draft = protocols.get(protocols.DEFAULT)
+    names = args.target or [*draft.versions, *draft.mutants]
     for name in names:
         targets.check_importable(name)
+        if protocols.of_target(name, targets.load(name) if ":" in name else None) is not draft:
+            raise UsageError(f"bench measures the {draft.name} protocol only: {name!r} is a "
+                             f"{protocols.of_target(name).name} target")
     gpus = probe_gpus() if args.device in ("cuda", "auto") else 0
     if args.device == "cuda" and gpus == 0:
         raise UsageError("--device cuda: no CUDA GPU is visible here")

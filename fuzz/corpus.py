@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fuzz import protocols
+from fuzz import protocol as protocols
 from fuzz.errors import BadInput
-from fuzz.scenario import ScenarioError
+from fuzz.protocol.scenario import ScenarioError
 from fuzz.verdict import KINDS
 
 SCHEMA = 1
@@ -42,7 +42,7 @@ class Entry:
     kind: str
     message: str
     scenario: Any
-    """The scenario of ``protocol`` (``fuzz.protocols``)."""
+    """The scenario of ``protocol`` (``fuzz.protocol``)."""
     found_on: dict[str, Any] = field(default_factory=dict)
     flaky: bool = False
     path: Path | None = None

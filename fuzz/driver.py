@@ -25,7 +25,8 @@ from hypothesis import Phase, given
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from fuzz import corpus, profiles, protocols, stages, targets
+from fuzz import corpus, profiles, stages, targets
+from fuzz import protocol as protocols
 from fuzz.coverage import Coverage
 from fuzz.errors import FuzzError
 from fuzz.options import DEFAULT, RunOptions
@@ -33,7 +34,7 @@ from fuzz.ranks import Outcome, RankPool, Ticket
 from fuzz.verdict import Failure, Verdict
 
 Scenario = Any
-"""Any protocol's scenario type (``fuzz.protocols``)."""
+"""Any protocol's scenario type (``fuzz.protocol``)."""
 
 Progress = Callable[[int, float, int], None]
 OnExample = Callable[[tuple[Scenario, ...]], None]
@@ -186,15 +187,16 @@ class CampaignResult:
 
 
 def found_on(pool: RankPool, options: RunOptions, target: str | None = None) -> dict[str, Any]:
-    """Where a failure was found, and by which oracles (those that ran), for
-    the corpus entry: ``fuzz replay`` judges it with the same ones. For
-    upstream code, which release too (version, sha256 of the file, AST edit)."""
+    """Where a failure was found, with every run option (the oracles those
+    that ran there, and ``hold``), for the corpus entry: ``fuzz replay`` judges
+    it with the same ones. For upstream code, which release too (version,
+    sha256 of the file, AST edit)."""
     info = pool.info[0] if pool.info else None
     found = {"torch": info.torch if info else None, "device": pool.device,
              "device_name": info.device_name if info else None,
              "backend": info.backend if info else None,
              "world_size": pool.world_size, "hypothesis": hypothesis.__version__,
-             "oracles": options.oracle_names()}
+             **options.to_dict(), "oracles": options.running_on(pool.device)}
     upstream = targets.provenance(target) if target else None
     if upstream:
         found["upstream"] = upstream
@@ -211,7 +213,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
          stop: Callable[[], bool] | None = None, pipeline: bool = True) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
-    ``options`` go to every rank unchanged (see ``fuzz.runner``). With
+    ``options`` go to every rank unchanged (see ``fuzz.draft.runner``). With
     ``stop_on_failure`` False failures are counted in ``failures`` and the run
     goes on (the benchmark measures throughput that way). ``shrink_budget_s``
     bounds shrinking: past it no more examples run, the smallest failure so far

@@ -19,11 +19,12 @@ import argparse
 import statistics
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
-from fuzz import driver, profiles, protocols, targets
+from fuzz import driver, profiles, targets
+from fuzz import protocol as protocols
 from fuzz.options import Oracle, RunOptions
 from fuzz.ranks import RankPool
-from fuzz.scenario import Scenario
 
 DEFAULT_COLUMNS = (frozenset({Oracle.LIFETIME}), frozenset({Oracle.VALUE}))
 
@@ -94,11 +95,14 @@ class Cell:
         return len(self.found) == self.seeds
 
 
-def _size(s: Scenario) -> str:
+def _size(s: Any) -> str:
     short = getattr(s, "short", None)  # a protocol's own one-line size
     if short is not None:
         return short()
-    return f"{len(s.steps)} steps/{sum(st.num_reqs for st in s.steps)} reqs"
+    steps = getattr(s, "steps", None)
+    if steps is None:
+        return s.describe()
+    return f"{len(steps)} steps/{sum(st.num_reqs for st in steps)} reqs"
 
 
 def run_cell(pool: RankPool, target: str, oracles: frozenset[Oracle], seeds: int,

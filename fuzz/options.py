@@ -128,6 +128,12 @@ class RunOptions:
                 f"{', '.join(n for n in self.oracle_names() if Oracle(n) not in blind)} "
                 "judge alone" for o, why in blind.items()]
 
+    def running_on(self, device: str) -> list[str]:
+        """The oracles of these that run on ``device`` ('cpu' or 'cuda'), sorted:
+        the reuse watch needs CUDA's allocator. What the ranks report ran, and
+        what a corpus entry records."""
+        return sorted(o.value for o in self.oracles if device == "cuda" or o is not Oracle.REUSE)
+
     def to_dict(self) -> dict[str, Any]:
         return {"oracles": self.oracle_names(), "hold": self.hold.value}
 

@@ -33,26 +33,19 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from fuzz import (
-    collectives,
-    crash_text,
-    dispatch_mode,
-    gloo_threads,
-    messages,
-    protocols,
-    stages,
-    targets,
-)
+from fuzz import collectives, crash_text, dispatch_mode, messages, stages, targets
+from fuzz import protocol as protocols
+from fuzz.draft.context import TargetContext
+from fuzz.draft.runner import run_scenario
+from fuzz.draft.scenario import CHURN_DTYPES, Scenario
 from fuzz.errors import FuzzError
 from fuzz.gates import Gates, GateUnavailable
 from fuzz.host import rss_bytes
 from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.protocols import RankEnv
-from fuzz.runner import run_scenario
-from fuzz.scenario import CHURN_DTYPES, Scenario
+from fuzz.protocol import RankEnv
+from fuzz.sim import gloo_threads
 from fuzz.streams import CudaStreams, SimStreams
-from fuzz.targets import TargetContext
 from fuzz.zygote import EARLY_START_ENV, die_with_parent
 
 
@@ -178,9 +171,12 @@ def memory(device: torch.device) -> Memory:
     return Memory(rss_bytes())
 
 
-# Frames that are never the user's: the harness (fuzz/*.py, not fuzz/targets/),
+# Frames that are never the user's: the harness (fuzz/*.py, the seam's, the
+# simulation's and each protocol's own modules, not the targets' folders),
 # torch and the standard library.
-_HARNESS_DIRS = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+_FUZZ_DIR = os.path.dirname(os.path.abspath(__file__))
+_HARNESS_DIRS = tuple(os.path.join(_FUZZ_DIR, *sub) + os.sep for sub in
+                      ((), ("protocol",), ("sim",), ("draft",), ("weight_sync",)))
 _NOT_USER = (os.path.dirname(torch.__file__) + os.sep,
              os.path.dirname(os.__file__) + os.sep)
 

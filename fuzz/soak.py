@@ -38,17 +38,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz import corpus, driver, profiles, protocols
+from fuzz import corpus, driver, profiles
+from fuzz import protocol as protocols
 from fuzz.corpus import write_json_atomic
 from fuzz.host import rss_bytes
 from fuzz.messages import Memory
 from fuzz.options import DEFAULT, RunOptions
+from fuzz.protocol.scenario import ScenarioError
 from fuzz.ranks import RankPool
-from fuzz.scenario import ScenarioError
 from fuzz.verdict import Failure, Verdict
 
 Scenario = Any
-"""Any protocol's scenario type (``fuzz.protocols``)."""
+"""Any protocol's scenario type (``fuzz.protocol``)."""
 
 STATE_SCHEMA = 1
 _MIB = 2**20
@@ -99,7 +100,7 @@ class SoakConfig:
     profile: str = "default"
     replay_failures: bool = True
     strategy: Any = None
-    """Scenarios to draw (default: ``strategies.scenarios`` for the pool's world)."""
+    """Scenarios to draw (default: ``fuzz.draft.strategies.scenarios`` for the pool's world)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,6 +1,6 @@
 """The streams of a run: real CUDA streams, or simulated ones on CPU.
 
-A target uses them through plain torch.cuda (on CPU, ``fuzz.cuda_on_cpu``
+A target uses them through plain torch.cuda (on CPU, ``fuzz.sim.cuda_on_cpu``
 puts torch.cuda on the simulated streams for the length of an example) or,
 as older targets do, through ``ctx.streams``: ``Stream()``, ``stream(s)``,
 ``current_stream()``, ``Event()`` and ``synchronize()`` with torch.cuda's
@@ -23,12 +23,13 @@ import torch
 from torch._C._distributed_c10d import ProcessGroup, Work, _create_work_from_future
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fuzz import cuda_on_cpu, stages, threads
-from fuzz.cuda_on_cpu import storage_key
+from fuzz import stages
 from fuzz.dispatch_mode import BROADCAST, RECORD_STREAM, DispatchMode, run_op, unobserved
 from fuzz.errors import FuzzError
-from fuzz.oracles.lifetime import tensors_in
-from fuzz.stream_names import Names, site_name
+from fuzz.sim import cuda_on_cpu, threads
+from fuzz.sim.cuda_on_cpu import storage_key
+from fuzz.sim.stream_names import Names, site_name
+from fuzz.tensors import tensors_in
 
 Listener = Callable[..., None]
 

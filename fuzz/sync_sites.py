@@ -93,7 +93,7 @@ def scope(tree: ast.Module, root: str) -> list[ast.stmt]:
 
     The factory, the class it builds, that class's bases and the helpers they
     call, when defined in the same file: a module that holds several targets
-    (like ``fuzz/targets/pp_draft.py``) then yields only this target's sites.
+    (like ``fuzz/draft/targets/pp_draft.py``) then yields only this target's sites.
     """
     defs = {n.name: n for n in tree.body
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}

@@ -6,7 +6,7 @@ is what vLLM ships. The pre-PR code of the draft broadcast was never released:
 it is derived at load time from a 0.30-0.32 file by removing the one
 ``idx_mapping.record_stream(...)`` call in ``PPHandler.broadcast_drafts`` (an
 AST edit; every report names it). Nothing of vLLM's other code is loaded: its
-imports get the stand-ins of ``fuzz.targets.vllm_standins``.
+imports get the stand-ins of ``fuzz.draft.targets.vllm_standins``.
 
 A version is looked up, in order, in the paths of ``STREAMFUZZ_UPSTREAM``
 (what ``--upstream`` sets for the ranks), the cache (``cache_dir()``) and an
@@ -392,7 +392,7 @@ def edited_module(up: Upstream, edited: ast.Module | None, suffix: str = "",
                   extra: dict[str, Any] | None = None) -> types.ModuleType:
     """``up``'s code, or the ``edited`` tree of it (same lines, same file name: a
     ``mutate`` mutant), executed with ``extra`` names in its namespace."""
-    from fuzz.targets import vllm_standins
+    from fuzz.draft.targets import vllm_standins
 
     name_of_file = filename(up)
     if edited is not None:

@@ -398,10 +398,10 @@ def _import_rank() -> Any:
     a tenth of it); frozen, they are never scanned in the ranks either, nor
     copied on write by a scan."""
     gc.disable()
+    import fuzz.draft.targets.mutants  # noqa: F401
+    import fuzz.draft.targets.pp_draft  # noqa: F401
     import fuzz.rank_main as rank_main
-    import fuzz.targets.mutants  # noqa: F401
     import fuzz.targets.mutated  # noqa: F401
-    import fuzz.targets.pp_draft  # noqa: F401
 
     try:  # what torch imports as a dispatch mode is first entered
         import torch._subclasses.schema_check_mode  # noqa: F401

@@ -1,12 +1,17 @@
 """Hypothesis strategies for streamfuzz scenarios, composed from small parts.
 
-``scenarios()`` is the one most users want; the parts are public so that a
-target's own test can build narrower scenarios (one step, no churn, ...).
+``scenarios()`` (the draft broadcast) is the one most users want; the parts
+are public so that a target's own test can build narrower scenarios (one
+step, no churn, ...). ``weight_sync_scenarios()`` is the weight sync's. Each
+protocol keeps its strategies in its own package (``fuzz/draft/strategies``,
+``fuzz/weight_sync/strategies.py``); this package re-exports them.
 """
 
-from strategies.batches import batches, idx_mappings
-from strategies.churn import churn_ops
-from strategies.interleavings import delays
-from strategies.scenarios import scenarios, steps
+from fuzz.draft.strategies.batches import batches, idx_mappings
+from fuzz.draft.strategies.churn import churn_ops
+from fuzz.draft.strategies.interleavings import delays
+from fuzz.draft.strategies.scenarios import scenarios, steps
+from fuzz.weight_sync.strategies import weight_sync_scenarios
 
-__all__ = ["batches", "churn_ops", "delays", "idx_mappings", "scenarios", "steps"]
+__all__ = ["batches", "churn_ops", "delays", "idx_mappings", "scenarios", "steps",
+           "weight_sync_scenarios"]

@@ -201,8 +201,8 @@ def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
             if checker is not None:
                 checker.detach()
         return
-    from fuzz.cuda_on_cpu import Simulation
     from fuzz.oracles.lifetime import LifetimeChecker
+    from fuzz.sim.cuda_on_cpu import Simulation
     from fuzz.streams import SimStreams
 
     streams = SimStreams(Simulation('under streamfuzz.checked(device="cpu")',

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from fuzz.draft.targets.pp_draft import MainGather
 from fuzz.targets import Batch, TargetContext
-from fuzz.targets.pp_draft import MainGather
 
 
 class OneWait(MainGather):

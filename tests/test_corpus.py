@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fuzz import corpus
-from fuzz.scenario import Scenario, Step
+from fuzz.draft.scenario import Scenario, Step
 
 ROOT = Path(__file__).resolve().parent.parent
 

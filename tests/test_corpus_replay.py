@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import corpus, driver, protocols, targets
+from fuzz import corpus, driver, targets
+from fuzz import protocol as protocols
 from fuzz.host import probe_gpus
 from fuzz.ranks import RankPool
 

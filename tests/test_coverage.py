@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from fuzz import cli, driver, protocols
+from fuzz import cli, driver
+from fuzz import protocol as protocols
 from fuzz.coverage import Coverage
 
 DRAFT = protocols.get("draft-broadcast")

@@ -4,10 +4,11 @@ patched once the example is over."""
 import pytest
 import torch
 
-from fuzz import cuda_on_cpu, driver, targets
-from fuzz.cuda_on_cpu import NotSimulated
+from fuzz import driver, targets
+from fuzz.draft.scenario import Scenario, Step
 from fuzz.options import Oracle, RunOptions
-from fuzz.scenario import Scenario, Step
+from fuzz.sim import cuda_on_cpu
+from fuzz.sim.cuda_on_cpu import NotSimulated
 from fuzz.streams import SimEvent, SimStream, SimStreams
 
 LIFETIME = RunOptions(oracles={Oracle.LIFETIME})
@@ -206,7 +207,7 @@ def test_an_unmodified_torch_cuda_handler_finds_pre_fix_on_cpu(cpu_pool, ci_sett
 def test_targets_written_against_ctx_streams_still_work(cpu_pool):
     scn = Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2,
                    steps=(_one_step().steps[0],) * 2)
-    spec = "fuzz.targets.pp_draft_streams:"
+    spec = "fuzz.draft.targets.pp_draft_streams:"
     assert driver.evaluate(cpu_pool, spec + "pre_fix", scn, LIFETIME).first.kind == "lifetime"
     assert driver.evaluate(cpu_pool, spec + "pr_fix", scn, LIFETIME).first.kind == "race"
     assert driver.evaluate(cpu_pool, spec + "main_gather", scn,

@@ -39,16 +39,16 @@ def test_every_exception_class_streamfuzz_defines_is_under_the_root():
 
 def test_bad_input_the_commands_raise_keeps_its_builtin_base():
     from fuzz.corpus import CorpusError
+    from fuzz.draft.scenario import ScenarioError
     from fuzz.options import OptionsError
-    from fuzz.scenario import ScenarioError
     from fuzz.targets import TargetError
 
     for cls in (CorpusError, OptionsError, ScenarioError, TargetError):
         assert issubclass(cls, BadInput) and issubclass(cls, ValueError)
 
 
-@pytest.mark.parametrize("error", ["fuzz.scenario:ScenarioError", "fuzz.options:OptionsError",
-                                   "fuzz.protocols:ProtocolError"])
+@pytest.mark.parametrize("error", ["fuzz.protocol.scenario:ScenarioError",
+                                   "fuzz.options:OptionsError", "fuzz.protocol:ProtocolError"])
 def test_any_bad_input_from_a_command_is_one_line_and_exit_2(monkeypatch, capsys, error):
     module, name = error.split(":")
     cls = getattr(importlib.import_module(module), name)

@@ -17,8 +17,8 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from fuzz import cli, corpus, driver, profiles, ranks
+from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
-from fuzz.scenario import Scenario, Step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ def test_ctrl_c_while_shrinking_saves_the_failure_and_writes_the_report(
 
 
 _USER_TARGET = textwrap.dedent('''
-    from fuzz.targets.pp_draft import main_gather
+    from fuzz.draft.targets.pp_draft import main_gather
 
 
     def _check(batch):
@@ -96,7 +96,8 @@ def test_a_crash_in_a_users_handler_shows_the_users_frames(tmp_path):
         or frames[1].startswith("user_handler.py:19 receive_drafts: _check(batch)")
     # Trimmed to the user's code: no harness, torch or standard library frames.
     crash = out.stdout.split("FOUND crash", 1)[1].split("shrunk:", 1)[0]
-    assert "fuzz/runner.py" not in crash and "rank_main" not in crash and "torch/" not in crash
+    assert "fuzz/draft/runner.py" not in crash and "rank_main" not in crash
+    assert "torch/" not in crash
     (saved,) = (tmp_path / "corpus").rglob("*.json")
     assert "user_handler.py:7 _check" in corpus.load(saved).message
 

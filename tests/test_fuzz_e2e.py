@@ -4,8 +4,8 @@ import pytest
 from hypothesis import strategies as st
 
 from fuzz import corpus, driver
+from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
-from fuzz.scenario import Scenario, Step
 from strategies import scenarios
 
 SHIFTED = "tests.targets:shifted_rows"

@@ -7,10 +7,10 @@ import torch
 
 from fuzz import driver
 from fuzz.bench import crafted
+from fuzz.draft.scenario import Churn, Delay, Scenario, Step
 from fuzz.host import probe_gpus
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool
-from fuzz.scenario import Churn, Delay, Scenario, Step
 from tests.test_zygote import _parent
 
 GATES = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.GATE)
@@ -356,7 +356,7 @@ def test_a_race_made_in_a_thread_is_found_on_real_streams():
 
 
 def test_the_runner_stages_batches_in_registered_host_memory():
-    from fuzz.runner import _Staging
+    from fuzz.draft.runner import _Staging
 
     dev = torch.device("cuda", 0)
     staging = _Staging.begin(dev)

@@ -4,10 +4,10 @@ and on a GPU where one is visible."""
 import pytest
 
 from fuzz import driver, targets
+from fuzz.draft.scenario import Scenario, Step
 from fuzz.host import probe_gpus
 from fuzz.options import Oracle, RunOptions
 from fuzz.ranks import RankPool
-from fuzz.scenario import Scenario, Step
 
 LIFETIME = RunOptions(oracles={Oracle.LIFETIME})
 

@@ -10,7 +10,9 @@ from multiprocessing.connection import Client
 import pytest
 
 from fuzz import messages
-from fuzz.draft_protocol import DraftObservations
+from fuzz.draft import DraftObservations
+from fuzz.draft.reference import expected_applied
+from fuzz.draft.scenario import Scenario, Step
 from fuzz.messages import (
     Done,
     Hello,
@@ -25,8 +27,6 @@ from fuzz.messages import (
 )
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool, RankStartError
-from fuzz.reference import expected_applied
-from fuzz.scenario import Scenario, Step
 from fuzz.verdict import Failure
 from fuzz.weight_sync import WeightSyncObservations
 

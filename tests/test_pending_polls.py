@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fuzz import driver
+from fuzz.draft.scenario import Delay, Scenario, Step, polls_held
 from fuzz.oracles.lifetime import LifetimeChecker
-from fuzz.scenario import Delay, Scenario, Step, polls_held
 from fuzz.streams import SimStreams
 from fuzz.weight_sync.scenario import Hold, Sync
 

@@ -8,7 +8,8 @@ import pickle
 
 import pytest
 
-from fuzz import driver, protocols
+from fuzz import driver
+from fuzz import protocol as protocols
 from fuzz.ranks import RankPool
 
 

@@ -4,9 +4,9 @@ staging, row arithmetic or churn."""
 
 import torch
 
+from fuzz.draft.runner import run_scenario
+from fuzz.draft.scenario import Churn, Scenario, Step
 from fuzz.options import Oracle, RunOptions
-from fuzz.runner import run_scenario
-from fuzz.scenario import Churn, Scenario, Step
 from fuzz.streams import SimStreams
 from fuzz.targets import TargetContext
 

@@ -3,7 +3,7 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from fuzz.scenario import Scenario, ScenarioError
+from fuzz.draft.scenario import Scenario, ScenarioError
 from strategies import scenarios
 
 

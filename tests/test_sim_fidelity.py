@@ -15,8 +15,8 @@ import torch
 
 import streamfuzz
 from fuzz import driver
-from fuzz.cuda_on_cpu import NotSimulated
 from fuzz.options import Oracle, RunOptions
+from fuzz.sim.cuda_on_cpu import NotSimulated
 from fuzz.streams import NoSimulation, SimStreams
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

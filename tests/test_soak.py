@@ -18,8 +18,8 @@ import pytest
 from hypothesis import strategies as st
 
 from fuzz import corpus, rank_main, soak_report
+from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
-from fuzz.scenario import Scenario, Step
 from fuzz.soak import Soak, SoakConfig, parse_budget, read_samples
 
 ROOT = Path(__file__).resolve().parent.parent

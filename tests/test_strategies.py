@@ -10,8 +10,8 @@ import pytest
 from hypothesis import Phase, find, given, seed, settings
 
 from fuzz import profiles
+from fuzz.draft.strategies.batches import _combination
 from strategies import scenarios
-from strategies.batches import _combination
 
 
 def test_every_subset_has_exactly_one_rank():

@@ -39,7 +39,7 @@ def test_a_race_made_in_a_thread_is_found_and_named_in_its_code():
     side_line = next(line for line in race.message.splitlines()
                      if line.lstrip().startswith("side:"))
     assert "_copy_out_of" in side_line and "threading" not in side_line, race.message
-    assert "fuzz/threads.py" not in race.message and "test_threads.py" in side_line
+    assert "fuzz/sim/threads.py" not in race.message and "test_threads.py" in side_line
 
 
 def test_a_thread_that_waits_for_main_is_clean():

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from fuzz import corpus, driver, targets, upstream
+from fuzz.draft.reference import expected_applied
+from fuzz.draft.scenario import Scenario, Step
+from fuzz.draft.targets import vllm_standins
 from fuzz.options import RunOptions
-from fuzz.reference import expected_applied
-from fuzz.scenario import Scenario, Step
-from fuzz.targets import vllm_standins
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
-from fuzz.draft_protocol import DraftObservations
+from fuzz.draft import DraftObservations
+from fuzz.draft.reference import draft_value, expected_applied, expected_sent
+from fuzz.draft.scenario import Scenario, Step
 from fuzz.oracles import check_values
-from fuzz.reference import draft_value, expected_applied, expected_sent
-from fuzz.scenario import Scenario, Step
 
 
 def _scn(world=2):

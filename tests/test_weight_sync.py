@@ -11,9 +11,10 @@ import json
 
 import pytest
 
-from fuzz import corpus, driver, protocols
+from fuzz import corpus, driver
+from fuzz import protocol as protocols
 from fuzz.options import Oracle, RunOptions
-from fuzz.scenario import ScenarioError
+from fuzz.protocol.scenario import ScenarioError
 from fuzz.weight_sync import PROTOCOL, WeightSyncObservations
 from fuzz.weight_sync.reference import check, expected, values
 from fuzz.weight_sync.scenario import Param, Sync, WeightSyncScenario, chunk_sizes

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fuzz import driver, host, zygote
+from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
-from fuzz.scenario import Scenario, Step
 
 ROOT = Path(__file__).resolve().parent.parent
 

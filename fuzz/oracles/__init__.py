@@ -7,6 +7,6 @@ must watch streams, events and frees as they happen; its findings come back
 in the observations.
 """
 
-from fuzz.oracles.value import check as check_values
+from fuzz.draft.value import check as check_values
 
 __all__ = ["check_values"]

@@ -49,11 +49,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fuzz import stages
 from fuzz.oracles.spans import WHOLE, Span, covers, indexed, indexed_span, overlap, union, view_span
 from fuzz.sites import display_path, source_line
+from fuzz.tensors import DEVICE, HOST, PAGEABLE, PINNED, tensors_in
 from fuzz.verdict import Failure
 
 Clock = dict[Any, int]
 Frames = tuple[tuple[str, int, str], ...]
-
 
 
 def _package_dirs(*names: str) -> tuple[str, ...]:
@@ -68,6 +68,7 @@ def _package_dirs(*names: str) -> tuple[str, ...]:
 
 # Never the user's frames: torch, this checker and a checked block's own code.
 _SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent),
+              str(Path(__file__).resolve().parent.parent / "sim") + os.sep,
               *_package_dirs("streamfuzz"))
 # Test runners around a checked block: everything outward of them is theirs too,
 # and a user's test file, which they call, is user code.
@@ -79,7 +80,7 @@ _SKIP_FILES = ("_python_dispatch.py", "distributed_c10d.py", "c10d_logger.py",
 _FUZZ = Path(__file__).parent.parent
 _SKIP_PATHS = frozenset(
     p for f in (contextlib.__file__, threading.__file__, _FUZZ / "streams.py",
-                _FUZZ / "cuda_on_cpu.py", _FUZZ / "threads.py")
+                _FUZZ / "protocol" / "runner.py")
     for p in (str(f), str(Path(f).resolve())))
 # A mode's hook is the harness watching an op, never the code that issued it.
 _MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})
@@ -109,10 +110,6 @@ the block held, written by no kernel (see ``LifetimeModel.allocate``)."""
 _expired = torch.UntypedStorage._expired
 """Whether a storage weak reference's storage is gone (what ``StorageWeakRef.expired`` asks)."""
 
-HOST = "host"
-"""The host's key among the parties (streams are keyed by their ids or handles)."""
-DEVICE, PINNED, PAGEABLE = "device", "pinned", "pageable"
-"""What memory a tensor's storage is (see the module docstring)."""
 
 
 def _join(into: Clock, other: Clock) -> None:
@@ -524,15 +521,6 @@ def frames_here(limit: int = 4) -> Frames:
             break
         f = f.f_back
     return tuple(out)
-
-
-def tensors_in(x: Any) -> list[torch.Tensor]:
-    """The tensors in an op's argument or result (nested in lists and tuples)."""
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in tensors_in(v)]
-    return []
 
 
 _NO_TENSORS: tuple = ()

@@ -1,19 +1,13 @@
-"""The target API: what a handler under test receives and must provide.
+"""Target names: which factory a name loads, and what reports say about it.
 
-A target is a callable ``factory(ctx) -> handler``. The harness calls it on
-every rank at the start of every example (a fresh runner), then per step:
+A target is a callable ``factory(ctx) -> handler``; what ``ctx`` holds and
+which handler methods are called is its protocol's (``fuzz.draft.context``,
+``fuzz.weight_sync.context``). Built-in targets are named by their protocols
+(``fuzz.protocol.builtin_targets``); a user's target is ``package.module:attr``
+or ``path/to/file.py:attr``; upstream code is a family with a version
+(``vllm-pp@0.32.0``: ``fuzz.upstream`` finds that version).
 
-* last rank: ``handler.broadcast_drafts(draft_table, batch)`` returns the
-  tensor it broadcast (or ``None`` when nothing was broadcast);
-* other ranks: ``handler.receive_drafts(batch)`` every step, and, pipeline
-  depth steps after a step that broadcast, ``handler.apply_received(draft_table)``
-  which applies the oldest parked step and returns the received
-  ``(sampled_tokens, num_sampled, num_rejected)``.
-
-Built-in targets are named; a user's target is ``package.module:attr``.
-vLLM's own handler is the family ``vllm-pp`` (and ``vllm-pp-pre-pr``, the
-derived pre-PR code), named with the upstream version: ``vllm-pp@0.32.0``
-(``fuzz.upstream`` finds that version; ``fuzz.targets.vllm_pp`` drives it).
+``TargetContext`` and ``Batch`` are the draft broadcast's, kept here by name.
 """
 
 from __future__ import annotations
@@ -23,33 +17,46 @@ import importlib
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fuzz import protocols
-from fuzz.draft_protocol import PROTOCOL as DRAFT_BROADCAST
+from fuzz import protocol as protocols
 from fuzz.errors import BadInput
 
-if TYPE_CHECKING:  # the driver imports this module and never needs torch itself
-    import torch
+_COMPAT = {"TargetContext": "fuzz.draft.context:TargetContext",
+           "Batch": "fuzz.draft.context:Batch"}
+"""Names this module had when it was the draft broadcast's target API."""
 
-VERSIONS: dict[str, str] = DRAFT_BROADCAST.versions
-"""The three versions of the draft-broadcast handler: what ``run`` fuzzes by default."""
 
-MUTANTS: dict[str, str] = DRAFT_BROADCAST.mutants
-"""Planted bugs (see ``fuzz.targets.mutants``): each must be found on CPU."""
+def _tables() -> dict[str, Any]:
+    every = protocols.all_protocols().values()
+    versions = {n: s for p in every for n, s in p.versions.items()}
+    mutants = {n: s for p in every for n, s in p.mutants.items()}
+    return {
+        # Every protocol's versions: what ``run`` fuzzes by default.
+        "VERSIONS": versions,
+        # Every protocol's planted bugs: each must be found on CPU.
+        "MUTANTS": mutants,
+        # Correct variants of a protocol's correct version; run only when named.
+        "VARIANTS": {n: s for p in every for n, s in p.variants.items()},
+        # Every protocol's built-in targets (the default of matrix, bench and soak).
+        "BUILTIN": {**versions, **mutants},
+        # The built-in targets that must be clean: each correct version and its variants.
+        "CORRECT": frozenset(n for p in every for n in (p.correct, *p.variants)),
+    }
 
-VARIANTS: dict[str, str] = DRAFT_BROADCAST.variants
-"""Correct variants of ``main-gather`` (host syncs); run only when named."""
 
-BUILTIN: dict[str, str] = {**VERSIONS, **MUTANTS}
-"""The draft broadcast's built-in targets (the default of matrix, bench and soak).
-Every protocol's built-ins: ``fuzz.protocols.builtin_targets()``."""
-
-CORRECT: frozenset[str] = frozenset(
-    name for p in protocols.all_protocols().values() for name in (p.correct, *p.variants))
-"""The built-in targets that must be clean: each protocol's correct version and its variants."""
+def __getattr__(name: str) -> Any:
+    """The tables of built-in names, read from the registry at each use (a
+    protocol added through ``STREAMFUZZ_PROTOCOLS`` is in them), and the
+    draft broadcast's context types under their old names."""
+    if name in _COMPAT:
+        module, _, attr = _COMPAT[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+    tables = _tables()
+    if name in tables:
+        return tables[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_builtin(name: str) -> bool:
@@ -60,7 +67,7 @@ UPSTREAM: dict[str, bool] = {"vllm-pp": False, "vllm-pp-pre-pr": True}
 """vLLM's ``PPHandler`` as shipped, and with the AST edit that gives the pre-PR code."""
 
 WEIGHTS_FAMILY = "vllm-weights"
-"""vLLM's packed NCCL weight broadcast (``fuzz.targets.vllm_weights``), a weight-sync target."""
+"""vLLM's packed NCCL weight broadcast (``fuzz.weight_sync.vllm_weights``), a weight-sync target."""
 
 UPSTREAM_FIXED = "vllm-pp@0.34.0"
 """vLLM's handler after the fix (gather on the main stream): where it is cached,
@@ -71,62 +78,8 @@ class TargetError(BadInput, ValueError):
     """A target spec that does not name a loadable factory."""
 
 
-@dataclass
-class TargetContext:
-    """What one rank's handler is built from.
-
-    ``device`` is the rank's CUDA device (``cuda:0`` on the CPU simulation).
-    ``streams`` is the run's stream API with torch.cuda's meaning; plain
-    torch.cuda does the same, so a target needs it only if it prefers it.
-    """
-
-    rank: int
-    world_size: int
-    last_rank: int
-    device: torch.device
-    group: Any
-    max_num_reqs: int
-    num_spec_steps: int
-    streams: Any
-    pipeline_depth: int = 1
-    """Steps between a broadcast and its apply on the other ranks (vLLM's ring depth)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def is_last_rank(self) -> bool:
-        return self.rank == self.last_rank
-
-
-@dataclass
-class Batch:
-    """One step's scheduled batch as a runner hands it to the handler.
-
-    ``idx_mapping`` is a fresh device tensor (batch row -> request slot), copied
-    on the main stream. The sampling tensors exist on the last rank only. The
-    harness keeps no reference once the handler call returns.
-    """
-
-    step: int
-    idx_mapping: torch.Tensor
-    final: list[bool]
-    sampled_tokens: torch.Tensor | None = None
-    num_sampled: torch.Tensor | None = None
-    num_rejected: torch.Tensor | None = None
-    host_idx_mapping: tuple[int, ...] = ()
-    """``idx_mapping`` as the host built it (vLLM's ``idx_mapping_np``): reading
-    the device tensor back would synchronize the host."""
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.final)
-
-    @property
-    def samples(self) -> bool:
-        """False when every request is a non-final prefill chunk: nothing is broadcast."""
-        return any(self.final)
-
-
-Factory = Callable[[TargetContext], Any]
+Factory = Callable[[Any], Any]
+"""A target: ``factory(ctx) -> handler``; ``ctx`` is its protocol's context."""
 
 
 def upstream_family(name: str) -> tuple[str, str | None] | None:
@@ -172,7 +125,7 @@ def provenance(name: str) -> dict[str, Any] | None:
     """What reports and corpus entries say about the upstream code a target runs."""
     weights = _weights_version(name)
     if weights is not None:
-        from fuzz.targets import vllm_weights
+        from fuzz.weight_sync import vllm_weights
 
         with _upstream_errors(name):
             return vllm_weights.provenance(weights[0])
@@ -224,13 +177,13 @@ def load(name: str) -> Factory:
         return mutated.load(name)
     weights = _weights_version(name)
     if weights is not None:
-        from fuzz.targets import vllm_weights
+        from fuzz.weight_sync import vllm_weights
 
         with _upstream_errors(name):
             return vllm_weights.factory(weights[0])
     up = upstream_of(name)
     if up is not None:
-        from fuzz.targets import vllm_pp
+        from fuzz.draft.targets import vllm_pp
 
         return vllm_pp.factory(up)
     spec = resolve(name)

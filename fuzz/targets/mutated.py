@@ -106,7 +106,7 @@ def _upstream_source(up: Any) -> Source:
     """vLLM's file as the upstream loader runs it (pre-PR edit included): the
     mutant is that code with one more AST edit, driven by the same runner model."""
     from fuzz import upstream
-    from fuzz.targets import vllm_pp
+    from fuzz.draft.targets import vllm_pp
 
     def build(edited: ast.Module, extra: dict[str, Any], suffix: str) -> Factory:
         return vllm_pp.factory(up, upstream.edited_module(up, edited, suffix, extra))

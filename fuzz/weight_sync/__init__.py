@@ -9,8 +9,8 @@ NCCL weight transfer (``packed_nccl_broadcast_producer`` / ``_consumer``).
 
 Parts: ``scenario`` (what one example is), ``runner`` (the caller's side on a
 rank), ``reference`` (the values every rank must end with), the strategies in
-``strategies/weight_sync.py`` and the built-in targets in
-``fuzz/targets/weight_sync.py``.
+``fuzz/weight_sync/strategies.py`` and the built-in targets in
+``fuzz/weight_sync/targets.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fuzz.messages import Observations
-from fuzz.protocols import Protocol
+from fuzz.protocol import Protocol
 
 PRODUCER, CONSUMERS = "group rank 0", "the other ranks"
 """The handler's two roles, as reports name them."""
@@ -27,14 +27,14 @@ PRODUCER, CONSUMERS = "group rank 0", "the other ranks"
 PROTOCOL = Protocol(
     name="weight-sync",
     scenario="fuzz.weight_sync.scenario:WeightSyncScenario",
-    strategy="strategies.weight_sync:weight_sync_scenarios",
+    strategy="fuzz.weight_sync.strategies:weight_sync_scenarios",
     run="fuzz.weight_sync.runner:run_on_rank",
     values="fuzz.weight_sync.reference:check",
     behaviours="fuzz.weight_sync.scenario:behaviours",
     smallest="fuzz.weight_sync:smallest",
-    versions={"weight-sync-unordered": "fuzz.targets.weight_sync:unordered",
-              "weight-sync-ordered": "fuzz.targets.weight_sync:ordered"},
-    mutants={name: f"fuzz.targets.weight_sync:{name.removeprefix('weight-sync-').replace('-', '_')}"
+    versions={"weight-sync-unordered": "fuzz.weight_sync.targets:unordered",
+              "weight-sync-ordered": "fuzz.weight_sync.targets:ordered"},
+    mutants={name: f"fuzz.weight_sync.targets:{name.removeprefix('weight-sync-').replace('-', '_')}"
              for name in ("weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
                           "weight-sync-consumer-load-on-caller")},
     correct="weight-sync-ordered",

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fuzz.targets import Batch, TargetContext
+from fuzz.draft.context import Batch, TargetContext
 
 
 class DraftBroadcast:

@@ -41,8 +41,8 @@ from torch.overrides import TorchFunctionMode
 
 from fuzz import stages
 from fuzz.errors import FuzzError
-from fuzz.oracles.lifetime import DEVICE as DEVICE_KIND
-from fuzz.oracles.lifetime import PAGEABLE, PINNED, tensors_in
+from fuzz.tensors import DEVICE as DEVICE_KIND
+from fuzz.tensors import PAGEABLE, PINNED, tensors_in
 
 _expired = torch.UntypedStorage._expired
 """``StorageWeakRef.expired`` on its ``cdata``, without two Python calls: asked at every op."""

@@ -10,12 +10,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fuzz.errors import BadInput
+from fuzz.protocol.scenario import (
+    DEFAULT_SPIN,
+    ScenarioError,
+    check,
+    fields_of,
+    plain,
+    polls_held,
+    spin_cycles,
+)
+
+__all__ = ["DEFAULT_SPIN", "ScenarioError", "check", "fields_of", "plain", "polls_held",
+           "spin_cycles"]
 
 STREAMS = ("main", "side")
-DEFAULT_SPIN = 5_000_000
-"""Cycles a gate-delay spins when gates are unavailable and it names no cycles:
-about 2.5 ms on an H200, long enough to outlast the handler's host work."""
 DELAY_POINTS = ("pre_call", "post_call")
 GATE_UNTIL = ("", "after_call", "after_churn", "before_next_call")
 """Where a gate is released: ``""`` means a spin; the others name a point of the
@@ -28,10 +36,6 @@ ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "uint8": 1}
 FILL_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
               "float32": (-(2**24), 2**24), "uint8": (0, 255)}
 IDX_DTYPES = ("int32", "int64")
-
-
-class ScenarioError(BadInput, ValueError):
-    """A scenario that does not describe a runnable example."""
 
 
 @dataclass(frozen=True)
@@ -186,41 +190,3 @@ class Scenario:
         return (f"{len(self.steps)} steps (batch sizes {sizes or '-'}), "
                 f"max_num_reqs={self.max_num_reqs}, num_spec_steps={self.num_spec_steps}, "
                 f"pipeline_depth={self.pipeline_depth}, world_size={self.world_size}")
-
-
-def spin_cycles(cycles: int, until: str) -> int:
-    """The cycles a hold spins where it is not a gate: its own, else
-    ``DEFAULT_SPIN`` for a gate's hold (``until`` set), else none."""
-    return cycles or (DEFAULT_SPIN if until else 0)
-
-
-def polls_held(cycles: int, until: str) -> int:
-    """Polls a hold of a GPU stream answers "not done" on simulated streams,
-    by how long it would spin on a GPU (``spin_cycles``): 1 up to 1e5 cycles,
-    2 up to 1e6, 3 beyond."""
-    cycles = spin_cycles(cycles, until)
-    return 0 if cycles <= 0 else 1 if cycles <= 100_000 else 2 if cycles <= 1_000_000 else 3
-
-
-def check(ok: bool, message: str) -> None:
-    """Raise ScenarioError(message) unless ok: every protocol's scenario validates with it."""
-    if not ok:
-        raise ScenarioError(message)
-
-
-def fields_of(data: Any, cls: type, where: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{where} must be an object")
-    known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ScenarioError(f"{where} has unknown field(s): {', '.join(unknown)}")
-    return dict(data)
-
-
-def plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fuzz.draft_protocol import DraftObservations
-from fuzz.reference import expected_applied, expected_sent
-from fuzz.scenario import Scenario
+from fuzz.draft import DraftObservations
+from fuzz.draft.reference import expected_applied, expected_sent
+from fuzz.draft.scenario import Scenario
 from fuzz.verdict import Failure
 
 _MAX_ROWS = 4

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fuzz.targets import Batch, TargetContext
-from fuzz.targets.pp_draft import MainGather
+from fuzz.draft.context import Batch, TargetContext
+from fuzz.draft.targets.pp_draft import MainGather
 
 
 class MissingWait(MainGather):

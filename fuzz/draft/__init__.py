@@ -1,8 +1,8 @@
 """The draft broadcast as a protocol: the first one the engine fuzzed.
 
 The pipeline-parallel draft broadcast of a speculative-decoding model runner
-(``fuzz.scenario``, ``strategies``, ``fuzz.runner``, ``fuzz.reference``,
-``fuzz.targets.pp_draft``). This module is what the registry reads; it
+(``fuzz.draft.scenario``, ``strategies``, ``fuzz.draft.runner``, ``fuzz.draft.reference``,
+``fuzz.draft.targets.pp_draft``). This module is what the registry reads; it
 imports nothing heavy at module level.
 """
 
@@ -11,31 +11,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fuzz.draft.reference import Applied
 from fuzz.messages import Observations
-from fuzz.protocols import Protocol, RankEnv
-from fuzz.reference import Applied
+from fuzz.protocol import Protocol, RankEnv
 
 LAST_RANK, OTHER_RANKS = "the last rank", "the other ranks"
 """The handler's two roles, as reports name them."""
 
 PROTOCOL = Protocol(
     name="draft-broadcast",
-    scenario="fuzz.scenario:Scenario",
-    strategy="strategies.scenarios:scenarios",
-    run="fuzz.draft_protocol:run_on_rank",
-    values="fuzz.oracles.value:check",
-    behaviours="fuzz.draft_protocol:behaviours",
-    smallest="fuzz.draft_protocol:smallest",
-    versions={"pre-fix": "fuzz.targets.pp_draft:pre_fix",
-              "pr-fix": "fuzz.targets.pp_draft:pr_fix",
-              "main-gather": "fuzz.targets.pp_draft:main_gather"},
-    mutants={name: f"fuzz.targets.mutants:{name.replace('-', '_')}"
+    scenario="fuzz.draft.scenario:Scenario",
+    strategy="fuzz.draft.strategies.scenarios:scenarios",
+    run="fuzz.draft:run_on_rank",
+    values="fuzz.draft.value:check",
+    behaviours="fuzz.draft:behaviours",
+    smallest="fuzz.draft:smallest",
+    versions={"pre-fix": "fuzz.draft.targets.pp_draft:pre_fix",
+              "pr-fix": "fuzz.draft.targets.pp_draft:pr_fix",
+              "main-gather": "fuzz.draft.targets.pp_draft:main_gather"},
+    mutants={name: f"fuzz.draft.targets.mutants:{name.replace('-', '_')}"
              for name in ("missing-wait", "wrong-record-stream", "receiver-no-wait",
                           "receiver-async-unwaited", "receiver-no-record", "receiver-drops-idx",
                           "sampled-before-wait", "early-event", "staging-buffer",
                           "host-read-unsynced", "host-rewrites-staging")},
     correct="main-gather",
-    variants={"main-gather-synced": "fuzz.targets.pp_draft:main_gather_synced"},
+    variants={"main-gather-synced": "fuzz.draft.targets.pp_draft:main_gather_synced"},
     families=("vllm-pp", "vllm-pp-pre-pr"),
     receiver_side=frozenset({"receiver-no-wait", "receiver-async-unwaited", "receiver-no-record",
                              "receiver-drops-idx", "early-event"}),
@@ -57,9 +57,9 @@ class DraftObservations(Observations):
 
 
 def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> DraftObservations:
-    """The runner of ``fuzz.runner`` with the draft broadcast's target context."""
-    from fuzz.runner import run_scenario
-    from fuzz.targets import TargetContext
+    """The runner of ``fuzz.draft.runner`` with the draft broadcast's target context."""
+    from fuzz.draft.context import TargetContext
+    from fuzz.draft.runner import run_scenario
 
     ctx = TargetContext(rank=env.rank, world_size=env.world_size, last_rank=env.world_size - 1,
                         device=env.device, group=env.group, max_num_reqs=scenario.max_num_reqs,
@@ -70,7 +70,7 @@ def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> Draf
 
 def smallest(world_size: int) -> Any:
     """One step that schedules nothing, at the smallest sizes."""
-    from fuzz.scenario import Scenario
+    from fuzz.draft.scenario import Scenario
 
     return Scenario.from_dict({"world_size": world_size, "max_num_reqs": 1,
                                "num_spec_steps": 1, "pipeline_depth": 1,

@@ -1,4 +1,4 @@
-"""The protocols the engine fuzzes, and which protocol a target or scenario speaks.
+"""The seam between the engine and the protocols it fuzzes: the registry.
 
 A protocol bundles what is particular to one kind of cross-stream code: its
 scenario type and strategies, its runner (the caller's side of the target:
@@ -9,17 +9,22 @@ mutate know only this interface. Parts are named by import spec and loaded on
 first use, so this module stays light enough for the target registry to read.
 
 Adding a protocol: its own modules, one ``Protocol`` value, one line in
-``_DECLARED``.
+``_DECLARED`` (or, for one that lives outside this package, its spec in
+``STREAMFUZZ_PROTOCOLS``, which rank processes inherit).
+``tests/test_third_protocol.py`` holds the engine to that. The shared parts
+a protocol builds on: ``fuzz.protocol.scenario`` and ``fuzz.protocol.runner``.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, runtime_checkable
+from typing import Protocol as _TypingProtocol
 
 from fuzz.errors import BadInput, FuzzError
 
@@ -30,6 +35,29 @@ were several) and of a user's target that declares none."""
 
 class ProtocolError(BadInput, ValueError):
     """A protocol name or a scenario of no known protocol."""
+
+
+ENV = "STREAMFUZZ_PROTOCOLS"
+"""More protocols, as ``module:attr`` specs separated by commas."""
+
+
+@runtime_checkable
+class ScenarioType(_TypingProtocol):
+    """What the engine asks of a protocol's scenario (an instance of its type)."""
+
+    world_size: int
+
+    def to_dict(self) -> dict[str, Any]: ...
+    def describe(self) -> str: ...
+
+
+@runtime_checkable
+class Runner(_TypingProtocol):
+    """A protocol's ``run`` part: one example on one rank -> its observations
+    (``fuzz.messages.Observations``); ``fuzz.protocol.runner`` is its skeleton."""
+
+    def __call__(self, scenario: Any, factory: Callable[[Any], Any], env: RankEnv,
+                 options: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -111,16 +139,27 @@ def _load(spec: str) -> Any:
 
 
 _DECLARED: tuple[str, ...] = (
-    "fuzz.draft_protocol:PROTOCOL",
+    "fuzz.draft:PROTOCOL",
     "fuzz.weight_sync:PROTOCOL",
 )
 
 
-@functools.cache
 def all_protocols() -> dict[str, Protocol]:
+    """Every protocol by name: the declared ones, then ``STREAMFUZZ_PROTOCOLS``'s."""
+    extra = tuple(s.strip() for s in os.environ.get(ENV, "").split(",") if s.strip())
+    return _protocols(_DECLARED + extra)
+
+
+@functools.cache
+def _protocols(specs: tuple[str, ...]) -> dict[str, Protocol]:
     out: dict[str, Protocol] = {}
-    for spec in _DECLARED:
-        p = _load(spec)
+    for spec in specs:
+        try:
+            p = _load(spec)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ProtocolError(f"protocol {spec!r} cannot be loaded: {exc}") from None
+        if not isinstance(p, Protocol):
+            raise ProtocolError(f"{spec!r} is not a fuzz.protocol.Protocol")
         out[p.name] = p
     return out
 

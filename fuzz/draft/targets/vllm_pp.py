@@ -39,7 +39,8 @@ import torch
 
 from fuzz import upstream
 from fuzz.dispatch_mode import DispatchMode
-from fuzz.targets import Batch, TargetContext, vllm_standins
+from fuzz.draft.context import Batch, TargetContext
+from fuzz.draft.targets import vllm_standins
 
 _PROMPT = 8
 """Prompt length of every request: a non-final chunk schedules half of it."""

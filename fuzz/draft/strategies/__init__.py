@@ -1,0 +1,1 @@
+"""Hypothesis strategies of draft-broadcast scenarios (re-exported by ``strategies``)."""

@@ -1,0 +1,1 @@
+"""CUDA on CPU: simulated streams, events and collectives, and their threads glue."""
