@@ -42,7 +42,7 @@ $(VENV)/.ready: pyproject.toml
 	fi
 	@touch $@
 
-# The three versions on --device auto, each until EXAMPLES examples or BUDGET
+# Every protocol's versions on --device auto, each until EXAMPLES examples or BUDGET
 # seconds (then shrinking), then a table. Exit status 1 (failures found and
 # saved) is this command's purpose, not an error; anything else (2 bad usage,
 # 70 streamfuzz crashed, 130 interrupted) fails the target.
@@ -50,7 +50,7 @@ fuzz: $(VENV)/.ready
 	@$(PY) -m fuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
 		--report reports/fuzz.json; rc=$$?; test $$rc -le 1
 
-# vLLM's own PPHandler (README, "vLLM's own code"): VLLM's wheel is fetched
+# vLLM's own PPHandler (docs/vllm.md): VLLM's wheel is fetched
 # without dependencies into the cache if absent, then vllm-pp (and, for
 # 0.30-0.32, the derived vllm-pp-pre-pr) is fuzzed on DEVICE: cpu, cuda or auto.
 VLLM ?= 0.34.0

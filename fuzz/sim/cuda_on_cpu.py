@@ -107,7 +107,7 @@ class NotSimulated(FuzzError, RuntimeError):
 
     def __init__(self, what: str) -> None:
         sim = running() or FUZZ
-        super().__init__(f"{what} is not simulated {sim.where} (see the README's "
+        super().__init__(f"{what} is not simulated {sim.where} (see docs/cuda-on-cpu.md); "
                          f"'CUDA on CPU'); {sim.on_gpu}")
 
 
