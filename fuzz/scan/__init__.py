@@ -42,7 +42,7 @@ def scan(source: Source) -> ScanResult:
     for t in traces:
         found.extend(hazards.judge(t))
     found.extend(hazards.cached_streams(pkg.caches))
-    found.extend(hazards.sibling_omissions(pkg, traces))
+    found.extend(hazards.sibling_omissions(pkg))
     for f in found:
         lines = pkg.modules[f.file].lines
         text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""

@@ -9,13 +9,14 @@ tables with the reasoning behind them.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
-from fuzz.scan.package import ModuleCache, Package
-from fuzz.scan.streams_ast import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace
+from fuzz.scan.package import Function, ModuleCache, Package
+from fuzz.scan.streams_ast import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace, dotted
 
 
 class Hazard(str, Enum):
@@ -50,7 +51,7 @@ FACTORS: dict[str, tuple[int, str]] = {
     "no-wait-at-all": (10, "the side stream waits for nothing anywhere in the function"),
     "caller-owned": (-10, "made by the caller, whose reference may outlive the work"),
     "kept": (-15, "stored or returned: its lifetime goes beyond the function"),
-    "conditional-order": (-10, "an ordering exists, on some paths only"),
+    "conditional-order": (-5, "an ordering exists, on some paths only"),
     "object-state": (-5, "long-lived state of an object or module"),
     "previous-call": (-10, "the pending copy is one a previous call started"),
     "consumed-elsewhere": (-10, "the event is waited on outside this function"),
@@ -298,7 +299,7 @@ class _Judge:
                 continue
             waits = [w for w in self.ops if w.kind in (K.WAIT, K.WAIT_EVENT)
                      and w.stream in (o.stream, ANY)]
-            if waits and all(not w.guards for w in waits):
+            if any(not w.guards for w in waits) or _TIMING.search(o.key.rsplit(".", 1)[-1]):
                 continue
             factors = ["opaque-work"]
             factors.append("conditional-order" if waits else "no-wait-at-all")
@@ -502,29 +503,39 @@ def cached_streams(caches: Iterable[ModuleCache]) -> Iterator[Finding]:
                       tuple(factors)).scored()
 
 
-def sibling_omissions(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
+def sibling_omissions(pkg: Package) -> Iterator[Finding]:
     """Calls that leave out an ordering argument another call of the same function passes."""
     optional = pkg.optional_waits()
-    calls: dict[str, list[tuple[Trace, int, int, frozenset[str]]]] = {}
-    for t in traces:
-        for name, line, nargs, kws in t.calls:
-            if name in optional:
-                calls.setdefault(name, []).append((t, line, nargs, kws))
-    for name, sites in sorted(calls.items()):
-        for fn, param, pos in optional[name]:
-            passing = [s for s in sites if param in s[3] or s[2] > pos]
-            omitting = [s for s in sites if not (param in s[3] or s[2] > pos)]
+    sites: dict[str, list[tuple[Function, ast.Call]]] = {}
+    for fn, call in pkg.call_sites(set(optional)):
+        f = call.func
+        sites.setdefault(f.attr if isinstance(f, ast.Attribute) else f.id, []).append(  # type: ignore[union-attr]
+            (fn, call))
+    for name, calls in sorted(sites.items()):
+        params = {p for _, p, _ in optional[name]}
+        if name.startswith("__") or len(params) != 1 or len(optional[name]) != len(
+                pkg.by_name.get(name, ())):
+            continue  # every function of that name must take the same ordering argument
+        for callee, param, pos in optional[name][:1]:
+            def passes(c: ast.Call) -> bool:
+                return any(k.arg in (param, None) for k in c.keywords) or len(c.args) > pos \
+                    or any(isinstance(a, ast.Starred) for a in c.args)
+            passing = [(fn, c) for fn, c in calls if passes(c)]
+            omitting = [(fn, c) for fn, c in calls if not passes(c)]
             if not passing or not omitting:
                 continue
-            ref = passing[0]
-            for t, line, _, _ in omitting:
+            ref_fn, ref = passing[0]
+            for fn, c in omitting:
                 factors = ["sibling-passes"]
-                if _TEST_PATH.search(t.file):
+                if _TEST_PATH.search(fn.file):
                     factors.append("test-code")
-                if t.thread:
+                if (fn.file, fn.name) in pkg.thread_targets:
                     factors.append("thread")
+                args = [dotted(a) or "" for a in c.args]
                 yield Finding(
-                    Hazard.UNORDERED, t.file, line, t.qualname, (), (f"{name}'s stream",),
-                    f"calls {name}() without {param}=, which {ref[0].file}:{ref[1]} passes to "
-                    f"order {name}'s stream work after the caller's",
-                    tuple(factors), extra={"callee": f"{fn.file}:{fn.node.lineno}"}).scored()
+                    Hazard.UNORDERED, fn.file, c.lineno, fn.qualname,
+                    tuple(a for a in args if a), (CURRENT, f"{name}'s stream"),
+                    f"calls {name}() without {param}=, which {ref_fn.file}:{ref.lineno} "
+                    f"passes to order {name}'s stream work after the caller's",
+                    tuple(factors), extra={"callee": f"{callee.file}:{callee.node.lineno}"}
+                ).scored()

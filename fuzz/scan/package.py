@@ -25,7 +25,7 @@ from fuzz.scan.streams_ast import (
 )
 
 _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
-_OPTIONAL_WAIT = re.compile(r"wait|fence|barrier|depend|after|ready|done_event|event", re.I)
+_OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
 _MAKES_STREAM = {"Stream": "stream", "ExternalStream": "stream", "Event": "event"}
 _DEPTH = 2  # how deep callee effects are followed
 
@@ -36,6 +36,7 @@ class Function:
     qualname: str
     node: ast.FunctionDef | ast.AsyncFunctionDef
     cls: str | None
+    text: str = ""
 
     @property
     def name(self) -> str:
@@ -74,6 +75,8 @@ class Package:
         self.modules: dict[str, Module] = {}
         self.unparsed: list[str] = []
         for f in files:
+            if not _STREAM_TEXT.search(f.text):
+                continue  # no stream word: nothing to walk, no wait or sync to lend
             try:
                 tree = ast.parse(f.text, filename=f.path)
             except (SyntaxError, ValueError, RecursionError):
@@ -98,7 +101,9 @@ class Package:
             fn = Function(m.path, qual, node, cls)
             self.functions.append(fn)
             self.by_name.setdefault(node.name, []).append(fn)
-            self._cached_maker(m, fn)
+            fn.text = "\n".join(m.lines[node.lineno - 1:node.end_lineno or node.lineno])
+            if "Stream(" in fn.text or "Event(" in fn.text:
+                self._cached_maker(m, fn)
         for cnode in ast.walk(m.tree):
             if isinstance(cnode, ast.ClassDef):
                 m.classes[cnode.name] = _class_facts(m, cnode, self.caches)
@@ -145,7 +150,7 @@ class Package:
     def traces(self) -> Iterator[Trace]:
         """Every function that touches streams, walked, in file and line order."""
         for fn in sorted(self.functions, key=lambda f: (f.file, f.node.lineno, f.qualname)):
-            if not _mentions_streams(fn.node):
+            if not _STREAM_TEXT.search(fn.text):
                 continue
             yield self.walk(fn)
 
@@ -245,11 +250,26 @@ class Package:
                     continue
                 if not _OPTIONAL_WAIT.search(p.arg) or "stream" in p.arg.lower():
                     continue
+                if not _STREAM_TEXT.search(fn.text):
+                    continue
                 if not _reaches_wait(fn.node, p.arg):
                     continue
                 position = i if i < len(pos) else 10**6
                 out.setdefault(fn.name, []).append((fn, p.arg, position))
         return out
+
+
+    def call_sites(self, names: set[str]) -> Iterator[tuple[Function, ast.Call]]:
+        """Every call, anywhere in the package, of a function named in ``names``."""
+        for fn in sorted(self.functions, key=lambda f: (f.file, f.node.lineno, f.qualname)):
+            if not any(n in fn.text for n in names):
+                continue
+            for node in _own_nodes(fn.node):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                    if name in names:
+                        yield fn, node
 
 
 def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef,
@@ -388,11 +408,6 @@ def _thread_target(call: ast.Call) -> str | None:
     return None
 
 
-_STREAM_WORDS = ("stream", "non_blocking", "pin_memory", "record_stream", "wait_event",
-                 "Event", "async_op", "isend", "irecv", "synchronize", "set_stream")
-
-
-def _mentions_streams(fn: ast.AST) -> bool:
-    """A cheap filter before the walk: any of the words stream code is made of."""
-    seg = ast.dump(fn, include_attributes=False)
-    return any(w in seg for w in _STREAM_WORDS)
+_STREAM_TEXT = re.compile(r"stream|non_blocking|pin_memory|Event|async_op|isend|irecv|"
+                          r"synchronize|set_stream")
+"""A cheap filter before any parse or walk: the words stream code is made of."""
