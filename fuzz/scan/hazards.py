@@ -421,7 +421,7 @@ class _Judge:
             for r in range(j + 1, len(self.ops)):
                 o = self.ops[r]
                 if o.kind is K.HOST_READ and o.key == c.key and (
-                        c.flag == "d2h" or o.flag == "numpy"):
+                        c.flag == "d2h" or o.flag not in ("item", "tolist")):
                     if self._synced(j, c.stream, r):
                         break
                     yield self._finding(

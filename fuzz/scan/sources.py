@@ -95,7 +95,8 @@ def _from_path(path: Path, spec: str) -> Source:
             with tarfile.open(path) as tf:
                 tf.getmembers()
         except (tarfile.TarError, OSError, EOFError) as exc:
-            raise ScanInputError(f"{spec}: not a readable sdist ({exc})") from None
+            why = str(exc).splitlines()[0].rstrip(":")
+            raise ScanInputError(f"{spec}: not a readable sdist ({why})") from None
         stem = next(name[:-len(s)] for s in _SDIST if name.endswith(s))
         dist, version = _dist_version(stem)
         return Source(spec, "sdist", path, dist, version)
@@ -108,7 +109,8 @@ def _check_zip(path: Path, what: str) -> None:
         with zipfile.ZipFile(path) as zf:
             zf.infolist()
     except (zipfile.BadZipFile, OSError) as exc:
-        raise ScanInputError(f"{path}: not a readable {what} ({exc})") from None
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScanInputError(f"{path}: not a readable {what} ({why})") from None
 
 
 def _dist_version(stem: str) -> tuple[str, str]:

@@ -113,7 +113,9 @@ _VIEWS = {"view", "view_as", "reshape", "narrow", "flatten", "unflatten", "unsqu
           "squeeze", "permute", "transpose", "t", "expand", "expand_as", "as_strided", "split",
           "chunk", "unbind", "select", "diagonal", "detach", "contiguous", "numpy", "data",
           "untyped_storage", "movedim", "swapaxes", "tensor_split", "split_with_sizes"}
-_HOST_READS = {"tolist", "item", "numpy", "__int__", "__float__", "__bool__"}
+_HOST_READS = {"tolist", "item", "__int__", "__float__", "__bool__"}
+_HOST_BUILTINS = {"int", "float", "bool", "list", "tuple", "sum", "max", "min", "sorted",
+                  "enumerate", "zip", "any", "all", "set", "dict"}
 _TENSOR_METHODS = _VIEWS | _HOST_READS | {
     "copy_", "to", "cuda", "cpu", "clone", "index_select", "gather", "scatter_", "index_copy_",
     "index_fill_", "fill_", "zero_", "record_stream", "pin_memory", "masked_fill_", "add_",
@@ -130,6 +132,7 @@ _NOT_TENSOR_TORCH = re.compile(
 _HOSTISH = re.compile(r"(^|[._])(cpu|host|pinned|pin|np|numpy)($|[._])|_cpu$|_host$|_np$",
                       re.I)
 _STREAMISH = re.compile(r"stream", re.I)
+_INDEXISH = re.compile(r"idx|indices|index|mapping|mask|ids$|perm", re.I)
 _EVENTISH = re.compile(r"event|fence", re.I)
 _WORKISH = re.compile(r"(^|[._])(work|works|handle|handles|req|reqs|future|fut)($|[._]|s$)",
                       re.I)
@@ -158,6 +161,10 @@ def _callee_name(call: ast.Call) -> str:
     if isinstance(f, ast.Name):
         return f.id
     return ""
+
+
+def _inplace(method: str) -> bool:
+    return method.endswith("_") and not method.endswith("__") and method != "record_stream"
 
 
 def _kw(call: ast.Call, name: str) -> ast.expr | None:
@@ -229,7 +236,7 @@ class Walker:
                     return None
                 node = node.value
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                  and node.func.attr in _VIEWS):
+                  and (node.func.attr in _VIEWS or _inplace(node.func.attr))):
                 node = node.func.value
             elif isinstance(node, ast.Attribute) and node.attr in ("data", "T", "mT"):
                 node = node.value
@@ -256,7 +263,8 @@ class Walker:
                     isinstance(p, ast.UnaryOp) and isinstance(p.operand, ast.Constant)):
                 continue
             k = dotted(p)
-            if k is not None and (self.alias.get(k, k) in self.t.tensors):
+            if k is not None and (self.alias.get(k, k) in self.t.tensors
+                                  or _INDEXISH.search(k.rsplit(".", 1)[-1])):
                 return True
             if isinstance(p, (ast.List, ast.Subscript)):
                 return True
@@ -476,7 +484,8 @@ class Walker:
         self._rebind(name, line)
         if made:
             self.alias[name] = made
-            self.t.names[made] = name
+            if made.startswith("<tmp@"):
+                self.t.names[made] = name
         elif vk and vk != name:
             self.alias[name] = vk
             if vk in self.t.events:
@@ -501,11 +510,23 @@ class Walker:
         self.bound.add(name)
 
     def _keep(self, value: ast.expr, line: int) -> None:
-        for node in ast.walk(value):
-            if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
-                k = self.key(node)
-                if k:
-                    self._emit(K.KEEP, line, key=k)
+        """What ``value`` hands on (returned or stored): itself, the items of a
+        literal, the arguments of a constructor call (``Output(a, b)``)."""
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+            parts: list[ast.expr] = list(value.elts)
+        elif isinstance(value, ast.Dict):
+            parts = [v for v in value.values if v is not None]
+        elif isinstance(value, ast.Call) and _callee_name(value)[:1].isupper():
+            parts = [*value.args, *(k.value for k in value.keywords)]
+        else:
+            parts = [value]
+        for node in parts:
+            if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.Call)) and node is not value:
+                self._keep(node, line)
+                continue
+            k = self.key(node)
+            if k:
+                self._emit(K.KEEP, line, key=k)
 
     def _host_write(self, k: str, line: int) -> None:
         if k in self.t.host or _HOSTISH.search(k):
@@ -544,9 +565,15 @@ class Walker:
                 self.t.tensors.add(made)
                 if base:
                     self.t.tensors.add(base)
+                for part in ast.walk(node.slice):
+                    k = self.key(part) if isinstance(part, (ast.Name, ast.Attribute)) else None
+                    if k and _INDEXISH.search(k.rsplit(".", 1)[-1]):
+                        self.t.tensors.add(k)
                 return made
             if base:
                 self._emit(K.USE, node.lineno, stream=self.cur, key=base)
+                if base in self.t.host and isinstance(node.ctx, ast.Load):
+                    self._emit(K.HOST_READ, node.lineno, key=base, flag="index")
             else:
                 self.expr(node.value)
             return None
@@ -627,8 +654,8 @@ class Walker:
         async_op = _true(_kw(c, "async_op")) or name in _ASYNC_COLLECTIVE
         nb = _true(_kw(c, "non_blocking"))
         made: str | None = None
-        if recv is not None and rk is None:
-            made_recv = self.expr(recv)
+        if recv is not None and not isinstance(recv, (ast.Name, ast.Attribute)):
+            made_recv = self.expr(recv)  # a chained call or an index: its own work first
             if made_recv is not None:
                 rk = made_recv
         args = [a for a in c.args]
@@ -646,11 +673,16 @@ class Walker:
             else:
                 self.expr(kw.value)
         if name in _HOST_READS and rk:
-            if name != "numpy":
-                self.t.tensors.add(rk)
+            self.t.tensors.add(rk)
             self._emit(K.HOST_READ, line, key=rk, flag=name)
-            if name == "numpy":
-                self.t.host.add(rk)
+            return None
+        if name == "numpy" and rk:
+            self.t.host.add(rk)
+            return None
+        if recv is None and name in _HOST_BUILTINS:
+            for k in arg_keys:
+                if k and k in self.t.host:
+                    self._emit(K.HOST_READ, line, key=k, flag=name)
             return None
         if rk and name in _META:
             return None
@@ -685,6 +717,8 @@ class Walker:
                     self._emit(K.FREE, line, key=rk)
                 else:
                     self._host_write(rk, line)
+            if write:
+                return rk  # in-place ops return their receiver
             if name in _VIEWS:
                 return None
             made = self._fresh(c)
@@ -699,14 +733,18 @@ class Walker:
                 self._emit(K.NB_COPY, line, stream=self.cur, key=made, other=rk,
                            flag="d2h" if made in self.t.host else "h2d")
             return made
-        if rk and recv is not None:
+        module_fn = full.startswith(("torch.", "F.", "np.", "numpy."))
+        if rk and recv is not None and not module_fn:
             self._emit(K.USE, line, stream=self.cur, key=rk)
-        if full.startswith(("torch.", "F.", "np.", "numpy.")) and not _NOT_TENSOR_TORCH.match(
-                full):
+        if module_fn and not _NOT_TENSOR_TORCH.match(full):
             if full.startswith(("np.", "numpy.")):
-                for k in arg_keys:
-                    if k and full.split(".")[-1] in ("copyto", "put", "place"):
+                for i, k in enumerate(arg_keys):
+                    if not k:
+                        continue
+                    if i == 0 and full.split(".")[-1] in ("copyto", "put", "place"):
                         self._host_write(k, line)
+                    elif k in self.t.host:
+                        self._emit(K.HOST_READ, line, key=k, flag="numpy")
                 return None
             made = self._fresh(c)
             self.t.tensors.add(made)
