@@ -389,3 +389,66 @@ def test_unparsable_file_is_listed_not_fatal(tmp_path):
 def test_missing_path_refused_before_reading():
     with pytest.raises(ScanInputError):
         open_source("definitely/not/here")
+
+
+_SEND = '''
+import torch
+from no_such_engine.utils import log_once  # not importable here: stood in
+
+
+class Bcast:
+    def __init__(self):
+        self.side = torch.cuda.Stream()
+
+    @log_once
+    def send(self, table, idx):
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            rows = table[idx]
+            rows.add_(1)
+        return rows
+'''
+_SEND_FIXED = _SEND.replace("            rows.add_(1)\n", "            rows.add_(1)\n"
+                            "            idx.record_stream(self.side)\n"
+                            "            table.record_stream(self.side)\n")
+
+
+def _harness(tmp_path: Path, text: str, name: str) -> subprocess.CompletedProcess:
+    src = tmp_path / name
+    src.mkdir()
+    (src / "engine.py").write_text(text)
+    out = tmp_path / f"test_{name}.py"
+    r = _cli("scan", str(src), "--harness", "engine.py:14", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    body = out.read_text()
+    assert "@given(" in body and "streamfuzz.checked()" in body and "idx.record_stream" not in body
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(out), "--streamfuzz-device", "cpu"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_harness_runs_and_finds_the_bug_its_fixed_twin_is_clean(tmp_path):
+    bad = _harness(tmp_path, _SEND, "buggy")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "StreamfuzzError" in bad.stdout and "lifetime:" in bad.stdout
+    assert "record_stream(side" in bad.stdout
+    good = _harness(tmp_path, _SEND_FIXED, "fixed")
+    assert good.returncode == 0, good.stdout + good.stderr
+
+
+def test_harness_stands_in_for_unimportable_imports(tmp_path):
+    from fuzz.targets.standins import load
+
+    src = tmp_path / "pkg"
+    src.mkdir()
+    (src / "engine.py").write_text(_SEND)
+    loaded = load(str(src), "engine.py")
+    assert "no_such_engine.utils" in loaded.stood_in
+    assert callable(loaded.module.Bcast.send)  # the stood-in decorator kept the function
+
+
+def test_harness_refuses_a_line_outside_any_function(tmp_path):
+    (tmp_path / "engine.py").write_text(_SEND)
+    r = _cli("scan", str(tmp_path), "--harness", "engine.py:2")
+    assert r.returncode == 2 and "no function there" in r.stderr

@@ -292,7 +292,7 @@ class _Judge:
         """A side stream that work is put on (an event recorded on it marks the work's
         end) but that never waits for anything, where no tensor use shows it."""
         base = self.t.base
-        for i, o in enumerate(self.ops):
+        for o in self.ops:
             if o.kind is not K.EVENT_RECORD or o.stream in (base, ANY, "") or o.stream in seen:
                 continue
             if o.stream not in self.t.streams:
@@ -517,11 +517,8 @@ def sibling_omissions(pkg: Package) -> Iterator[Finding]:
                 pkg.by_name.get(name, ())):
             continue  # every function of that name must take the same ordering argument
         for callee, param, pos in optional[name][:1]:
-            def passes(c: ast.Call) -> bool:
-                return any(k.arg in (param, None) for k in c.keywords) or len(c.args) > pos \
-                    or any(isinstance(a, ast.Starred) for a in c.args)
-            passing = [(fn, c) for fn, c in calls if passes(c)]
-            omitting = [(fn, c) for fn, c in calls if not passes(c)]
+            passing = [(fn, c) for fn, c in calls if _passes(c, param, pos)]
+            omitting = [(fn, c) for fn, c in calls if not _passes(c, param, pos)]
             if not passing or not omitting:
                 continue
             ref_fn, ref = passing[0]
@@ -539,3 +536,9 @@ def sibling_omissions(pkg: Package) -> Iterator[Finding]:
                     f"passes to order {name}'s stream work after the caller's",
                     tuple(factors), extra={"callee": f"{callee.file}:{callee.node.lineno}"}
                 ).scored()
+
+
+def _passes(call: ast.Call, param: str, pos: int) -> bool:
+    """Does ``call`` give ``param`` (by name, by position, or maybe through ``*``/``**``)?"""
+    return any(k.arg in (param, None) for k in call.keywords) or len(call.args) > pos \
+        or any(isinstance(a, ast.Starred) for a in call.args)
