@@ -189,6 +189,9 @@ class _Judge:
     def _orders(self, o: Op, j: int, a: str, i: int, b: str) -> str | None:
         if o.kind is K.WAIT and o.stream in (b, ANY) and o.other in (a, ANY):
             return "yes"
+        if o.kind is K.WAIT and o.stream == b and a in (CURRENT, SUBMITTER) and \
+                o.other not in self.t.entered:
+            return "yes"  # a stream this function never enters: taken as its caller's
         if o.kind is K.WAIT and o.stream == ANY:
             return "yes"
         if o.kind is K.WAIT_EVENT and o.stream in (b, ANY):

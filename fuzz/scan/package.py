@@ -14,10 +14,12 @@ import ast
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fuzz.scan.sources import SourceFile
 from fuzz.scan.streams_ast import (
     ClassFacts,
+    K,
     Trace,
     Walker,
     dotted,
@@ -28,6 +30,19 @@ _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
 _OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
 _MAKES_STREAM = {"Stream": "stream", "ExternalStream": "stream", "Event": "event"}
 _DEPTH = 2  # how deep callee effects are followed
+_MAX_EFFECTS = 24  # uses of a callee's parameters lent to its callers, at most
+
+
+class Effect(NamedTuple):
+    """What a callee does, seen from its caller: ``wait`` (it orders some stream
+    unconditionally), ``sync`` (the host waits), ``record`` (record_stream on
+    ``param``+``suffix``), ``use`` (its work on the caller's stream touches them),
+    ``free`` (it drops the argument's attribute ``suffix``)."""
+
+    what: str
+    param: str = ""
+    suffix: str = ""
+    write: bool = False
 
 
 @dataclass
@@ -154,7 +169,7 @@ class Package:
                 continue
             yield self.walk(fn)
 
-    def walk(self, fn: Function) -> Trace:
+    def walk(self, fn: Function, depth: int = 0) -> Trace:
         m = self.modules[fn.file]
         params = fn.params()
         thread = (fn.file, fn.name) in self.thread_targets
@@ -172,7 +187,7 @@ class Package:
                 ann = p.annotation
                 if ann is not None and "Tensor" in ast.unparse(ann):
                     t.tensors.add(p.arg)
-            w = Walker(t, facts, m.facts, callee=lambda tr, call: self.effects(fn, call, 0))
+            w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth))
             w.bound |= set(t.params)
             for p in params:
                 if is_scalar_annotation(p.annotation):
@@ -201,39 +216,53 @@ class Package:
             return same_file[0]
         return cands[0] if len(cands) == 1 else None
 
-    def effects(self, caller: Function, call: ast.Call, depth: int) -> tuple[object, ...]:
-        """What the callee does to ordering: 'wait', 'sync', and the positions of the
-        arguments it calls ``record_stream`` on."""
+    def effects(self, caller: Function, call: ast.Call, depth: int) -> tuple[Effect, ...]:
+        """What a same-package callee does that the caller's ordering depends on
+        (``Effect``), from the callee's own walk."""
         callee = self.resolve(caller, call)
-        if callee is None or depth > _DEPTH:
+        if callee is None or depth >= _DEPTH:
             return ()
         key = id(callee.node)
         if key in self._summaries:
             return self._summaries[key]
         self._summaries[key] = ()  # recursion guard
-        found: set[object] = set()
-        params = [p.arg for p in callee.params()]
-        guarded = _guarded_nodes(callee.node)
-        for node in _own_nodes(callee.node):
-            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
-                if isinstance(node, ast.Call):
-                    found |= set(self.effects(callee, node, depth + 1))
-                continue
-            attr = node.func.attr
-            recv = dotted(node.func.value) or ""
-            if id(node) in guarded:
-                continue
-            if attr in ("wait_stream", "wait_event") or (
-                    attr == "wait" and _OPTIONAL_WAIT.search(recv) and "work" not in recv):
-                found.add("wait")
-            elif attr == "synchronize":
-                found.add("sync")
-            elif attr == "record_stream" and recv.split(".")[0] in params:
-                found.add(params.index(recv.split(".")[0]))
-            else:
-                found |= set(self.effects(callee, node, depth + 1))
-        self._summaries[key] = tuple(sorted(found, key=str))
+        t = self.walk(callee, depth + 1)
+        params = set(t.params)
+        found: dict[Effect, None] = {}
+        for o in t.ops:
+            root = o.key.split(".")[0] if o.key else ""
+            suffix = o.key[len(root):]
+            if o.kind in (K.WAIT, K.WAIT_EVENT) and not o.guards:
+                found[Effect("wait")] = None
+            elif o.kind is K.HOST_SYNC and not o.guards:
+                found[Effect("sync")] = None
+            elif o.kind is K.RECORD and root in params:
+                found[Effect("record", root, suffix)] = None
+            elif o.kind is K.FREE and root in params and suffix:
+                found[Effect("free", root, suffix)] = None
+            elif o.kind is K.USE and root in params and o.stream == t.base and \
+                    o.key in t.tensors and len(found) < _MAX_EFFECTS:
+                found.setdefault(Effect("use", root, suffix, o.write), None)
+        self._summaries[key] = tuple(found)
         return self._summaries[key]
+
+    def _call_effects(self, fn: Function, call: ast.Call, depth: int) -> list[Effect]:
+        """The callee's effects with its parameter names turned into this call's
+        arguments (a name chain each, or '' where the argument is an expression)."""
+        out = []
+        callee = self.resolve(fn, call)
+        for e in self.effects(fn, call, depth):
+            if not e.param:
+                out.append(e)
+                continue
+            names = [p.arg for p in callee.params()] if callee else []
+            arg: ast.expr | None = next((k.value for k in call.keywords if k.arg == e.param),
+                                        None)
+            if arg is None and e.param in names and names.index(e.param) < len(call.args):
+                arg = call.args[names.index(e.param)]
+            if arg is not None and not isinstance(arg, ast.Starred):
+                out.append(Effect(e.what, ast.unparse(arg), e.suffix, e.write))
+        return out
 
     def optional_waits(self) -> dict[str, list[tuple[Function, str, int]]]:
         """Functions with an ordering argument that defaults to None, by name:
@@ -363,7 +392,11 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
                 continue
             v = node.value
             made = _makes(v)
-            if made == "stream":
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
+                    v.func.attr in ("stream", "StreamContext") and v.args and dotted(v.args[0]):
+                facts.contexts[name] = dotted(v.args[0]) or ""
+                facts.streams.add(facts.contexts[name])
+            elif made == "stream":
                 facts.streams.add(name)
             elif made == "event":
                 facts.events.add(name)

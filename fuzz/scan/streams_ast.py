@@ -82,6 +82,7 @@ class Trace:
     timing_events: set[str] = field(default_factory=set)
     calls: list[tuple[str, int, int, frozenset[str]]] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # made-here key -> how the code names it
+    entered: set[str] = field(default_factory=set)  # streams made current here (contexts)
 
     def name(self, key: str) -> str:
         return self.names.get(key, key)
@@ -196,6 +197,7 @@ class ClassFacts:
     streams: set[str] = field(default_factory=set)
     events: set[str] = field(default_factory=set)
     alias: dict[str, str] = field(default_factory=dict)  # self.x_np -> self.x
+    contexts: dict[str, str] = field(default_factory=dict)  # self.ctx -> the stream it enters
 
 
 class Walker:
@@ -217,6 +219,7 @@ class Walker:
         self.alias: dict[str, str] = {}
         self.guards: list[int] = []
         self.bound: set[str] = set()
+        self.contexts = {**self.module.contexts, **self.facts.contexts}
         for k in self.facts.alias:
             self.alias[k] = self.facts.alias[k]
         t = self.t
@@ -377,6 +380,7 @@ class Walker:
             stream = self._context_stream(item.context_expr)
             if stream is not None:
                 self.stack.append(stream)
+                self.t.entered.add(stream)
                 pushed += 1
             else:
                 self.expr(item.context_expr)
@@ -402,6 +406,8 @@ class Walker:
         k = self.key(node)
         if k is not None and k in self.t.streams:
             return k
+        if k is not None and k in self.contexts:
+            return self.contexts[k]
         return None
 
     def _assign(self, s: ast.Assign | ast.AnnAssign | ast.AugAssign) -> None:
@@ -458,6 +464,10 @@ class Walker:
             self.t.streams.add(name)
             self.alias[name] = stream
             return
+        ctx = self._context_stream(value) if isinstance(value, ast.Call) else None
+        if ctx is not None:
+            self.contexts[name] = ctx
+            return
         if isinstance(value, ast.Call) and _callee_name(value) in ("Stream", "ExternalStream"):
             self.t.streams.add(name)
             self.alias.pop(name, None)
@@ -474,12 +484,14 @@ class Walker:
             if made:
                 self._emit(K.KEEP, line, key=made)
             k = self.key(tgt) or name
+            if k in self.t.tensors:
+                self._emit(K.FREE, line, key=k)  # the reference it held is dropped
             self.alias.pop(name, None)
             if made:
                 self.alias[name] = made
-                self.t.names[made] = name
+                if made.startswith("<tmp@"):
+                    self.t.names[made] = name
                 self.t.persistent.add(made)
-            self._emit(K.USE, line, stream=self.cur, key=k, write=True)
             return
         self._rebind(name, line)
         if made:
@@ -766,14 +778,23 @@ class Walker:
         self.t.calls.append((name, line, len(c.args), frozenset(
             k.arg for k in c.keywords if k.arg)))
         if callable(self.callee):
-            effects = self.callee(self.t, c)  # type: ignore[operator]
-            for eff in effects or ():
-                if eff == "wait":
+            for eff in self.callee(c):  # type: ignore[operator]
+                if eff.what == "wait":
                     self._emit(K.WAIT, line, stream=ANY, other=ANY)
-                elif eff == "sync":
+                elif eff.what == "sync":
                     self._emit(K.HOST_SYNC, line, key="")
-                elif isinstance(eff, int) and eff < len(arg_keys) and arg_keys[eff]:
-                    self._emit(K.RECORD, line, key=arg_keys[eff], stream=ANY)
+                else:
+                    k = self.key(ast.parse(eff.param, mode="eval").body) if eff.param else None
+                    if not k:
+                        continue
+                    k += eff.suffix
+                    if eff.what == "record":
+                        self._emit(K.RECORD, line, key=k, stream=ANY)
+                    elif eff.what == "free":
+                        self._emit(K.FREE, line, key=k)
+                    else:
+                        self.t.tensors.add(k)
+                        self._emit(K.USE, line, stream=self.cur, key=k, write=eff.write)
         return None
 
     def _direction(self, dst: str, src: str) -> str:
