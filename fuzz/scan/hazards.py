@@ -151,7 +151,7 @@ class _Judge:
         self.syncs = any(o.kind is K.HOST_SYNC for o in self.ops)
 
     def tensorish(self, k: str) -> bool:
-        if not k or k.startswith(("<scalar", "<work@", "<event@")) or k in (ANY,):
+        if not k or k.startswith(("<scalar", "<work@", "<event@")) or k in (ANY, "self", "cls"):
             return False
         if k in self.t.streams or k in self.t.events:
             return False

@@ -351,6 +351,7 @@ class Walker:
             for _ in range(2):
                 if not isinstance(s, ast.While):
                     self._bind(s.target, None, s.lineno)
+                    self._bind_items(s.target, s.iter)
                 self.walk(s.body)
             self.walk(s.orelse)
         elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
@@ -462,6 +463,10 @@ class Walker:
         stream = self._stream_value(value)
         if stream is not None:
             self.t.streams.add(name)
+            before = self.alias.get(name)
+            if stream == self.t.base and self.guards and before not in (None, self.t.base) \
+                    and before in self.t.streams:
+                return  # `s = side` on one path, `s = current` on another: keep the side
             self.alias[name] = stream
             return
         ctx = self._context_stream(value) if isinstance(value, ast.Call) else None
@@ -505,13 +510,33 @@ class Walker:
         else:
             self.alias.pop(name, None)
 
+    def _bind_items(self, target: ast.expr, it: ast.expr) -> None:
+        """``for x in xs``: ``x`` stands for the storage of ``xs``'s items, which its
+        owner holds (``zip`` and ``enumerate`` are looked through)."""
+        if isinstance(it, ast.Call) and _callee_name(it) in ("zip", "enumerate", "reversed"):
+            if _callee_name(it) == "enumerate" and isinstance(target, ast.Tuple) and len(
+                    target.elts) == 2 and it.args:
+                self._bind_items(target.elts[1], it.args[0])
+            elif _callee_name(it) == "zip" and isinstance(target, ast.Tuple) and len(
+                    target.elts) == len(it.args):
+                for t, a in zip(target.elts, it.args):
+                    self._bind_items(t, a)
+            elif _callee_name(it) == "reversed" and it.args:
+                self._bind_items(target, it.args[0])
+            return
+        name = dotted(target)
+        k = self.key(it) if isinstance(it, (ast.Name, ast.Attribute)) else None
+        if name and k and k not in self.t.streams and k not in self.t.events:
+            self.alias[name] = k
+            if name in self.t.tensors:
+                self.t.tensors.add(k)
+
     def _stream_value(self, value: ast.expr) -> str | None:
         if isinstance(value, ast.Call) and _callee_name(value) in ("current_stream",
                                                                       "default_stream"):
             return self.stream_of(value)
-        k = self.key(value)
-        if k is not None and (k in self.t.streams or k in (CURRENT, THREAD)):
-            return k
+        if isinstance(value, (ast.Name, ast.Attribute, ast.IfExp)):
+            return self.stream_of(value)
         return None
 
     def _rebind(self, name: str, line: int) -> None:
@@ -698,6 +723,8 @@ class Walker:
             return None
         if rk and name in _META:
             return None
+        if rk in ("self", "cls"):
+            rk = None
         tensor_recv = rk is not None and (name in _TENSOR_METHODS or rk in self.t.tensors)
         if rk and name in _TENSOR_METHODS:
             self.t.tensors.add(rk)
