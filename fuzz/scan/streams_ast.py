@@ -260,6 +260,9 @@ class Walker:
 
     def _is_gather(self, node: ast.Subscript) -> bool:
         """``t[idx]`` with a tensor (or list) index makes a new tensor; slices are views."""
+        base = dotted(node.value)
+        if base and (_STREAMISH.search(base) or _EVENTISH.search(base)):
+            return False
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         for p in parts:
             if isinstance(p, (ast.Slice, ast.Constant)) or (
@@ -287,6 +290,13 @@ class Walker:
             return self.stream_of(node.body) or self.stream_of(node.orelse)
         if isinstance(node, ast.BoolOp):
             return next((s for s in map(self.stream_of, node.values) if s), None)
+        if isinstance(node, ast.Subscript):  # streams[i]: one of a set of streams
+            base = self.key(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) \
+                else None
+            if base and _STREAMISH.search(base.rsplit(".", 1)[-1]):
+                self.t.streams.add(base + "[]")
+                return base + "[]"
+            return None
         k = self.key(node)
         if k is None:
             return None
@@ -679,8 +689,12 @@ class Walker:
             return None
         if name == "synchronize":
             target = ""
-            if rk and rk not in ("torch.cuda", "torch", "torch.accelerator"):
-                target = self.stream_of(recv) or self.event_of(recv) or rk  # type: ignore[arg-type]
+            if isinstance(recv, ast.Call):  # current_stream().synchronize(), else a device
+                target = self.stream_of(recv) or ""
+            elif recv is not None and dotted(recv) not in ("torch.cuda", "torch",
+                                                           "torch.accelerator"):
+                target = self.stream_of(recv) or (self.event_of(recv) if rk else None) or \
+                    rk or ast.unparse(recv)
             self._emit(K.HOST_SYNC, line, key=target)
             return None
         if name in ("Thread", "Process") or name in _THREAD_SPAWNERS:
