@@ -124,7 +124,7 @@ _TENSOR_METHODS = _VIEWS | _HOST_READS | {
     "masked_scatter_", "float", "half", "bfloat16", "long", "repeat", "cumsum", "argmax",
     "nonzero", "topk", "index_add_", "scatter_add_", "copy", "element_size", "new_empty",
     "new_zeros", "new_full", "new_tensor", "bool", "masked_select", "repeat_interleave",
-    "sum", "flatten", "clamp_", "uniform_", "normal_", "exponential_", "div", "mul", "add"}
+    "sum", "flatten", "clamp_", "uniform_", "normal_", "exponential_"}
 _NOT_TENSOR_TORCH = re.compile(
     r"^torch\.(cuda|distributed|device|dtype|Size|get_|set_|is_|no_grad|inference_mode|"
     r"enable_grad|manual_seed|compile|jit|library|ops\.|_dynamo|autograd|backends|nn\.Module|"
