@@ -56,7 +56,6 @@ FACTORS: dict[str, tuple[int, str]] = {
     "previous-call": (-10, "the pending copy is one a previous call started"),
     "consumed-elsewhere": (-10, "the event is waited on outside this function"),
     "opaque-work": (-15, "the side stream's work is issued by calls whose tensors are not seen"),
-    "host-sync-in-function": (-15, "the function blocks the host on a sync somewhere"),
     "test-code": (-30, "in tests, benchmarks or examples"),
 }
 """Factor -> (points, why)."""
@@ -148,7 +147,6 @@ class _Judge:
             self.common.append("test-code")
         if t.thread:
             self.common.append("thread")
-        self.syncs = any(o.kind is K.HOST_SYNC for o in self.ops)
 
     def tensorish(self, k: str) -> bool:
         if not k or k.startswith(("<scalar", "<work@", "<event@")) or k in (ANY, "self", "cls"):
