@@ -96,7 +96,7 @@ def _arg(name: str, trace: Trace, annotation: ast.expr | None) -> str:
     if name in trace.tensors or "Tensor" in ann:
         if name in trace.pinned or name in trace.host:
             return "torch.zeros(n, dtype=torch.int64, pin_memory=True)"
-        if re.search(r"idx|indices|index|mapping|ids$|perm", low):
+        if re.search(r"idx|indices|index|mapping|ids$|perm", low):  # an index tensor
             return "torch.randperm(n, device=DEVICE)"
         return "torch.arange(n, device=DEVICE, dtype=torch.float32)"
     return "None  # TODO: what the caller passes"

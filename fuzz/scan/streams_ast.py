@@ -133,7 +133,9 @@ _NOT_TENSOR_TORCH = re.compile(
 _HOSTISH = re.compile(r"(^|[._])(cpu|host|pinned|pin|np|numpy)($|[._])|_cpu$|_host$|_np$",
                       re.I)
 _STREAMISH = re.compile(r"stream", re.I)
-_INDEXISH = re.compile(r"idx|indices|index|mapping|mask|ids$|perm", re.I)
+_INDEXISH = re.compile(r"indices|idx_mapping|mapping|mask|_ids$|^ids$|perm|idxs$|index_tensor",
+                       re.I)
+"""Index names that hold tensors (a bare ``idx`` is as often an int)."""
 _EVENTISH = re.compile(r"event|fence", re.I)
 _WORKISH = re.compile(r"(^|[._])(work|works|handle|handles|req|reqs|future|fut)($|[._]|s$)",
                       re.I)
