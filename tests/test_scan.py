@@ -453,3 +453,46 @@ def test_harness_refuses_a_line_outside_any_function(tmp_path):
     (tmp_path / "engine.py").write_text(_SEND)
     r = _cli("scan", str(tmp_path), "--harness", "engine.py:2")
     assert r.returncode == 2 and "no function there" in r.stderr
+
+
+def test_an_optional_wait_whose_absence_still_orders_is_not_flagged(tmp_path):
+    src = '''
+        import torch
+
+        class Backend:
+            def launch(self, src, dst, wait_event=None):
+                if wait_event is None:
+                    self.stream.wait_stream(torch.cuda.current_stream())
+                else:
+                    self.stream.wait_event(wait_event)
+                with torch.cuda.stream(self.stream):
+                    dst.copy_(src, non_blocking=True)
+                self.done.record(self.stream)
+
+        class Worker:
+            def load(self):
+                self.backend.launch(self.cpu, self.gpu)
+
+            def store(self):
+                self.ready.record()
+                self.backend.launch(self.gpu, self.cpu, wait_event=self.ready)
+        '''
+    found = _scan(_write(tmp_path, "w.py", src))
+    assert not [f.what for f in found if f.hazard is Hazard.UNORDERED]
+    assert {f.hazard for f in found} == {Hazard.LIFETIME}  # src, dst: no record_stream
+
+
+def test_a_helper_named_like_a_stream_context_enters_its_stream(tmp_path):
+    src = '''
+        import torch
+
+        def to_host(frames, stream, out):
+            with _torch_stream_context(stream):
+                out.copy_(frames, non_blocking=True)
+                stream.synchronize()
+            return out.numpy()
+        '''
+    found = _scan(_write(tmp_path, "d.py", src))
+    assert not [f for f in found if f.hazard is Hazard.UNSYNCED_D2H]
+    assert [f.streams for f in found if f.hazard is Hazard.UNORDERED] == [
+        ("current stream", "stream")]

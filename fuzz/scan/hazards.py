@@ -170,6 +170,7 @@ class _Judge:
             return "yes"
         use_guards = self.ops[p].guards if p < len(self.ops) else ()
         best = "no"
+        partial: list[tuple[int, ...]] = []
         for j in range(max(i + 1, 0), min(p, len(self.ops))):
             o = self.ops[j]
             how = self._orders(o, j, a, i, b)
@@ -180,6 +181,9 @@ class _Judge:
                     best = how
                 continue
             if o.guards == use_guards[:len(o.guards)]:
+                return "yes"
+            partial.append(o.guards)
+            if _all_paths(partial):
                 return "yes"
             best = "cond"
         return best
@@ -300,7 +304,7 @@ class _Judge:
                 continue
             waits = [w for w in self.ops if w.kind in (K.WAIT, K.WAIT_EVENT)
                      and w.stream in (o.stream, ANY)]
-            if any(not w.guards for w in waits) or _TIMING.search(o.key.rsplit(".", 1)[-1]):
+            if _all_paths([w.guards for w in waits]) or _TIMING.search(o.key.rsplit(".", 1)[-1]):
                 continue
             factors = ["opaque-work"]
             factors.append("conditional-order" if waits else "no-wait-at-all")
@@ -543,3 +547,11 @@ def _passes(call: ast.Call, param: str, pos: int) -> bool:
     """Does ``call`` give ``param`` (by name, by position, or maybe through ``*``/``**``)?"""
     return any(k.arg in (param, None) for k in call.keywords) or len(call.args) > pos \
         or any(isinstance(a, ast.Starred) for a in call.args)
+
+
+def _all_paths(guards: list[tuple[int, ...]]) -> bool:
+    """Do ops under these branches cover every path: one unguarded, or the two
+    branches of one ``if`` (its body is +id, its else -id)."""
+    seen = set(guards)
+    return any(not g for g in seen) or any(
+        g[:-1] + (-g[-1],) in seen for g in seen if g and g[-1] > 0)

@@ -281,12 +281,29 @@ class Package:
                     continue
                 if not _STREAM_TEXT.search(fn.text):
                     continue
-                if not _reaches_wait(fn.node, p.arg):
+                if not _reaches_wait(fn.node, p.arg) or self._none_is_ordered(fn, p.arg, 0):
                     continue
                 position = i if i < len(pos) else 10**6
                 out.setdefault(fn.name, []).append((fn, p.arg, position))
         return out
 
+
+    def _none_is_ordered(self, fn: Function, param: str, depth: int) -> bool:
+        """Without ``param`` the function still orders its work: an ``if`` on it
+        waits in both branches, or it hands ``param`` to a callee that does."""
+        for node in _own_nodes(fn.node):
+            if isinstance(node, ast.If) and any(
+                    isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.test)):
+                if _waits(node.body) and _waits(node.orelse):
+                    return True
+            if isinstance(node, ast.Call) and depth < _DEPTH:
+                for k in node.keywords:
+                    if isinstance(k.value, ast.Name) and k.value.id == param and k.arg:
+                        callee = self.resolve(fn, node)
+                        if callee is not None and callee is not fn and \
+                                self._none_is_ordered(callee, k.arg, depth + 1):
+                            return True
+        return False
 
     def call_sites(self, names: set[str]) -> Iterator[tuple[Function, ast.Call]]:
         """Every call, anywhere in the package, of a function named in ``names``."""
@@ -348,6 +365,12 @@ def _reaches_wait(fn: ast.AST, param: str) -> bool:
                 isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.value)):
             return True
     return False
+
+
+def _waits(body: list[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+               n.func.attr in ("wait_stream", "wait_event", "synchronize", "wait")
+               for s in body for n in ast.walk(s))
 
 
 def _makes(value: ast.AST) -> str | None:

@@ -133,6 +133,8 @@ _NOT_TENSOR_TORCH = re.compile(
 _HOSTISH = re.compile(r"(^|[._])(cpu|host|pinned|pin|np|numpy)($|[._])|_cpu$|_host$|_np$",
                       re.I)
 _STREAMISH = re.compile(r"stream", re.I)
+_STREAM_CONTEXT = re.compile(r"stream_?(context|ctx)$", re.I)
+"""A helper of the package's own that enters the stream it is given."""
 _INDEXISH = re.compile(r"indices|idx_mapping|mapping|mask|_ids$|^ids$|perm|idxs$|index_tensor",
                        re.I)
 """Index names that hold tensors (a bare ``idx`` is as often an int)."""
@@ -407,7 +409,8 @@ class Walker:
             return self._context_stream(node.body) or self._context_stream(node.orelse)
         if isinstance(node, ast.Call):
             name = _callee_name(node)
-            if name in ("stream", "StreamContext", "use_stream", "cuda_stream") and node.args:
+            if (name in ("stream", "StreamContext", "use_stream", "cuda_stream") or
+                    _STREAM_CONTEXT.search(name)) and node.args:
                 s = self.stream_of(node.args[0])
                 if s is None:
                     s = self.key(node.args[0])
@@ -640,7 +643,7 @@ class Walker:
         return None
 
     def _fresh(self, node: ast.AST) -> str:
-        k = f"<tmp@{node.lineno}:{node.col_offset}>"  # type: ignore[attr-defined]
+        k = f"<tmp@{node.lineno}:{node.col_offset}:{node.end_col_offset}>"  # type: ignore[attr-defined]
         text = ast.unparse(node)
         self.t.names.setdefault(k, text if len(text) <= 40 else text[:37] + "...")
         self._emit(K.ALLOC, node.lineno, stream=self.cur, key=k)  # type: ignore[attr-defined]
