@@ -209,9 +209,10 @@ class _Judge:
         if o.kind is K.HOST_SYNC:
             if o.key in ("", a):
                 return "yes"
-            recs = self.records.get(o.key)
-            if o.key in self.t.events and (not recs or any(
-                    i < r < j and s in (a, ANY) for r, s in recs)):
+            if o.key in self.t.streams:
+                return None  # another stream's sync
+            recs = self.records.get(o.key)  # an event's: what it was recorded after
+            if not recs or any(i < r < j and s in (a, ANY) for r, s in recs):
                 return "yes"
         return None
 
@@ -318,8 +319,8 @@ class _Judge:
     def lifetime(self) -> Iterator[Finding]:
         keys = sorted({o.key for o in self.ops if o.kind is K.USE and self.tensorish(o.key)})
         for k in keys:
-            if not (self.local(k) or self.param_owned(k)):
-                continue
+            if not (self.local(k) or self.param_owned(k)) or k in self.t.host:
+                continue  # host memory: its lifetime is the pinned allocator's (events)
             recorded = {o.stream for o in self.ops if o.kind is K.RECORD and o.key == k}
             kept = any(o.kind is K.KEEP and o.key == k for o in self.ops)
             for start, a, end, freed in self._generations(k):

@@ -362,7 +362,15 @@ class Walker:
                 self.expr(s.test)
             else:
                 self.expr(s.iter)
-            for _ in range(2):
+            items = s.iter.elts if isinstance(s, (ast.For, ast.AsyncFor)) and isinstance(
+                s.iter, (ast.Tuple, ast.List)) and isinstance(s.target, ast.Name) and all(
+                isinstance(e, (ast.Name, ast.Attribute)) for e in s.iter.elts) else None
+            if items:  # for t in (x, y): the body once for each
+                for e in items:
+                    self._bind(s.target, None, s.lineno)
+                    self._bind_items(s.target, e)
+                    self.walk(s.body)
+            for _ in range(0 if items else 2):
                 if not isinstance(s, ast.While):
                     self._bind(s.target, None, s.lineno)
                     self._bind_items(s.target, s.iter)
@@ -592,6 +600,13 @@ class Walker:
             return None
         if isinstance(node, ast.Call):
             return self._call(node)
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+            # a container only holds references: no stream touches its items here
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.expr) and not isinstance(
+                        child, (ast.Name, ast.Attribute)):
+                    self.expr(child)
+            return None
         if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)):
             if not isinstance(node, ast.Lambda):
@@ -691,6 +706,14 @@ class Walker:
                 self._emit(K.WAIT_EVENT, line, stream=s or self.cur, key=rk)
             else:
                 self._emit(K.WORK_WAIT, line, key=rk)
+            return None
+        if name != "synchronize" and name.endswith("synchronize") and recv is None:
+            # a saved alias of Event.synchronize / Stream.synchronize: its argument
+            target = ""
+            if c.args:
+                a0 = c.args[0]
+                target = self.stream_of(a0) or self.key(a0) or ""
+            self._emit(K.HOST_SYNC, line, key=target)
             return None
         if name == "synchronize":
             target = ""
