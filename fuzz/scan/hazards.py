@@ -153,6 +153,8 @@ class _Judge:
             return False
         if k in self.t.streams or k in self.t.events:
             return False
+        if k.split(".")[0] in self.t.maybe:
+            return k in self.t.tensors
         return k in self.t.tensors or k.startswith("<tmp@")
 
     def local(self, k: str) -> bool:
@@ -318,6 +320,7 @@ class _Judge:
 
     def lifetime(self) -> Iterator[Finding]:
         keys = sorted({o.key for o in self.ops if o.kind is K.USE and self.tensorish(o.key)})
+        merged: dict[str, Finding] = {}
         for k in keys:
             if not (self.local(k) or self.param_owned(k)) or k in self.t.host:
                 continue  # host memory: its lifetime is the pinned allocator's (events)
@@ -354,18 +357,29 @@ class _Judge:
                     factors.append("conditional-order")
                 where = "freed" if freed else "kept beyond the call" if kept else (
                     "dropped at return" if self.local(k) else "owned by the caller")
-                yield self._finding(
+                root = k.split(".")[0]
+                if root.startswith("<tmp@") and root != k:  # one finding per object made
+                    if root in merged:
+                        merged[root].tensors = tuple(sorted({*merged[root].tensors,
+                                                             self.t.name(k)}))
+                        break
+                f = self._finding(
                     Hazard.LIFETIME, line, (k,), (a, *bad), factors=factors,
                     what=f"{self.t.name(k)} is made on {_show(a)} and used on "
                          f"{', '.join(map(_show, bad))} with no record_stream; it is "
                          f"{where} with that work possibly queued")
+                if root.startswith("<tmp@") and root != k:
+                    merged[root] = f
+                    f.what = f.what.replace(self.t.name(k), self.t.name(root) + "'s tensors", 1)
+                yield f
                 break
 
     def _generations(self, k: str) -> Iterator[tuple[int, str, int, bool]]:
         """(start, stream made on, end, freed at end) for each life of ``k``."""
         start, stream = -1, (self.t.producer if not self.local(k) else "")
+        root = k.split(".")[0]
         for j, o in enumerate(self.ops):
-            if o.key != k:
+            if o.key != k and not (o.key == root and o.kind in (K.ALLOC, K.FREE)):
                 continue
             if o.kind is K.ALLOC:
                 if stream:

@@ -84,8 +84,11 @@ class Trace:
     names: dict[str, str] = field(default_factory=dict)  # made-here key -> how the code names it
     entered: set[str] = field(default_factory=set)  # streams made current here (contexts)
 
+    maybe: set[str] = field(default_factory=set)  # made here, tensors only if used as ones
+
     def name(self, key: str) -> str:
-        return self.names.get(key, key)
+        root, dot, rest = key.partition(".")
+        return self.names.get(key) or (self.names.get(root, root) + dot + rest)
 
     @property
     def base(self) -> str:
@@ -458,10 +461,16 @@ class Walker:
     def _bind(self, tgt: ast.expr, value: ast.expr | None, line: int,
               made: str | None = None) -> None:
         if isinstance(tgt, (ast.Tuple, ast.List)):
-            vals = value.elts if isinstance(value, (ast.Tuple, ast.List)) and len(
-                value.elts) == len(tgt.elts) else [None] * len(tgt.elts)
-            for t, v in zip(tgt.elts, vals):
-                self._bind(t, v, line, self.expr(v) if v is not None else None)
+            split = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(
+                tgt.elts)
+            for i, t in enumerate(tgt.elts):
+                v = value.elts[i] if split else None  # type: ignore[union-attr]
+                m = self.expr(v) if v is not None else None
+                if v is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
+                        isinstance(t, ast.Name):
+                    m = self._fresh(t)  # unpacked from a call made on a side stream
+                    self.t.maybe.add(m)
+                self._bind(t, v, line, m)
             return
         if isinstance(tgt, ast.Starred):
             self._bind(tgt.value, None, line)
@@ -481,6 +490,9 @@ class Walker:
         if value is None:
             self.alias.pop(name, None)
             self._rebind(name, line)
+            if made and "." not in name:
+                self.alias[name] = made
+                self.t.names[made] = name
             return
         vk = self.key(value) if made is None else None
         stream = self._stream_value(value)
@@ -522,6 +534,10 @@ class Walker:
                 self.t.persistent.add(made)
             return
         self._rebind(name, line)
+        if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
+                vk is None:
+            made = self._fresh(value)  # what a call returns on a side stream is made there
+            self.t.maybe.add(made)
         if made:
             self.alias[name] = made
             if made.startswith("<tmp@"):
