@@ -182,11 +182,15 @@ class Package:
                 t.tensors |= learned.tensors
                 t.host |= learned.host
                 t.streams |= learned.streams
-                t.events |= learned.events
+                t.events |= learned.events | (learned.recorded & learned.waited)
             for p in params:
-                ann = p.annotation
-                if ann is not None and "Tensor" in ast.unparse(ann):
+                ann = ast.unparse(p.annotation) if p.annotation is not None else ""
+                if "Tensor" in ann:
                     t.tensors.add(p.arg)
+                elif "Event" in ann:
+                    t.events.add(p.arg)
+                elif "Stream" in ann:
+                    t.streams.add(p.arg)
             w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth))
             w.bound |= set(t.params)
             for p in params:

@@ -85,6 +85,8 @@ class Trace:
     entered: set[str] = field(default_factory=set)  # streams made current here (contexts)
 
     maybe: set[str] = field(default_factory=set)  # made here, tensors only if used as ones
+    recorded: set[str] = field(default_factory=set)  # x.record() seen
+    waited: set[str] = field(default_factory=set)  # x.wait() / x.query() seen
 
     def name(self, key: str) -> str:
         root, dot, rest = key.partition(".")
@@ -169,6 +171,15 @@ def _callee_name(call: ast.Call) -> str:
     if isinstance(f, ast.Name):
         return f.id
     return ""
+
+
+def _negated(test: ast.expr, call: ast.Call) -> bool:
+    """Is ``call`` under a ``not`` in ``test``?"""
+    for node in ast.walk(test):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and any(
+                n is call for n in ast.walk(node.operand)):
+            return True
+    return False
 
 
 def _inplace(method: str) -> bool:
@@ -356,6 +367,12 @@ class Walker:
         elif isinstance(s, ast.If):
             self.expr(s.test)
             self.guards.append(id(s))
+            for node in ast.walk(s.test):  # `if ev.query():` the work before ev is done
+                if isinstance(node, ast.Call) and _callee_name(node) == "query" and \
+                        isinstance(node.func, ast.Attribute):
+                    target = self.stream_of(node.func.value) or self.key(node.func.value)
+                    if target and not _negated(s.test, node):
+                        self._emit(K.HOST_SYNC, s.lineno, key=target)
             self.walk(s.body)
             self.guards[-1] = -id(s)
             self.walk(s.orelse)
@@ -703,6 +720,10 @@ class Walker:
                 ev = self.key(c.args[0])
             self._emit(K.WAIT_EVENT, line, stream=waiter, key=ev or ANY)
             return None
+        if name == "record" and rk:
+            self.t.recorded.add(rk)
+        if name in ("wait", "query") and rk:
+            self.t.waited.add(rk)
         if name == "record" and rk and (rk in self.t.events or _EVENTISH.search(rk)):
             self.t.events.add(rk)
             s = self.stream_of(c.args[0]) if c.args else self.cur
@@ -749,7 +770,9 @@ class Walker:
         async_op = _true(_kw(c, "async_op")) or name in _ASYNC_COLLECTIVE
         nb = _true(_kw(c, "non_blocking"))
         made: str | None = None
-        if recv is not None and not isinstance(recv, (ast.Name, ast.Attribute)):
+        if isinstance(recv, ast.Subscript) and rk is not None:
+            self.expr(recv.slice)  # x[i].copy_(...): a view of x, not a host read of it
+        elif recv is not None and not isinstance(recv, (ast.Name, ast.Attribute)):
             made_recv = self.expr(recv)  # a chained call or an index: its own work first
             if made_recv is not None:
                 rk = made_recv
