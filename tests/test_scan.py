@@ -496,3 +496,29 @@ def test_a_helper_named_like_a_stream_context_enters_its_stream(tmp_path):
     assert not [f for f in found if f.hazard is Hazard.UNSYNCED_D2H]
     assert [f.streams for f in found if f.hazard is Hazard.UNORDERED] == [
         ("current stream", "stream")]
+
+
+def test_event_annotations_and_query_gates_order(tmp_path):
+    src = '''
+        import torch
+
+        def start_shared(shared, x, fork: torch.cuda.Event, stream):
+            fork.record(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fork.wait(stream)
+                out = shared(x)
+            return out
+
+        class Health:
+            def poll(self, bufs):
+                for b, buf in bufs.items():
+                    if self.ev.query():
+                        flags = self.host.tolist()
+                    self.host.copy_(buf.health, non_blocking=True)
+                    self.ev.record()
+        '''
+    found = _scan(_write(tmp_path, "h.py", src))
+    assert not [f for f in found if f.hazard in (Hazard.UNORDERED, Hazard.UNSYNCED_D2H)]
+    gate_removed = textwrap.dedent(src).replace("if self.ev.query():", "if True:")
+    assert [f.function for f in _scan(_write(tmp_path, "h2.py", gate_removed))
+            if f.hazard is Hazard.UNSYNCED_D2H] == ["Health.poll"]
