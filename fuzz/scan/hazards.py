@@ -236,8 +236,11 @@ class _Judge:
                        tuple(dict.fromkeys(_show(s) for s in streams)), what, fs).scored()
 
     def _last_write(self, k: str, p: int) -> tuple[str, int]:
+        here = self.ops[p].guards
         for j in range(p - 1, -1, -1):
             o = self.ops[j]
+            if _exclusive(o.guards, here):
+                continue  # the other branch of an if this access is under
             if o.key == k and (o.kind is K.ALLOC or (o.kind is K.USE and o.write)):
                 return o.stream, j
             if o.key == k and o.kind is K.FREE:
@@ -259,7 +262,8 @@ class _Judge:
             if o.write:  # WAR: an earlier read on another stream
                 for j in range(p - 1, max(i, -1), -1):
                     r = self.ops[j]
-                    if r.kind is K.USE and r.key == o.key and r.stream not in (o.stream, ANY):
+                    if r.kind is K.USE and r.key == o.key and r.stream not in (o.stream, ANY) \
+                            and not _exclusive(r.guards, o.guards):
                         checks.append((r.stream, j, False))
                         break
             for a, i, _raw in checks:
@@ -570,3 +574,8 @@ def _all_paths(guards: list[tuple[int, ...]]) -> bool:
     seen = set(guards)
     return any(not g for g in seen) or any(
         g[:-1] + (-g[-1],) in seen for g in seen if g and g[-1] > 0)
+
+
+def _exclusive(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Are ops under guards ``a`` and ``b`` on different branches of one ``if``?"""
+    return any(-g in b for g in a)
