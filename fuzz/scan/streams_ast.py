@@ -144,9 +144,6 @@ _INDEXISH = re.compile(r"indices|idx_mapping|mapping|mask|_ids$|^ids$|perm|idxs$
                        re.I)
 """Index names that hold tensors (a bare ``idx`` is as often an int)."""
 _EVENTISH = re.compile(r"event|fence", re.I)
-_WORKISH = re.compile(r"(^|[._])(work|works|handle|handles|req|reqs|future|fut)($|[._]|s$)",
-                      re.I)
-_TIMING = re.compile(r"start|begin|tic|timer|timing", re.I)
 _THREAD_SPAWNERS = {"Thread", "submit", "start_new_thread", "run_in_executor", "Process"}
 _ASYNC_COLLECTIVE = {"isend", "irecv", "batch_isend_irecv"}
 _SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)
