@@ -1,4 +1,4 @@
-"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate.
+"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate, scan.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config,
@@ -346,6 +346,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep the shrunk cases of caught mutants here (default: not kept)")
     u.add_argument("--out", type=Path, default=Path("reports/mutate"),
                    help="where TARGET.json and TARGET.md go (default reports/mutate)")
+    from fuzz.scan.command import add_parser as add_scan
+
+    add_scan(sub)
     return p
 
 
@@ -405,6 +408,10 @@ def _command(argv: Sequence[str] | None) -> int:
         return _soak(args)
     if args.command == "mutate":
         return _mutate(args)
+    if args.command == "scan":
+        from fuzz.scan.command import main as scan
+
+        return scan(args)
     return _replay(args)
 
 

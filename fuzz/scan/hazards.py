@@ -1,0 +1,581 @@
+"""Hazard classes, the rules that find them in a function's ops, and the score.
+
+A finding is a place where the ops of one function leave two parties (two
+streams, or a stream and the host) unordered in a way the published bugs were
+made of. The score says how likely it is a real hazard: the base of its class
+plus the factors seen (``FACTORS``), clamped to 1..99. docs/scan.md lists both
+tables with the reasoning behind them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+from fuzz.scan.package import Function, ModuleCache, Package
+from fuzz.scan.streams_ast import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace, dotted
+
+
+class Hazard(str, Enum):
+    LIFETIME = "cross-stream-lifetime"
+    UNORDERED = "unordered-streams"
+    PINNED_REWRITE = "pinned-rewrite"
+    UNSYNCED_D2H = "unsynced-d2h"
+    EARLY_EVENT = "event-before-work"
+    CACHED_STREAM = "module-level-stream"
+    ASYNC_COLLECTIVE = "unwaited-collective"
+
+
+BASE: dict[Hazard, int] = {
+    Hazard.LIFETIME: 50,
+    Hazard.UNORDERED: 45,
+    Hazard.PINNED_REWRITE: 50,
+    Hazard.UNSYNCED_D2H: 55,
+    Hazard.EARLY_EVENT: 40,
+    Hazard.CACHED_STREAM: 20,
+    Hazard.ASYNC_COLLECTIVE: 40,
+}
+"""Each class's starting score: how often the pattern was a real bug in the
+published record (docs/scan.md)."""
+
+FACTORS: dict[str, tuple[int, str]] = {
+    "dies-here": (15, "made in this function and dropped at its end: nothing else holds it"),
+    "freed": (15, "freed explicitly (del, resize_(0), rebinding) after the other stream's use"),
+    "write": (10, "the unordered access writes (WAR/WAW hit harder than RAW)"),
+    "thread": (10, "run by a thread: the submitter's stream is never ordered implicitly"),
+    "sibling-passes": (25, "another call of the same function passes the ordering argument "
+                           "this call leaves out"),
+    "no-wait-at-all": (10, "the side stream waits for nothing anywhere in the function"),
+    "caller-owned": (-10, "made by the caller, whose reference may outlive the work"),
+    "kept": (-15, "stored or returned: its lifetime goes beyond the function"),
+    "conditional-order": (-5, "an ordering exists, on some paths only"),
+    "object-state": (-5, "long-lived state of an object or module"),
+    "previous-call": (-10, "the pending copy is one a previous call started"),
+    "consumed-elsewhere": (-10, "the event is waited on outside this function"),
+    "opaque-work": (-15, "the side stream's work is issued by calls whose tensors are not seen"),
+    "test-code": (-30, "in tests, benchmarks or examples"),
+}
+"""Factor -> (points, why)."""
+
+_TEST_PATH = re.compile(r"(^|/)(tests?|testing|benchmarks?|examples?)(/|$)|(^|/)test_[^/]*$"
+                        r"|_test\.py$|(^|/)conftest\.py$")
+_TIMING = re.compile(r"start|begin|tic|timer|timing|elapsed", re.I)
+
+_SAFE_IF: dict[Hazard, str] = {
+    Hazard.LIFETIME: "safe if the tensor is held until the other stream's work is done (a "
+                     "reference kept until a later wait or sync); made safe by "
+                     "t.record_stream(other stream), or by the allocating stream waiting for "
+                     "the other before the tensor is dropped",
+    Hazard.UNORDERED: "safe if the caller orders the streams before this point, or nothing else "
+                      "touches these tensors meanwhile; made safe by "
+                      "side.wait_stream(producer) (or wait_event on an event recorded after "
+                      "the producing work) before the access",
+    Hazard.PINNED_REWRITE: "safe if the copy has finished before the host writes (an "
+                           "event.synchronize() on the copy's event, or a sync each step); "
+                           "made safe by that sync, or by staging each copy through a fresh "
+                           "or double-buffered host tensor",
+    Hazard.UNSYNCED_D2H: "safe if a sync the scan cannot see runs between the copy and the "
+                         "read; made safe by event.synchronize() (event recorded after the "
+                         "copy), stream.synchronize(), or a blocking copy",
+    Hazard.EARLY_EVENT: "safe if the work after the record is not what the waiter needs; made "
+                        "safe by recording the event after that work",
+    Hazard.CACHED_STREAM: "safe if one process uses one device and every user orders it "
+                          "against its own stream; made safe by owning the stream per object "
+                          "and waiting on the caller's stream at each use",
+    Hazard.ASYNC_COLLECTIVE: "safe if the work is waited for before the tensor is touched; "
+                             "made safe by work.wait() (which orders the current stream) "
+                             "before the access",
+}
+
+
+@dataclass
+class Finding:
+    hazard: Hazard
+    file: str
+    line: int
+    function: str
+    tensors: tuple[str, ...]
+    streams: tuple[str, ...]
+    what: str
+    factors: tuple[str, ...] = ()
+    score: int = 0
+    suppressed: str | None = None
+    rank: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def safe_if(self) -> str:
+        return _SAFE_IF[self.hazard]
+
+    @property
+    def site(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def scored(self) -> Finding:
+        raw = BASE[self.hazard] + sum(FACTORS[f][0] for f in self.factors)
+        self.score = max(1, min(99, raw))
+        return self
+
+    def as_dict(self) -> dict[str, object]:
+        return {"rank": self.rank, "score": self.score, "class": self.hazard.value,
+                "file": self.file, "line": self.line, "function": self.function,
+                "tensors": list(self.tensors), "streams": list(self.streams),
+                "what": self.what, "factors": list(self.factors), "safe_if": self.safe_if,
+                "suppressed": self.suppressed}
+
+
+def _show(stream: str) -> str:
+    return {CURRENT: "current stream", THREAD: "thread's current stream",
+            SUBMITTER: "submitter's stream"}.get(stream, stream)
+
+
+class _Judge:
+    """The rules, applied to one trace."""
+
+    def __init__(self, t: Trace) -> None:
+        self.t = t
+        self.ops = t.ops
+        self.records: dict[str, list[tuple[int, str]]] = {}
+        for i, o in enumerate(self.ops):
+            if o.kind is K.EVENT_RECORD:
+                self.records.setdefault(o.key, []).append((i, o.stream))
+        self.common: list[str] = []
+        if _TEST_PATH.search(t.file):
+            self.common.append("test-code")
+        if t.thread:
+            self.common.append("thread")
+
+    def tensorish(self, k: str) -> bool:
+        if not k or k.startswith(("<scalar", "<work@", "<event@")) or k in (ANY, "self", "cls"):
+            return False
+        if k in self.t.streams or k in self.t.events:
+            return False
+        if k.split(".")[0] in self.t.maybe:
+            return k in self.t.tensors
+        return k in self.t.tensors or k.startswith("<tmp@")
+
+    def local(self, k: str) -> bool:
+        return k.startswith("<tmp@") and k not in self.t.persistent
+
+    def param_owned(self, k: str) -> bool:
+        return k.split(".")[0].split("[")[0] in self.t.params
+
+    # -- ordering ------------------------------------------------------------
+
+    def ordered(self, a: str, i: int, b: str, p: int) -> str:
+        """Is stream ``b`` at op ``p`` ordered after stream ``a``'s work up to op ``i``?
+        'yes', 'cond' (on some paths only), 'early:EVENT' or 'no'."""
+        if a == b:
+            return "yes"
+        use_guards = self.ops[p].guards if p < len(self.ops) else ()
+        best = "no"
+        partial: list[tuple[int, ...]] = []
+        for j in range(max(i + 1, 0), min(p, len(self.ops))):
+            o = self.ops[j]
+            how = self._orders(o, j, a, i, b)
+            if how is None:
+                continue
+            if how.startswith("early"):
+                if best == "no":
+                    best = how
+                continue
+            if o.guards == use_guards[:len(o.guards)]:
+                return "yes"
+            partial.append(o.guards)
+            if _all_paths(partial):
+                return "yes"
+            best = "cond"
+        return best
+
+    def _orders(self, o: Op, j: int, a: str, i: int, b: str) -> str | None:
+        if o.kind is K.WAIT and o.stream in (b, ANY) and o.other in (a, ANY):
+            return "yes"
+        if o.kind is K.WAIT and o.stream == b and a in (CURRENT, SUBMITTER) and \
+                o.other not in self.t.entered:
+            return "yes"  # a stream this function never enters: taken as its caller's
+        if o.kind is K.WAIT and o.stream == ANY:
+            return "yes"
+        if o.kind is K.WAIT_EVENT and o.stream in (b, ANY):
+            recs = self.records.get(o.key)
+            if not recs or o.key == ANY:
+                return "yes"  # recorded elsewhere: the scan cannot tell what it covers
+            on_a = [r for r, s in recs if s in (a, ANY)]
+            if any(i < r < j for r in on_a):
+                return "yes"
+            if any(r <= i for r in on_a):
+                return f"early:{o.key}"
+            return None
+        if o.kind is K.HOST_SYNC:
+            if o.key in ("", a):
+                return "yes"
+            if o.key in self.t.streams:
+                return None  # another stream's sync
+            recs = self.records.get(o.key)  # an event's: what it was recorded after
+            if not recs or any(i < r < j and s in (a, ANY) for r, s in recs):
+                return "yes"
+        return None
+
+    # -- rules ---------------------------------------------------------------
+
+    def findings(self) -> Iterator[Finding]:
+        yield from self.unordered()
+        yield from self.lifetime()
+        yield from self.pinned_rewrite()
+        yield from self.unsynced_d2h()
+        yield from self.stored_early_events()
+        yield from self.collectives()
+
+    def _finding(self, hazard: Hazard, line: int, tensors: Iterable[str],
+                 streams: Iterable[str], what: str, factors: Iterable[str]) -> Finding:
+        fs = tuple(dict.fromkeys([*factors, *self.common]))
+        return Finding(hazard, self.t.file, line, self.t.qualname,
+                       tuple(sorted({self.t.name(k) for k in tensors})),
+                       tuple(dict.fromkeys(_show(s) for s in streams)), what, fs).scored()
+
+    def _last_write(self, k: str, p: int) -> tuple[str, int]:
+        here = self.ops[p].guards
+        for j in range(p - 1, -1, -1):
+            o = self.ops[j]
+            if _exclusive(o.guards, here):
+                continue  # the other branch of an if this access is under
+            if o.key == k and (o.kind is K.ALLOC or (o.kind is K.USE and o.write)):
+                return o.stream, j
+            if o.key == k and o.kind is K.FREE:
+                return "", j
+        if self.local(k):
+            return "", -1
+        return self.t.producer, -1
+
+    def unordered(self) -> Iterator[Finding]:
+        groups: dict[tuple[str, str, str], dict[str, object]] = {}
+        sides_with_uses: set[str] = set()
+        for p, o in enumerate(self.ops):
+            if o.kind is not K.USE or o.stream == ANY or not self.tensorish(o.key):
+                continue
+            if o.stream != self.t.base:
+                sides_with_uses.add(o.stream)
+            a, i = self._last_write(o.key, p)
+            checks = [(a, i, True)] if a and a != ANY else []
+            if o.write:  # WAR: an earlier read on another stream
+                for j in range(p - 1, max(i, -1), -1):
+                    r = self.ops[j]
+                    if r.kind is K.USE and r.key == o.key and r.stream not in (o.stream, ANY) \
+                            and not _exclusive(r.guards, o.guards):
+                        checks.append((r.stream, j, False))
+                        break
+            for a, i, _raw in checks:
+                how = self.ordered(a, i, o.stream, p)
+                if how == "yes":
+                    continue
+                kind = "early" if how.startswith("early") else how
+                g = groups.setdefault((o.stream, a, kind), {
+                    "line": o.line, "tensors": set(), "write": False,
+                    "event": how[6:] if kind == "early" else ""})
+                g["tensors"].add(o.key)  # type: ignore[union-attr]
+                g["write"] = bool(g["write"]) or o.write
+        for (b, a, kind), g in sorted(groups.items(), key=lambda kv: kv[1]["line"]):
+            tensors = sorted(g["tensors"])  # type: ignore[arg-type]
+            names = ", ".join(self.t.name(k) for k in tensors)
+            factors = ["write"] if g["write"] else []
+            if kind == "cond":
+                factors.append("conditional-order")
+            if all(k.startswith(("self.", "cls.")) for k in tensors):
+                factors.append("object-state")
+            if not any(o.kind in (K.WAIT, K.WAIT_EVENT) and o.stream in (b, ANY)
+                       for o in self.ops) and b not in (CURRENT, THREAD):
+                factors.append("no-wait-at-all")
+            if kind == "early":
+                yield self._finding(
+                    Hazard.EARLY_EVENT, int(g["line"]), tensors, (a, b),  # type: ignore
+                    f"{_show(b)} waits on {self.t.name(str(g['event']))}, recorded on "
+                    f"{_show(a)} before the work on {names} it is meant to cover", factors)
+                continue
+            acc = "writes" if g["write"] else "reads"
+            yield self._finding(
+                Hazard.UNORDERED, int(g["line"]), tensors, (a, b),  # type: ignore
+                f"{_show(b)} {acc} {names}, last written on {_show(a)}, with no "
+                f"{'unconditional ' if kind == 'cond' else ''}wait between them", factors)
+        yield from self._opaque_side_work(sides_with_uses)
+
+    def _opaque_side_work(self, seen: set[str]) -> Iterator[Finding]:
+        """A side stream that work is put on (an event recorded on it marks the work's
+        end) but that never waits for anything, where no tensor use shows it."""
+        base = self.t.base
+        for o in self.ops:
+            if o.kind is not K.EVENT_RECORD or o.stream in (base, ANY, "") or o.stream in seen:
+                continue
+            if o.stream not in self.t.streams:
+                continue
+            waits = [w for w in self.ops if w.kind in (K.WAIT, K.WAIT_EVENT)
+                     and w.stream in (o.stream, ANY)]
+            if _all_paths([w.guards for w in waits]) or _TIMING.search(o.key.rsplit(".", 1)[-1]):
+                continue
+            factors = ["opaque-work"]
+            factors.append("conditional-order" if waits else "no-wait-at-all")
+            seen.add(o.stream)
+            yield self._finding(
+                Hazard.UNORDERED, o.line, (), (self.t.producer, o.stream),
+                f"work is put on {o.stream} (event {self.t.name(o.key)} marks its end) with "
+                f"{'a wait on some paths only' if waits else 'no wait'} for "
+                f"{_show(self.t.producer)}", factors)
+
+    def lifetime(self) -> Iterator[Finding]:
+        keys = sorted({o.key for o in self.ops if o.kind is K.USE and self.tensorish(o.key)})
+        merged: dict[str, Finding] = {}
+        for k in keys:
+            if not (self.local(k) or self.param_owned(k)) or k in self.t.host:
+                continue  # host memory: its lifetime is the pinned allocator's (events)
+            recorded = {o.stream for o in self.ops if o.kind is K.RECORD and o.key == k}
+            kept = any(o.kind is K.KEEP and o.key == k for o in self.ops)
+            for start, a, end, freed in self._generations(k):
+                uses = [(p, self.ops[p]) for p in range(start + 1, end)
+                        if self.ops[p].kind is K.USE and self.ops[p].key == k]
+                other = sorted({o.stream for _, o in uses} - {a, ANY})
+                bad, line, cond = [], 0, False
+                for b in other:
+                    if b in recorded or ANY in recorded:
+                        continue
+                    last = max(p for p, o in uses if o.stream == b)
+                    how = self.ordered(b, last, a, end)
+                    if how == "yes":
+                        continue
+                    cond = cond or how == "cond"
+                    bad.append(b)
+                    first = min(o.line for _, o in uses if o.stream == b)
+                    line = first if not line else min(line, first)
+                if not bad:
+                    continue
+                factors = []
+                if freed:
+                    factors.append("freed")
+                elif kept:
+                    factors.append("kept")
+                elif self.local(k):
+                    factors.append("dies-here")
+                else:
+                    factors.append("caller-owned")
+                if cond:
+                    factors.append("conditional-order")
+                where = "freed" if freed else "kept beyond the call" if kept else (
+                    "dropped at return" if self.local(k) else "owned by the caller")
+                root = k.split(".")[0]
+                if root.startswith("<tmp@") and root != k:  # one finding per object made
+                    if root in merged:
+                        merged[root].tensors = tuple(sorted({*merged[root].tensors,
+                                                             self.t.name(k)}))
+                        break
+                f = self._finding(
+                    Hazard.LIFETIME, line, (k,), (a, *bad), factors=factors,
+                    what=f"{self.t.name(k)} is made on {_show(a)} and used on "
+                         f"{', '.join(map(_show, bad))} with no record_stream; it is "
+                         f"{where} with that work possibly queued")
+                if root.startswith("<tmp@") and root != k:
+                    merged[root] = f
+                    f.what = f.what.replace(self.t.name(k), self.t.name(root) + "'s tensors", 1)
+                yield f
+                break
+
+    def _generations(self, k: str) -> Iterator[tuple[int, str, int, bool]]:
+        """(start, stream made on, end, freed at end) for each life of ``k``."""
+        start, stream = -1, (self.t.producer if not self.local(k) else "")
+        root = k.split(".")[0]
+        for j, o in enumerate(self.ops):
+            if o.key != k and not (o.key == root and o.kind in (K.ALLOC, K.FREE)):
+                continue
+            if o.kind is K.ALLOC:
+                if stream:
+                    yield start, stream, j, True
+                start, stream = j, o.stream
+            elif o.kind is K.FREE and stream:
+                yield start, stream, j, True
+                start, stream = j, ""
+        if stream:
+            yield start, stream, len(self.ops), False
+
+    def pinned_rewrite(self) -> Iterator[Finding]:
+        copies = [(j, o) for j, o in enumerate(self.ops) if o.kind is K.NB_COPY]
+        done: set[str] = set()
+        for w, o in enumerate(self.ops):
+            if o.kind is not K.HOST_WRITE or o.key in done:
+                continue
+            k = o.key
+            if k not in self.t.pinned and not (k in self.t.host and k in self.t.persistent):
+                continue
+            from_k = [(j, c) for j, c in copies if c.other == k]
+            if not from_k:
+                continue
+            pending = [(j, c) for j, c in from_k if j < w and not self._synced(j, c.stream, w)]
+            later = [(j, c) for j, c in from_k if j > w]
+            factors: list[str] = []
+            if pending:
+                line_copy = pending[-1][1].line
+            elif later and k in self.t.persistent and not any(
+                    x.kind is K.HOST_SYNC for x in self.ops[:w]):
+                line_copy = later[0][1].line
+                factors.append("previous-call")
+            else:
+                continue
+            if k in self.t.persistent:
+                factors.append("object-state")
+            done.add(k)
+            yield self._finding(
+                Hazard.PINNED_REWRITE, o.line, (k,), ("host", CURRENT), factors=factors,
+                what=f"the host writes pinned {self.t.name(k)} while the non_blocking copy "
+                     f"from it (line {line_copy}) may still be reading it")
+
+    def _synced(self, j: int, stream: str, w: int) -> bool:
+        for x in self.ops[j + 1:w]:
+            if x.kind is K.HOST_SYNC:
+                recs = self.records.get(x.key)
+                if x.key in ("", stream) or (x.key in self.t.events and (
+                        not recs or any(r > j for r, _ in recs))):
+                    return True
+            if x.kind is K.HOST_READ and x.flag in ("item", "tolist") and \
+                    x.key not in self.t.host:
+                return True  # a device read blocks the host on the current stream
+        return False
+
+    def unsynced_d2h(self) -> Iterator[Finding]:
+        for j, c in enumerate(self.ops):
+            if c.kind is not K.NB_COPY or c.flag == "h2d":
+                continue
+            for r in range(j + 1, len(self.ops)):
+                o = self.ops[r]
+                if o.kind is K.HOST_READ and o.key == c.key and (
+                        c.flag == "d2h" or o.flag not in ("item", "tolist")):
+                    if self._synced(j, c.stream, r):
+                        break
+                    yield self._finding(
+                        Hazard.UNSYNCED_D2H, o.line, (c.key,), (c.stream, "host"),
+                        factors=["dies-here"] if self.local(c.key) else [],
+                        what=f"the host reads {self.t.name(c.key)} ({o.flag}) while the "
+                             f"non_blocking copy into it (line {c.line}) may be in flight")
+                    break
+                if o.kind in (K.ALLOC, K.FREE) and o.key == c.key:
+                    break
+
+    def stored_early_events(self) -> Iterator[Finding]:
+        """An event kept for others to wait on, recorded before later work on its
+        stream in the same function (and not recorded again after it)."""
+        for e, recs in sorted(self.records.items()):
+            if e in self.t.timing_events or _TIMING.search(e.rsplit(".", 1)[-1]):
+                continue
+            consumed_here = any(o.kind is K.WAIT_EVENT and o.key == e for o in self.ops)
+            kept = e.startswith(("self.", "cls.")) or any(
+                o.kind is K.KEEP and o.key == e for o in self.ops)
+            if consumed_here or not kept:
+                continue
+            last, stream = recs[-1]
+            later = [o for o in self.ops[last + 1:] if o.kind is K.USE and o.write and
+                     o.stream == stream and self.tensorish(o.key) and
+                     (o.key in self.t.persistent or o.key.startswith("self.") or
+                      any(x.kind is K.KEEP and x.key == o.key for x in self.ops))]
+            if not later:
+                continue
+            yield self._finding(
+                Hazard.EARLY_EVENT, self.ops[last].line, [o.key for o in later],
+                (stream,), factors=["consumed-elsewhere"],
+                what=f"{self.t.name(e)} is recorded on {_show(stream)} before later writes "
+                     f"to {', '.join(sorted({self.t.name(o.key) for o in later}))} that "
+                     "outlive the call")
+
+    def collectives(self) -> Iterator[Finding]:
+        by_work: dict[str, list[tuple[int, Op]]] = {}
+        for j, o in enumerate(self.ops):
+            if o.kind is K.COLLECTIVE:
+                by_work.setdefault(o.other, []).append((j, o))
+        for work, launched in by_work.items():
+            start = launched[0][0]
+            waits = [j for j, o in enumerate(self.ops) if o.kind is K.WORK_WAIT and
+                     o.key == work and j > start]
+            handed = any(o.key == work and o.kind in (K.USE, K.KEEP) for o in self.ops)
+            end = waits[0] if waits else len(self.ops)
+            keys = {o.key for _, o in launched}
+            touched = [o for o in self.ops[start + 1:end] if o.key in keys and (
+                o.kind is K.FREE or (o.kind is K.USE and o.stream != ANY))]
+            if waits or handed:
+                if not touched:
+                    continue
+                what = (f"{', '.join(sorted({self.t.name(o.key) for o in touched}))} is "
+                        "touched before the async collective's work is waited for")
+                line = touched[0].line
+            else:
+                what = "the async collective's work is neither waited for nor handed on"
+                line = launched[0][1].line
+            yield self._finding(Hazard.ASYNC_COLLECTIVE, line, keys, ("collective",
+                                CURRENT), what, ["write"] if any(
+                                    o.write for o in touched) else [])
+
+
+def judge(t: Trace) -> list[Finding]:
+    """The findings of one function, one per distinct (class, line, tensors)."""
+    seen: dict[tuple[object, ...], Finding] = {}
+    for f in _Judge(t).findings():
+        seen.setdefault((f.hazard, f.line, f.tensors, f.streams), f)
+    return list(seen.values())
+
+
+def cached_streams(caches: Iterable[ModuleCache]) -> Iterator[Finding]:
+    for c in caches:
+        factors = ["test-code"] if _TEST_PATH.search(c.file) else []
+        yield Finding(Hazard.CACHED_STREAM, c.file, c.line, c.name, (), (c.name,),
+                      f"a {c.what} {c.how}: its users must each order it against their own "
+                      "stream, and it belongs to the device current when it was made",
+                      tuple(factors)).scored()
+
+
+def sibling_omissions(pkg: Package) -> Iterator[Finding]:
+    """Calls that leave out an ordering argument another call of the same function passes."""
+    optional = pkg.optional_waits()
+    sites: dict[str, list[tuple[Function, ast.Call]]] = {}
+    for fn, call in pkg.call_sites(set(optional)):
+        f = call.func
+        sites.setdefault(f.attr if isinstance(f, ast.Attribute) else f.id, []).append(  # type: ignore[union-attr]
+            (fn, call))
+    for name, calls in sorted(sites.items()):
+        params = {p for _, p, _ in optional[name]}
+        if name.startswith("__") or len(params) != 1 or len(optional[name]) != len(
+                pkg.by_name.get(name, ())):
+            continue  # every function of that name must take the same ordering argument
+        for callee, param, pos in optional[name][:1]:
+            passing = [(fn, c) for fn, c in calls if _passes(c, param, pos)]
+            omitting = [(fn, c) for fn, c in calls if not _passes(c, param, pos)]
+            if not passing or not omitting:
+                continue
+            ref_fn, ref = passing[0]
+            for fn, c in omitting:
+                factors = ["sibling-passes"]
+                if _TEST_PATH.search(fn.file):
+                    factors.append("test-code")
+                if (fn.file, fn.name) in pkg.thread_targets:
+                    factors.append("thread")
+                args = [dotted(a) or "" for a in c.args]
+                yield Finding(
+                    Hazard.UNORDERED, fn.file, c.lineno, fn.qualname,
+                    tuple(a for a in args if a), (CURRENT, f"{name}'s stream"),
+                    f"calls {name}() without {param}=, which {ref_fn.file}:{ref.lineno} "
+                    f"passes to order {name}'s stream work after the caller's",
+                    tuple(factors), extra={"callee": f"{callee.file}:{callee.node.lineno}"}
+                ).scored()
+
+
+def _passes(call: ast.Call, param: str, pos: int) -> bool:
+    """Does ``call`` give ``param`` (by name, by position, or maybe through ``*``/``**``)?"""
+    return any(k.arg in (param, None) for k in call.keywords) or len(call.args) > pos \
+        or any(isinstance(a, ast.Starred) for a in call.args)
+
+
+def _all_paths(guards: list[tuple[int, ...]]) -> bool:
+    """Do ops under these branches cover every path: one unguarded, or the two
+    branches of one ``if`` (its body is +id, its else -id)."""
+    seen = set(guards)
+    return any(not g for g in seen) or any(
+        g[:-1] + (-g[-1],) in seen for g in seen if g and g[-1] > 0)
+
+
+def _exclusive(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Are ops under guards ``a`` and ``b`` on different branches of one ``if``?"""
+    return any(-g in b for g in a)

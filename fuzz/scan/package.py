@@ -1,0 +1,473 @@
+"""The package a scan reads, parsed once: its functions, what each class's
+attributes are, which functions threads run, streams and events kept at module
+level, and what a same-package callee does to ordering.
+
+Every function is walked (``fuzz.scan.streams_ast``) with the facts of its
+class and module, and with ``effects`` answering for its calls into the same
+package, so a wait or a ``record_stream`` done in a helper counts where the
+helper is called.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from fuzz.scan.sources import SourceFile
+from fuzz.scan.streams_ast import (
+    ClassFacts,
+    K,
+    Trace,
+    Walker,
+    dotted,
+    is_scalar_annotation,
+)
+
+_CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
+_OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
+_MAKES_STREAM = {"Stream": "stream", "ExternalStream": "stream", "Event": "event"}
+_DEPTH = 2  # how deep callee effects are followed
+_MAX_EFFECTS = 24  # uses of a callee's parameters lent to its callers, at most
+
+
+class Effect(NamedTuple):
+    """What a callee does, seen from its caller: ``wait`` (it orders some stream
+    unconditionally), ``sync`` (the host waits), ``record`` (record_stream on
+    ``param``+``suffix``), ``use`` (its work on the caller's stream touches them),
+    ``free`` (it drops the argument's attribute ``suffix``)."""
+
+    what: str
+    param: str = ""
+    suffix: str = ""
+    write: bool = False
+
+
+@dataclass
+class Function:
+    file: str
+    qualname: str
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    cls: str | None
+    text: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def params(self) -> list[ast.arg]:
+        a = self.node.args
+        ps = [*a.posonlyargs, *a.args]
+        if self.cls is not None and ps and ps[0].arg in ("self", "cls"):
+            ps = ps[1:]
+        return ps
+
+
+@dataclass
+class ModuleCache:
+    """A stream or event kept beyond one call at module or class level."""
+
+    file: str
+    line: int
+    name: str
+    what: str  # stream | event
+    how: str
+
+
+@dataclass
+class Module:
+    path: str
+    tree: ast.Module
+    lines: list[str]
+    facts: ClassFacts = field(default_factory=ClassFacts)
+    classes: dict[str, ClassFacts] = field(default_factory=dict)
+
+
+class Package:
+    def __init__(self, files: Iterable[SourceFile]) -> None:
+        self.modules: dict[str, Module] = {}
+        self.unparsed: list[str] = []
+        for f in files:
+            if not _STREAM_TEXT.search(f.text):
+                continue  # no stream word: nothing to walk, no wait or sync to lend
+            try:
+                tree = ast.parse(f.text, filename=f.path)
+            except (SyntaxError, ValueError, RecursionError):
+                self.unparsed.append(f.path)
+                continue
+            self.modules[f.path] = Module(f.path, tree, f.text.splitlines())
+        self.functions: list[Function] = []
+        self.by_name: dict[str, list[Function]] = {}
+        self.thread_targets: set[tuple[str, str]] = set()
+        self.caches: list[ModuleCache] = []
+        for m in self.modules.values():
+            self._index(m)
+        self._summaries: dict[int, tuple[object, ...]] = {}
+
+    # -- indexing ------------------------------------------------------------
+
+    def _index(self, m: Module) -> None:
+        for stmt in m.tree.body:
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                self._module_value(m, stmt, stmt.value)
+        for node, qual, cls in _functions(m.tree):
+            fn = Function(m.path, qual, node, cls)
+            self.functions.append(fn)
+            self.by_name.setdefault(node.name, []).append(fn)
+            fn.text = "\n".join(m.lines[node.lineno - 1:node.end_lineno or node.lineno])
+            if "Stream(" in fn.text or "Event(" in fn.text:
+                self._cached_maker(m, fn)
+        for cnode in ast.walk(m.tree):
+            if isinstance(cnode, ast.ClassDef):
+                m.classes[cnode.name] = _class_facts(m, cnode, self.caches)
+            elif isinstance(cnode, ast.Call):
+                target = _thread_target(cnode)
+                if target:
+                    self.thread_targets.add((m.path, target))
+
+    def _module_value(self, m: Module, stmt: ast.stmt, value: ast.expr) -> None:
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        made = _makes(value)
+        for n in names:
+            if made:
+                (m.facts.streams if made == "stream" else m.facts.events).add(n)
+                self.caches.append(ModuleCache(m.path, stmt.lineno, n, made,
+                                               "made at import, shared by every caller"))
+            elif _pins(value):
+                m.facts.pinned.add(n)
+                m.facts.tensors.add(n)
+
+    def _cached_maker(self, m: Module, fn: Function) -> None:
+        """Streams or events made once and kept: a cached function, or a global."""
+        decos = {(dotted(d.func) if isinstance(d, ast.Call) else dotted(d)) or ""
+                 for d in fn.node.decorator_list}
+        cached = any(d.rsplit(".", 1)[-1] in _CACHE_DECORATORS for d in decos)
+        globs = {n for s in ast.walk(fn.node) if isinstance(s, ast.Global) for n in s.names}
+        for node in _own_nodes(fn.node):
+            if isinstance(node, ast.Call):
+                made = _makes(node)
+                if made and cached:
+                    self.caches.append(ModuleCache(m.path, node.lineno, fn.qualname, made,
+                                                   "made once by a cached function"))
+            elif isinstance(node, ast.Assign) and globs:
+                made = _makes(node.value)
+                for t in node.targets:
+                    if made and isinstance(t, ast.Name) and t.id in globs:
+                        self.caches.append(ModuleCache(m.path, node.lineno, t.id, made,
+                                                       f"kept in a global by {fn.qualname}"))
+                        (m.facts.streams if made == "stream" else m.facts.events).add(t.id)
+
+    # -- walking -------------------------------------------------------------
+
+    def traces(self) -> Iterator[Trace]:
+        """Every function that touches streams, walked, in file and line order."""
+        for fn in sorted(self.functions, key=lambda f: (f.file, f.node.lineno, f.qualname)):
+            if not _STREAM_TEXT.search(fn.text):
+                continue
+            yield self.walk(fn)
+
+    def walk(self, fn: Function, depth: int = 0) -> Trace:
+        m = self.modules[fn.file]
+        params = fn.params()
+        thread = (fn.file, fn.name) in self.thread_targets
+        facts = m.classes.get(fn.cls) if fn.cls else None
+        learned: Trace | None = None
+        for _ in range(2):  # the first walk learns what names are, the second uses it
+            t = Trace(fn.file, fn.qualname, fn.node.lineno, fn.cls,
+                      tuple(p.arg for p in params), thread)
+            if learned is not None:
+                t.tensors |= learned.tensors
+                t.host |= learned.host
+                t.streams |= learned.streams
+                t.events |= learned.events | (learned.recorded & learned.waited)
+            for p in params:
+                ann = ast.unparse(p.annotation) if p.annotation is not None else ""
+                if "Tensor" in ann:
+                    t.tensors.add(p.arg)
+                elif "Event" in ann:
+                    t.events.add(p.arg)
+                elif "Stream" in ann:
+                    t.streams.add(p.arg)
+            w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth))
+            w.bound |= set(t.params)
+            for p in params:
+                if is_scalar_annotation(p.annotation):
+                    w.alias[p.arg] = f"<scalar {p.arg}>"
+            w.walk(fn.node.body)
+            learned = t
+        t.persistent |= {k for k in t.tensors if k.startswith(("self.", "cls."))}
+        t.persistent |= m.facts.tensors | m.facts.pinned
+        return t
+
+    # -- callees -------------------------------------------------------------
+
+    def resolve(self, caller: Function, call: ast.Call) -> Function | None:
+        f = call.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) \
+            else None
+        if not name or name not in self.by_name:
+            return None
+        cands = self.by_name[name]
+        if isinstance(f, ast.Attribute) and dotted(f.value) in ("self", "cls"):
+            same = [c for c in cands if c.file == caller.file and c.cls == caller.cls]
+            if same:
+                return same[0]
+        same_file = [c for c in cands if c.file == caller.file]
+        if isinstance(f, ast.Name) and same_file:
+            return same_file[0]
+        return cands[0] if len(cands) == 1 else None
+
+    def effects(self, caller: Function, call: ast.Call, depth: int) -> tuple[Effect, ...]:
+        """What a same-package callee does that the caller's ordering depends on
+        (``Effect``), from the callee's own walk."""
+        callee = self.resolve(caller, call)
+        if callee is None or depth >= _DEPTH:
+            return ()
+        key = id(callee.node)
+        if key in self._summaries:
+            return self._summaries[key]
+        self._summaries[key] = ()  # recursion guard
+        t = self.walk(callee, depth + 1)
+        params = set(t.params)
+        found: dict[Effect, None] = {}
+        for o in t.ops:
+            root = o.key.split(".")[0] if o.key else ""
+            suffix = o.key[len(root):]
+            if o.kind in (K.WAIT, K.WAIT_EVENT) and not o.guards:
+                found[Effect("wait")] = None
+            elif o.kind is K.HOST_SYNC and not o.guards:
+                found[Effect("sync")] = None
+            elif o.kind is K.RECORD and root in params:
+                found[Effect("record", root, suffix)] = None
+            elif o.kind is K.FREE and root in params and suffix:
+                found[Effect("free", root, suffix)] = None
+            elif o.kind is K.USE and root in params and o.stream == t.base and \
+                    o.key in t.tensors and len(found) < _MAX_EFFECTS:
+                found.setdefault(Effect("use", root, suffix, o.write), None)
+        self._summaries[key] = tuple(found)
+        return self._summaries[key]
+
+    def _call_effects(self, fn: Function, call: ast.Call, depth: int) -> list[Effect]:
+        """The callee's effects with its parameter names turned into this call's
+        arguments (a name chain each, or '' where the argument is an expression)."""
+        out = []
+        callee = self.resolve(fn, call)
+        for e in self.effects(fn, call, depth):
+            if not e.param:
+                out.append(e)
+                continue
+            names = [p.arg for p in callee.params()] if callee else []
+            arg: ast.expr | None = next((k.value for k in call.keywords if k.arg == e.param),
+                                        None)
+            if arg is None and e.param in names and names.index(e.param) < len(call.args):
+                arg = call.args[names.index(e.param)]
+            if arg is not None and not isinstance(arg, ast.Starred):
+                out.append(Effect(e.what, ast.unparse(arg), e.suffix, e.write))
+        return out
+
+    def optional_waits(self) -> dict[str, list[tuple[Function, str, int]]]:
+        """Functions with an ordering argument that defaults to None, by name:
+        (function, parameter, position among the call's arguments)."""
+        out: dict[str, list[tuple[Function, str, int]]] = {}
+        for fn in self.functions:
+            a = fn.node.args
+            pos = fn.params()
+            defaults = dict(zip([p.arg for p in pos][len(pos) - len(a.defaults):], a.defaults))
+            defaults.update({k.arg: d for k, d in zip(a.kwonlyargs, a.kw_defaults) if d})
+            for i, p in enumerate([*pos, *a.kwonlyargs]):
+                d = defaults.get(p.arg)
+                if not (isinstance(d, ast.Constant) and d.value is None):
+                    continue
+                if not _OPTIONAL_WAIT.search(p.arg) or "stream" in p.arg.lower():
+                    continue
+                if not _STREAM_TEXT.search(fn.text):
+                    continue
+                if not _reaches_wait(fn.node, p.arg) or self._none_is_ordered(fn, p.arg, 0):
+                    continue
+                position = i if i < len(pos) else 10**6
+                out.setdefault(fn.name, []).append((fn, p.arg, position))
+        return out
+
+
+    def _none_is_ordered(self, fn: Function, param: str, depth: int) -> bool:
+        """Without ``param`` the function still orders its work: an ``if`` on it
+        waits in both branches, or it hands ``param`` to a callee that does."""
+        for node in _own_nodes(fn.node):
+            if isinstance(node, ast.If) and any(
+                    isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.test)):
+                if _waits(node.body) and _waits(node.orelse):
+                    return True
+            if isinstance(node, ast.Call) and depth < _DEPTH:
+                for k in node.keywords:
+                    if isinstance(k.value, ast.Name) and k.value.id == param and k.arg:
+                        callee = self.resolve(fn, node)
+                        if callee is not None and callee is not fn and \
+                                self._none_is_ordered(callee, k.arg, depth + 1):
+                            return True
+        return False
+
+    def call_sites(self, names: set[str]) -> Iterator[tuple[Function, ast.Call]]:
+        """Every call, anywhere in the package, of a function named in ``names``."""
+        for fn in sorted(self.functions, key=lambda f: (f.file, f.node.lineno, f.qualname)):
+            if not any(n in fn.text for n in names):
+                continue
+            for node in _own_nodes(fn.node):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                    if name in names:
+                        yield fn, node
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef,
+                                                    str, str | None]]:
+    def visit(body: list[ast.stmt], prefix: str, cls: str | None) -> Iterator:
+        for s in body:
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield s, prefix + s.name, cls
+                yield from visit(s.body, prefix + s.name + ".", None)
+            elif isinstance(s, ast.ClassDef):
+                yield from visit(s.body, prefix + s.name + ".", s.name)
+            elif isinstance(s, (ast.If, ast.Try)):
+                yield from visit(s.body, prefix, cls)
+    yield from visit(tree.body, "", None)
+
+
+def _own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of a function's body, not of the functions nested in it."""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _guarded_nodes(fn: ast.AST) -> set[int]:
+    out: set[int] = set()
+    for node in _own_nodes(fn):
+        if isinstance(node, (ast.If, ast.ExceptHandler)):
+            for s in [*node.body, *getattr(node, "orelse", [])]:
+                out |= {id(n) for n in ast.walk(s)}
+    return out
+
+
+def _reaches_wait(fn: ast.AST, param: str) -> bool:
+    """``param`` is waited on, or handed on (to a call, a queue, a field)."""
+    for node in _own_nodes(fn):
+        if isinstance(node, ast.Call):
+            for a in [*node.args, *(k.value for k in node.keywords)]:
+                if any(isinstance(n, ast.Name) and n.id == param for n in ast.walk(a)):
+                    return True
+            if isinstance(node.func, ast.Attribute) and dotted(node.func.value) == param:
+                return True
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.value)):
+            return True
+    return False
+
+
+def _waits(body: list[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+               n.func.attr in ("wait_stream", "wait_event", "synchronize", "wait")
+               for s in body for n in ast.walk(s))
+
+
+def _makes(value: ast.AST) -> str | None:
+    if isinstance(value, ast.Call):
+        f = value.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) \
+            else ""
+        if name in _MAKES_STREAM:
+            return _MAKES_STREAM[name]
+    return None
+
+
+def _pins(value: ast.AST) -> bool:
+    for n in ast.walk(value):
+        if isinstance(n, ast.keyword) and n.arg == "pin_memory" and isinstance(
+                n.value, ast.Constant) and n.value.value is True:
+            return True
+        if isinstance(n, ast.Attribute) and n.attr == "pin_memory":
+            return True
+    return False
+
+
+def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> ClassFacts:
+    facts = ClassFacts()
+    for s in cls.body:  # class attributes
+        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and \
+                "Tensor" in ast.unparse(s.annotation):
+            facts.tensors.add(f"self.{s.target.id}")
+        if isinstance(s, ast.Assign) and _makes(s.value):
+            for t in s.targets:
+                if isinstance(t, ast.Name):
+                    caches.append(ModuleCache(m.path, s.lineno, f"{cls.name}.{t.id}",
+                                              _makes(s.value) or "", "a class attribute, "
+                                              "shared by every instance"))
+    for node in ast.walk(cls):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for t in targets:
+            name = dotted(t)
+            if not name or not name.startswith("self."):
+                continue
+            v = node.value
+            made = _makes(v)
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
+                    v.func.attr in ("stream", "StreamContext") and v.args and dotted(v.args[0]):
+                facts.contexts[name] = dotted(v.args[0]) or ""
+                facts.streams.add(facts.contexts[name])
+            elif made == "stream":
+                facts.streams.add(name)
+            elif made == "event":
+                facts.events.add(name)
+            elif _pins(v):
+                facts.pinned.add(name)
+                facts.tensors.add(name)
+                facts.host.add(name)
+            elif isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
+                    v.func.attr == "numpy" and dotted(v.func.value):
+                facts.alias[name] = dotted(v.func.value) or name
+                facts.host.add(dotted(v.func.value) or name)
+            elif isinstance(v, ast.Call) and (dotted(v.func) or "").startswith("torch.") and \
+                    (dotted(v.func) or "").rsplit(".", 1)[-1] in _TORCH_MAKERS:
+                facts.tensors.add(name)
+            if isinstance(node, ast.AnnAssign) and "Tensor" in ast.unparse(node.annotation):
+                facts.tensors.add(name)
+    return facts
+
+
+_TORCH_MAKERS = {"empty", "zeros", "ones", "full", "tensor", "arange", "empty_like",
+                 "zeros_like", "ones_like", "full_like", "from_numpy", "as_tensor", "cat",
+                 "stack", "empty_strided", "randn", "rand", "randint"}
+
+
+def _thread_target(call: ast.Call) -> str | None:
+    f = call.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    target: ast.expr | None = None
+    if name in ("Thread", "Process"):
+        target = next((k.value for k in call.keywords if k.arg == "target"), None)
+    elif name in ("submit", "start_new_thread") and call.args:
+        target = call.args[0]
+    elif name == "run_in_executor" and len(call.args) > 1:
+        target = call.args[1]
+    if isinstance(target, ast.Call) and target.args and (dotted(target.func) or "").endswith(
+            "partial"):
+        target = target.args[0]
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    if isinstance(target, ast.Name):
+        return target.id
+    return None
+
+
+_STREAM_TEXT = re.compile(r"stream|non_blocking|pin_memory|Event|async_op|isend|irecv|"
+                          r"synchronize|set_stream")
+"""A cheap filter before any parse or walk: the words stream code is made of."""
