@@ -45,9 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a source tree, a .py file, a wheel, an sdist or an installed "
                         "package's name")
     s.add_argument("--json", type=Path, default=None, metavar="FILE",
-                   help="write every finding (and the suppressed ones) as JSON")
+                   help="write every finding (and the suppressed ones) as JSON (default: none)")
     s.add_argument("--md", type=Path, default=None, metavar="FILE",
-                   help="write every finding as a markdown table")
+                   help="write every finding as a markdown table (default: none)")
     s.add_argument("--fail-above", type=_score, default=None, metavar="SCORE",
                    help="exit 1 when a finding scores SCORE or more (default: exit 0 "
                         "whatever is found)")
@@ -55,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="rows of the terminal table (default 30; 0: all)")
     s.add_argument("--harness", default=None, metavar="FILE:LINE",
                    help="write a streamfuzz.checked() harness skeleton for the function at "
-                        "FILE:LINE of PATH (a finding's site) instead of the report")
+                        "FILE:LINE of PATH (a finding's site) instead of the report "
+                        "(default: the report)")
     s.add_argument("--out", type=Path, default=None, metavar="FILE",
                    help="where --harness writes (default test_streamfuzz_<function>.py)")
 
