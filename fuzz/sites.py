@@ -36,8 +36,3 @@ def display_path(path: str) -> str:
 def source_line(path: str, line: int) -> str:
     """The text of line ``line`` of ``path`` (stripped), or "" where it cannot be read."""
     return linecache.getline(path, line).strip()
-
-
-def frame_text(path: str, line: int, fn: str) -> str:
-    return f"{display_path(path)}:{line} {fn}"
-
