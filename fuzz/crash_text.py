@@ -4,13 +4,10 @@ faulthandler dump, how the process ended."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import sys
-from pathlib import Path
 
-from fuzz.host import REPO
+from fuzz.sites import display_path
 
 # Lines of a dying process that say nothing about why: C++ and Python frames,
 # addresses, separators.
@@ -58,20 +55,7 @@ def main_stack(dump: str, limit: int = 8) -> str:
     serving = [f for f in frames
                if any(x["path"].endswith("rank_main.py") and x["fn"] == "serve" for x in f)]
     pick = serving[0] if serving else (frames[0] if frames else [])
-    return " <- ".join(f"{short_path(x['path'])}:{x['line']} {x['fn']}" for x in pick[:limit])
-
-
-def short_path(path: str) -> str:
-    """``path`` as a reader finds it, never absolute (findings go into corpus
-    entries, which travel between machines): relative to the working directory
-    or the project, else to the deepest import root that holds it (the
-    standard library, site-packages), else its file name."""
-    for root in (str(Path.cwd()), str(REPO)):
-        if path.startswith(root + os.sep):
-            return os.path.relpath(path, root)
-    roots = [p for p in map(os.path.abspath, filter(None, sys.path))
-             if path.startswith(p + os.sep)]
-    return os.path.relpath(path, max(roots, key=len)) if roots else os.path.basename(path)
+    return " <- ".join(f"{display_path(x['path'])}:{x['line']} {x['fn']}" for x in pick[:limit])
 
 
 def signal_name(code: int) -> str:

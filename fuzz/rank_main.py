@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from fuzz import collectives, crash_text, dispatch_mode, messages, stages, targets
+from fuzz import collectives, dispatch_mode, messages, stages, targets
 from fuzz import protocol as protocols
 from fuzz.draft.context import TargetContext
 from fuzz.draft.runner import run_scenario
@@ -45,6 +45,7 @@ from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, Sta
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.protocol import RankEnv
 from fuzz.sim import gloo_threads
+from fuzz.sites import display_path
 from fuzz.streams import CudaStreams, SimStreams
 from fuzz.zygote import EARLY_START_ENV, die_with_parent
 
@@ -190,7 +191,7 @@ def _user_frames(exc: BaseException, limit: int = 8) -> str:
 
 def _user_lines(frames: Iterable[traceback.FrameSummary], source: bool = False) -> list[str]:
     """The user's frames among ``frames``, as ``path:line function`` (and its
-    source line), paths shortened (``crash_text.short_path``): never absolute,
+    source line), paths shortened (``sites.display_path``): never absolute,
     since they go into corpus entries."""
     lines = []
     for f in frames:
@@ -198,7 +199,7 @@ def _user_lines(frames: Iterable[traceback.FrameSummary], source: bool = False) 
         if (os.path.dirname(path) + os.sep in _HARNESS_DIRS or path.startswith(_NOT_USER)
                 or f.filename.startswith("<")):
             continue
-        line = f"{crash_text.short_path(path)}:{f.lineno} {f.name}"
+        line = f"{display_path(path)}:{f.lineno} {f.name}"
         lines.append(f"{line}: {(f.line or '').strip()}" if source else line)
     return lines
 

@@ -21,7 +21,8 @@ _PROJECT = str(Path(__file__).resolve().parent.parent)
 @lru_cache(maxsize=4096)
 def display_path(path: str) -> str:
     """``path`` relative to the installed packages' root it lives in, else the
-    project, the current directory or another import root; else as it is."""
+    project, the current directory or another import root; else its last
+    three parts."""
     if not os.path.isabs(path):
         return path
     roots = [p.rstrip(os.sep) for p in sys.path if p and os.path.isabs(p)]
@@ -30,7 +31,7 @@ def display_path(path: str) -> str:
         inside = [r for r in group if path.startswith(r + os.sep)]
         if inside:
             return os.path.relpath(path, max(inside, key=len))
-    return path
+    return os.path.join(*Path(path).parts[-3:])  # never absolute: reports travel
 
 
 def source_line(path: str, line: int) -> str:
