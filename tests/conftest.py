@@ -10,7 +10,6 @@ import pytest
 from fuzz import profiles
 from fuzz.ranks import RankPool
 
-
 # The fast tier (``make test-fast``): modules whose tests start no process, neither
 # ranks nor ``python -m fuzz`` nor pytest; in them, a test that asks for ``cpu_pool``
 # is left out. The guard below holds the tier to it, so a test that starts one fails.
