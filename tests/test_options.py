@@ -59,7 +59,8 @@ def test_run_sends_every_oracle_by_default_and_replay_judges_with_them(rank_orac
     assert code == 1
     assert _ran(rank_oracles) == {ON_CPU}
     data = json.loads(report.read_text())
-    assert data["oracles"] == sorted(ALL) and data["hold"] == "gate"
+    # The report says what ran, as the ranks and the corpus entry do: no reuse on CPU.
+    assert data["oracles"] == sorted(ON_CPU) and data["hold"] == "gate"
     (failure,) = data["failures"]
     assert failure["kind"] == "lifetime"
     entry = corpus.load(failure["corpus_path"])
@@ -70,6 +71,13 @@ def test_run_sends_every_oracle_by_default_and_replay_judges_with_them(rank_orac
     assert cli.main(["replay", "--device", "cpu", failure["corpus_path"]]) == 0
     assert "still fails (lifetime" in capsys.readouterr().out
     assert _ran(rank_oracles, "pre-fix") == {ON_CPU}
+
+
+@pytest.mark.parametrize("device, ran", [("cpu", ON_CPU), ("cuda", ALL)])
+def test_the_run_report_lists_the_oracles_that_run_on_its_device(tmp_path, device, ran):
+    report = tmp_path / "r.json"
+    cli._write_report(report, [], device, 2, 0, DEFAULT)
+    assert json.loads(report.read_text())["oracles"] == sorted(ran)
 
 
 def test_run_and_replay_send_only_the_oracles_asked_for(rank_oracles, tmp_path):
