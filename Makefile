@@ -17,7 +17,7 @@ JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$
 # Modules the runs and tests import, as "module=distribution".
 TOOLS := hypothesis=hypothesis pytest=pytest xdist=pytest-xdist numpy=numpy matplotlib=matplotlib
 
-.PHONY: fuzz soak test replay lint bench bench-checked bench-peers matrix clean vllm vllm-fetch
+.PHONY: fuzz soak test test-fast replay lint bench bench-checked bench-peers matrix clean vllm vllm-fetch
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -70,6 +70,10 @@ soak: $(VENV)/.ready
 
 test: $(VENV)/.ready
 	$(PY) -m pytest -n $(JOBS) -q
+
+# The fast tier: unit tests that start no process (FAST_MODULES in tests/conftest.py).
+test-fast: $(VENV)/.ready
+	$(PY) -m pytest -n $(JOBS) -q -m "fast and not slow"
 
 replay: $(VENV)/.ready
 	$(PY) -m fuzz replay corpus

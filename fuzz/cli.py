@@ -694,7 +694,7 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
         "elapsed_s": round(elapsed, 3),
         "examples_per_s": round(examples / elapsed, 3) if elapsed else 0.0,
         "rank_restarts": restarts, "rank_start_s": dict(rank_start_s or {}),
-        **options.to_dict(), "interrupted": interrupted,
+        **options.to_dict(), "oracles": options.running_on(device), "interrupted": interrupted,
         "failures": [{"target": r.target, "kind": r.failure.kind,
                       "corpus_path": str(r.corpus_path), "message": r.failure.message,
                       "flaky": r.flaky, "shrinking_interrupted": r.interrupted}

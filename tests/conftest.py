@@ -1,11 +1,70 @@
 from __future__ import annotations
 
+import multiprocessing.process
+import os
 import signal
+import subprocess
 
 import pytest
 
 from fuzz import profiles
 from fuzz.ranks import RankPool
+
+# The fast tier (``make test-fast``): modules whose tests start no process, neither
+# ranks nor ``python -m fuzz`` nor pytest; in them, a test that asks for ``cpu_pool``
+# is left out. The guard below holds the tier to it, so a test that starts one fails.
+FAST_MODULES = frozenset({
+    "test_cuda_on_cpu",
+    "test_errors",
+    "test_gates",
+    "test_gloo_threads",
+    "test_host_party",
+    "test_lifetime_cuda",
+    "test_lifetime_model",
+    "test_messages",
+    "test_pending_polls",
+    "test_precision",
+    "test_rank_output",
+    "test_readme",
+    "test_reuse_shared_mode",
+    "test_runner",
+    "test_scenario",
+    "test_sim_collectives",
+    "test_sim_fidelity",
+    "test_spans",
+    "test_stages",
+    "test_strategies",
+    "test_threads",
+    "test_value_oracle",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in FAST_MODULES \
+                and "cpu_pool" not in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.fast)
+
+
+class _StartedAProcess(AssertionError):
+    pass
+
+
+def _refuse(*_args, **_kwargs):
+    raise _StartedAProcess("a test of the fast tier started a process: move it out of "
+                           "FAST_MODULES (tests/conftest.py)")
+
+
+@pytest.fixture(autouse=True)
+def _fast_starts_no_process(request, monkeypatch):
+    """A fast test that starts a process fails, in every tier, so the fast tier
+    cannot grow slow unseen."""
+    if request.node.get_closest_marker("fast") is not None:
+        monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse)
+        monkeypatch.setattr(os, "fork", _refuse)
+        monkeypatch.setattr(os, "posix_spawn", _refuse)
+        monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse)
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 MARKER = re.compile(r"^<!-- output: ([\w.-]+) -->$")
 
 

@@ -20,8 +20,7 @@ import torch.distributed as dist
 import streamfuzz
 from fuzz.errors import BadInput, FuzzError
 from streamfuzz import _group
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 # Plain torch.cuda code with the pre-PR bug, written as an engine's test would.
 _PRE_PR = '''

@@ -1,20 +1,12 @@
 import argparse
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cli(*args, cwd=ROOT):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "fuzz", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+from tests.helpers import ROOT, env_with_path
+from tests.helpers import fuzz_cli as _cli
 
 
 @pytest.mark.parametrize("args, message", [
@@ -161,10 +153,8 @@ def test_an_unwritable_report_place_is_refused_before_fuzzing(tmp_path):
 def test_a_target_module_that_fails_to_import_is_one_line_with_file_and_line(
         tmp_path, source, where, what):
     (tmp_path / "broken.py").write_text(source)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
-    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--device", "cpu", "--target",
-                          "broken:make"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = _cli("run", "--device", "cpu", "--target", "broken:make", cwd=tmp_path,
+               env=env_with_path(ROOT, tmp_path), timeout=120)
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.strip().splitlines()
     assert "importing 'broken' failed at " in line and where in line and what in line, line
@@ -204,9 +194,7 @@ def test_a_crash_of_the_tool_is_not_exit_1(tmp_path):
     """A traceback is exit 70, so it is never mistaken for 'failures found'."""
     (tmp_path / "hypothesis").mkdir()  # shadows the real package: the driver cannot start
     (tmp_path / "hypothesis" / "__init__.py").write_text("raise RuntimeError('broken install')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--device", "cpu"], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = _cli("run", "--device", "cpu", env=env_with_path(tmp_path, ROOT), timeout=120)
     assert out.returncode == 70, out.stderr
     assert "RuntimeError: broken install" in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("streamfuzz: crashed")

@@ -4,14 +4,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from fuzz import corpus
 from fuzz.draft.scenario import Scenario, Step
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def _entry():

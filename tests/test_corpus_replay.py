@@ -8,7 +8,6 @@ entry replays with the oracles that found it; on CPU, replaying it twice gives
 the same verdict. An entry found on a GPU replays only where a GPU is.
 """
 
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,8 @@ from fuzz import corpus, driver, targets
 from fuzz import protocol as protocols
 from fuzz.host import probe_gpus
 from fuzz.ranks import RankPool
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 ENTRIES = corpus.discover([ROOT / "corpus"]) if (ROOT / "corpus").is_dir() else []
 _pools: dict = {}
 

@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from fuzz import driver, targets
-from fuzz.draft.scenario import Scenario, Step
+from fuzz.draft.scenario import Scenario
 from fuzz.options import Oracle, RunOptions
 from fuzz.sim import cuda_on_cpu
 from fuzz.sim.cuda_on_cpu import NotSimulated
 from fuzz.streams import SimEvent, SimStream, SimStreams
+from tests.helpers import one_step
 
 LIFETIME = RunOptions(oracles={Oracle.LIFETIME})
 
@@ -179,20 +180,14 @@ def test_every_patch_is_restored_after_the_session_even_on_error():
     assert cuda_on_cpu.DEVICE.type == "cuda"
 
 
-def _one_step(world=2):
-    step = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(1, 1),
-                num_rejected=(0, 0))
-    return Scenario(world_size=world, max_num_reqs=3, num_spec_steps=2, steps=(step,))
-
-
 def test_a_device_generic_handler_finds_pre_fix_on_cpu(cpu_pool):
-    v = driver.evaluate(cpu_pool, "tests.cuda_handlers:GenericStreamPreFix", _one_step(),
+    v = driver.evaluate(cpu_pool, "tests.cuda_handlers:GenericStreamPreFix", one_step(),
                         LIFETIME)
     assert v.first.kind == "lifetime" and v.first.message.startswith("idx_mapping"), v.summary()
 
 
 def test_an_unmodified_torch_cuda_handler_finds_pre_fix_on_cpu(cpu_pool, ci_settings):
-    v = driver.evaluate(cpu_pool, "tests.cuda_handlers:PlainPreFix", _one_step(), LIFETIME)
+    v = driver.evaluate(cpu_pool, "tests.cuda_handlers:PlainPreFix", one_step(), LIFETIME)
     assert v.first.kind == "lifetime" and v.first.message.startswith("idx_mapping")
     assert "cuda_handlers.py" in v.first.message
     res = driver.fuzz(cpu_pool, "tests.cuda_handlers:PlainPreFix", ci_settings,
@@ -206,7 +201,7 @@ def test_an_unmodified_torch_cuda_handler_finds_pre_fix_on_cpu(cpu_pool, ci_sett
 
 def test_targets_written_against_ctx_streams_still_work(cpu_pool):
     scn = Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2,
-                   steps=(_one_step().steps[0],) * 2)
+                   steps=(one_step().steps[0],) * 2)
     spec = "fuzz.draft.targets.pp_draft_streams:"
     assert driver.evaluate(cpu_pool, spec + "pre_fix", scn, LIFETIME).first.kind == "lifetime"
     assert driver.evaluate(cpu_pool, spec + "pr_fix", scn, LIFETIME).first.kind == "race"
@@ -219,7 +214,7 @@ def test_targets_written_against_ctx_streams_still_work(cpu_pool):
 def test_a_target_needing_cuda_graphs_gets_one_line(cpu_pool):
     # Its handler makes a graph when built: no example can run, a setup error.
     with pytest.raises(targets.TargetError) as info:
-        driver.evaluate(cpu_pool, "tests.cuda_handlers:UsesGraphs", _one_step(), LIFETIME)
+        driver.evaluate(cpu_pool, "tests.cuda_handlers:UsesGraphs", one_step(), LIFETIME)
     assert "torch.cuda.CUDAGraph is not simulated on --device cpu" in str(info.value)
     assert "its factory raises on the smallest scenario" in str(info.value)
     assert "\n" not in str(info.value)

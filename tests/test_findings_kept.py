@@ -12,15 +12,13 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 from hypothesis import strategies as st
 
 from fuzz import cli, corpus, driver, profiles, ranks
 from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def test_ctrl_c_while_shrinking_saves_the_failure_and_writes_the_report(

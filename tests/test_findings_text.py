@@ -10,8 +10,7 @@ from pathlib import Path
 import hypothesis
 
 from fuzz.sites import display_path, source_line
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def test_a_file_outside_the_project_is_shown_from_its_import_root():

@@ -11,7 +11,7 @@ from fuzz.draft.scenario import Churn, Delay, Scenario, Step
 from fuzz.host import probe_gpus
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.ranks import RankPool
-from tests.test_zygote import _parent
+from tests.helpers import parent_pid
 
 GATES = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.GATE)
 """What a forced interleaving shows without the lifetime oracle, which would
@@ -214,10 +214,10 @@ def test_cuda_ranks_fork_from_a_zygote_that_never_started_cuda(gpu_pool):
     # counted the GPUs without starting CUDA.
     forker = gpu_pool._zygote
     assert forker is not None and forker.alive and forker.forks
-    assert [_parent(p) for p in gpu_pool.pids] == [forker.proc.pid]
+    assert [parent_pid(p) for p in gpu_pool.pids] == [forker.proc.pid]
     first = gpu_pool.pids
     gpu_pool.restart()
-    assert gpu_pool.pids != first and [_parent(p) for p in gpu_pool.pids] == [forker.proc.pid]
+    assert gpu_pool.pids != first and [parent_pid(p) for p in gpu_pool.pids] == [forker.proc.pid]
     assert gpu_pool.info[0].gates == "ptx", gpu_pool.info[0].gates
 
 
@@ -386,7 +386,7 @@ def test_a_runs_first_cuda_rank_starts_cuda_and_nccl_beside_its_imports(tmp_path
     import sys
 
     from fuzz import zygote
-    from tests.test_zygote import ROOT
+    from tests.helpers import ROOT
 
     report = tmp_path / "r.json"
     out = subprocess.run(

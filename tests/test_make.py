@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 _SKIP = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".hypothesis", ".pytest_cache",
                                ".ruff_cache", "reports", "soak", "*.egg-info", "build",
                                "wheels")

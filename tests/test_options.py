@@ -14,12 +14,11 @@ import pytest
 
 from fuzz import cli, corpus
 from fuzz.options import DEFAULT, Hold, OptionsError, Oracle, RunOptions, parse_oracles
+from tests.helpers import ROOT, fuzz_cli
 
 ALL = frozenset(o.value for o in Oracle)
 ON_CPU = ALL - {"reuse"}
 """What ``all`` runs on CPU ranks, as they report it: the reuse watch needs CUDA."""
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def test_all_is_every_oracle_and_names_are_validated_in_one_place():
     assert parse_oracles("all") == frozenset(Oracle) == DEFAULT.oracles
@@ -42,8 +41,7 @@ def test_options_cross_the_process_boundary_and_the_corpus_unchanged():
 
 
 def test_a_bad_oracle_on_the_command_line_is_one_line_and_exit_2():
-    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--oracle", "lifetime,nope"],
-                         capture_output=True, text=True, timeout=120)
+    out = fuzz_cli("run", "--oracle", "lifetime,nope", timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "unknown oracle 'nope'" in out.stderr
 
@@ -61,7 +59,8 @@ def test_run_sends_every_oracle_by_default_and_replay_judges_with_them(rank_orac
     assert code == 1
     assert _ran(rank_oracles) == {ON_CPU}
     data = json.loads(report.read_text())
-    assert data["oracles"] == sorted(ALL) and data["hold"] == "gate"
+    # The report says what ran, as the ranks and the corpus entry do: no reuse on CPU.
+    assert data["oracles"] == sorted(ON_CPU) and data["hold"] == "gate"
     (failure,) = data["failures"]
     assert failure["kind"] == "lifetime"
     entry = corpus.load(failure["corpus_path"])
@@ -72,6 +71,13 @@ def test_run_sends_every_oracle_by_default_and_replay_judges_with_them(rank_orac
     assert cli.main(["replay", "--device", "cpu", failure["corpus_path"]]) == 0
     assert "still fails (lifetime" in capsys.readouterr().out
     assert _ran(rank_oracles, "pre-fix") == {ON_CPU}
+
+
+@pytest.mark.parametrize("device, ran", [("cpu", ON_CPU), ("cuda", ALL)])
+def test_the_run_report_lists_the_oracles_that_run_on_its_device(tmp_path, device, ran):
+    report = tmp_path / "r.json"
+    cli._write_report(report, [], device, 2, 0, DEFAULT)
+    assert json.loads(report.read_text())["oracles"] == sorted(ran)
 
 
 def test_run_and_replay_send_only_the_oracles_asked_for(rank_oracles, tmp_path):
@@ -169,21 +175,18 @@ def test_a_run_that_cannot_judge_is_refused_in_one_place():
 @pytest.mark.parametrize("oracle, says", [("", "no oracle given"), (",", "no oracle given"),
                                           ("reuse", "reuse sees nothing on cpu")])
 def test_a_run_with_no_working_oracle_is_bad_input(oracle, says, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--target", "pre-fix",
-                          "--device", "cpu", "--max-examples", "5", "--oracle", oracle,
-                          "--corpus", str(tmp_path / "c"), "--report", str(tmp_path / "r.json")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = fuzz_cli("run", "--target", "pre-fix", "--device", "cpu", "--max-examples", "5",
+                   "--oracle", oracle, "--corpus", tmp_path / "c", "--report", tmp_path / "r.json",
+                   timeout=120)
     assert out.returncode == 2, out
     assert len(out.stderr.strip().splitlines()) == 1 and says in out.stderr, out.stderr
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "c").exists()
 
 
 def test_an_oracle_blind_on_the_device_beside_others_gets_a_note(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--target", "pre-fix",
-                          "--device", "cpu", "--max-examples", "50", "--seed", "0",
-                          "--profile", "ci", "--oracle", "reuse,lifetime",
-                          "--corpus", str(tmp_path / "c")],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = fuzz_cli("run", "--target", "pre-fix", "--device", "cpu", "--max-examples", "50",
+                   "--seed", "0", "--profile", "ci", "--oracle", "reuse,lifetime",
+                   "--corpus", tmp_path / "c", timeout=300)
     assert out.returncode == 1, out
     notes = [ln for ln in out.stderr.splitlines() if "sees nothing on cpu" in ln]
     assert len(notes) == 1 and "lifetime judge alone" in notes[0], out.stderr

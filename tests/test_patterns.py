@@ -4,9 +4,9 @@ sides of the broadcast run (their speed on a GPU is the bench's to measure)."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 sys.path.insert(0, str(ROOT))
 
 from bench.patterns import PATTERNS  # noqa: E402

@@ -7,12 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 sys.path.insert(0, str(ROOT / "bench"))
 
 import peers  # noqa: E402 - bench/peers.py, a script beside its helpers

@@ -1,10 +1,8 @@
 """The README's example target is the file the suite fuzzes, and it is clean."""
 
-from pathlib import Path
 
 from fuzz import driver
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def test_readme_shows_the_example_target_verbatim():

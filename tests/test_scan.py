@@ -23,8 +23,8 @@ import pytest
 from fuzz.scan import scan
 from fuzz.scan.hazards import Hazard
 from fuzz.scan.sources import ScanInputError, open_source
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+from tests.helpers import fuzz_cli as _cli
 
 # Each hazard class: (buggy source, safe source, the class, the buggy function).
 CASES: dict[str, tuple[str, str, Hazard, str]] = {
@@ -279,11 +279,6 @@ def test_suppression_drops_the_site_and_keeps_it_in_json(tmp_path):
     assert _cli("scan", str(path), "--json", str(out)).returncode == 0
     data = json.loads(out.read_text())
     assert data["findings"] == [] and data["suppressed"][0]["suppressed"] == "caller synced"
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fuzz", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
 
 
 def test_exit_status_follows_the_threshold(tmp_path):

@@ -21,8 +21,8 @@ from fuzz import corpus, rank_main, soak_report
 from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
 from fuzz.soak import Soak, SoakConfig, parse_budget, read_samples
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from fuzz import corpus, driver, targets
 from fuzz.options import Oracle, RunOptions
-from tests.test_cuda_on_cpu import _one_step
+from tests.helpers import one_step
 
 _HANDLER = '''
 from sibling_{tag} import base
@@ -33,10 +33,10 @@ def _write(tmp_path, tag, cls):
 def test_a_file_target_runs_on_the_ranks_with_its_sibling_imports(cpu_pool, tmp_path):
     options = RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE})
     bad = driver.evaluate(cpu_pool, f"{_write(tmp_path, 'bad', 'PlainPreFix')}:make",
-                          _one_step(), options)
+                          one_step(), options)
     assert not bad.ok and bad.first.kind == "lifetime", bad.summary()
     good = driver.evaluate(cpu_pool, f"{_write(tmp_path, 'good', 'PlainMainGather')}:make",
-                           _one_step(), options)
+                           one_step(), options)
     assert good.ok, good.summary()
 
 
@@ -51,7 +51,7 @@ def test_a_file_in_a_package_is_imported_as_part_of_it_and_its_relative_imports_
                                     "def make(ctx):\n    return base(ctx)\n")
     target = f"{pkg / 'handler.py'}:make"
     assert targets.import_name(target, str(pkg / "handler.py")) == "engine_pkg_t.pp.handler"
-    bad = driver.evaluate(cpu_pool, target, _one_step(),
+    bad = driver.evaluate(cpu_pool, target, one_step(),
                           RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE}))
     assert not bad.ok and bad.first.kind == "lifetime", bad.summary()
 
@@ -77,7 +77,7 @@ def test_a_file_target_names_no_hidden_corpus_folder():
 def test_a_handler_without_its_protocols_methods_says_which_protocol_it_looks_like(cpu_pool):
     # Bad usage, not a finding: the driver raises it instead of judging the example.
     with pytest.raises(targets.TargetError) as err:
-        driver.evaluate(cpu_pool, "tests.targets:weight_sync_shaped", _one_step())
+        driver.evaluate(cpu_pool, "tests.targets:weight_sync_shaped", one_step())
     says = str(err.value)
     assert says.startswith("target 'tests.targets:weight_sync_shaped': the handler "
                            "WeightSyncShaped has no ") and "\n" not in says, says
@@ -85,4 +85,4 @@ def test_a_handler_without_its_protocols_methods_says_which_protocol_it_looks_li
             or "which the draft-broadcast protocol calls on the other ranks" in says), says
     assert "it has the weight-sync protocol's methods: declare protocol = 'weight-sync'" in says
     # The ranks go on: the next example of another target runs.
-    assert driver.evaluate(cpu_pool, "main-gather", _one_step()).ok
+    assert driver.evaluate(cpu_pool, "main-gather", one_step()).ok

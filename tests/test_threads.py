@@ -8,7 +8,7 @@ import streamfuzz
 from fuzz import driver
 from fuzz.options import Oracle, RunOptions
 from fuzz.streams import SimStreams
-from tests.test_cuda_on_cpu import _one_step
+from tests.helpers import one_step
 
 LIFETIME = RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE})
 
@@ -77,9 +77,9 @@ def test_thread_start_is_restored_after_the_example():
 
 
 def test_a_handler_that_broadcasts_from_a_thread_is_checked(cpu_pool):
-    bad = driver.evaluate(cpu_pool, "tests.cuda_handlers:ThreadedSendNoWait", _one_step(),
+    bad = driver.evaluate(cpu_pool, "tests.cuda_handlers:ThreadedSendNoWait", one_step(),
                           LIFETIME)
     assert not bad.ok and bad.first.kind == "race", bad.summary()
     assert "sender" in bad.first.message, bad.first.message
-    good = driver.evaluate(cpu_pool, "tests.cuda_handlers:ThreadedSend", _one_step(), LIFETIME)
+    good = driver.evaluate(cpu_pool, "tests.cuda_handlers:ThreadedSend", one_step(), LIFETIME)
     assert good.ok, good.summary()

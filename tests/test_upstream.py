@@ -22,8 +22,8 @@ from fuzz.draft.reference import expected_applied
 from fuzz.draft.scenario import Scenario, Step
 from fuzz.draft.targets import vllm_standins
 from fuzz.options import RunOptions
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+from tests.helpers import fuzz_cli as _cli
 
 # The shape of each API (signatures only): enough for reading and the AST edit.
 _TABLE_API = '''
@@ -52,11 +52,6 @@ def _wheel(path: Path, version: str, text: str | None) -> Path:
         if text is not None:
             zf.writestr(upstream.FILE, text)
     return path
-
-
-def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fuzz", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120, env=env)
 
 
 def _real(name: str):

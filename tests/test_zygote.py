@@ -14,16 +14,10 @@ import pytest
 from fuzz import driver, host, zygote
 from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT, parent_pid
 
 _STEP = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0))
 _SCN = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP,))
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as fh:
-        return int(fh.read().rsplit(")", 1)[1].split()[1])
 
 
 def _gone(pids: list[int], within: float = 60.0) -> bool:
@@ -40,11 +34,11 @@ def test_ranks_and_their_replacements_are_forked_from_one_zygote():
         forker = pool._zygote
         assert forker is not None and forker.alive
         first = pool.pids
-        assert [_parent(p) for p in first] == [forker.proc.pid] * 2
+        assert [parent_pid(p) for p in first] == [forker.proc.pid] * 2
         assert driver.evaluate(pool, "main-gather", _SCN).ok
         pool.restart()
         assert set(pool.pids).isdisjoint(first)
-        assert [_parent(p) for p in pool.pids] == [forker.proc.pid] * 2
+        assert [parent_pid(p) for p in pool.pids] == [forker.proc.pid] * 2
         assert driver.evaluate(pool, "main-gather", _SCN).ok
         zpid = forker.proc.pid
     assert _gone([zpid])
@@ -58,7 +52,7 @@ def test_a_zygote_killed_under_a_world_costs_one_crash_then_ranks_are_spawned():
         assert out.failure is not None and out.failure.kind == "crash"
         assert "killed by SIGKILL" in out.failure.message
         assert pool.restarts == 1
-        assert [_parent(p) for p in pool.pids] == [os.getpid()] * 2
+        assert [parent_pid(p) for p in pool.pids] == [os.getpid()] * 2
         assert driver.evaluate(pool, "main-gather", _SCN).ok
 
 
@@ -66,7 +60,7 @@ def test_the_off_switch_spawns_every_rank(monkeypatch):
     monkeypatch.setenv(zygote.ENV, "0")
     with RankPool(2, "cpu", timeout=60.0) as pool:
         assert pool._zygote is None
-        assert [_parent(p) for p in pool.pids] == [os.getpid()] * 2
+        assert [parent_pid(p) for p in pool.pids] == [os.getpid()] * 2
         assert driver.evaluate(pool, "main-gather", _SCN).ok
 
 
@@ -153,7 +147,7 @@ def _children(pid: int) -> set[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if _parent(int(entry)) == pid:
+                if parent_pid(int(entry)) == pid:
                     out.add(int(entry))
             except (OSError, ValueError, IndexError):
                 pass
