@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from fuzz import corpus, profiles, targets, upstream
 from fuzz import protocol as protocols
@@ -44,7 +44,7 @@ class UsageError(BadInput):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
         raise UsageError(f"{message} (see --help)")
 
 

@@ -57,6 +57,7 @@ import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -222,7 +223,7 @@ class Gates:
         try:
             import numpy as np  # noqa: F401 - host writes through numpy cost ~0.2 us
 
-            self._flags = self._slots.numpy()
+            self._flags: np.ndarray | torch.Tensor = self._slots.numpy()
         except (ImportError, RuntimeError):
             self._flags = self._slots
 
@@ -342,18 +343,23 @@ class Gates:
         with self._lock:
             self._waits.forget(event)
 
+    def _first_gate(self, stream: Any) -> Gate:
+        g = self.hold(stream)
+        assert g is not None  # a fresh or reset pool has every slot free
+        return g
+
     def _self_test(self) -> None:
         main = torch.cuda.current_stream(self.device)
         other = torch.cuda.Stream(self.device)
         # Compile and run once, opened by the host.
-        g = self.hold(main)
+        g = self._first_gate(main)
         g.release()
         torch.cuda.synchronize(self.device)
         if g.timed_out:
             raise GateUnavailable("a gate opened by the host reported a timeout")
         self.reset()
         # It must hold: work queued behind it stays queued until it is opened.
-        g = self.hold(main)
+        g = self._first_gate(main)
         behind = torch.cuda.Event()
         behind.record(main)
         time.sleep(0.005)
@@ -427,7 +433,7 @@ def _polling(method: Any, which: str, handle: str) -> Any:
     def query(self: Any) -> bool:
         done = method(self)
         if not done and _POOLS:
-            caller = sys._getframe(1)
+            caller: FrameType | None = sys._getframe(1)
             while caller is not None and caller.f_code.co_name == "query" \
                     and caller.f_code.co_filename.startswith(_OWN):
                 caller = caller.f_back  # another of the harness's wrappers of query
@@ -457,9 +463,11 @@ def _hook(pool: Gates) -> bool:
             trace.register_callback_for_device_synchronization(
                 lambda: _each("_on_sync", "for_device"))
             torch._C._activate_gpu_trace()
-            torch.cuda.Event.query = _polling(torch.cuda.Event.query, "for_event", "cuda_event")
-            torch.cuda.Stream.query = _polling(torch.cuda.Stream.query, "for_stream",
-                                               "cuda_stream")
+            # Patched on purpose: a host that polls in a loop opens its gates.
+            torch.cuda.Event.query = _polling(  # type: ignore[method-assign]
+                torch.cuda.Event.query, "for_event", "cuda_event")
+            torch.cuda.Stream.query = _polling(  # type: ignore[method-assign]
+                torch.cuda.Stream.query, "for_stream", "cuda_stream")
         except Exception:  # no usable trace in this torch: gates work as before
             return False
         _HOOKED = True

@@ -49,7 +49,7 @@ def cpu_world_limit() -> tuple[int, str]:
     by_cores = cores * CPU_RANKS_PER_CORE
     avail = _mem_available_mib()
     by_mem = int(avail // CPU_RANK_MIB) if avail is not None else by_cores
-    if by_mem < by_cores:
+    if avail is not None and by_mem < by_cores:
         return max(1, by_mem), (f"{avail / 1024:.1f} GiB of memory available at "
                                 f"{CPU_RANK_MIB} MiB a rank")
     return by_cores, f"{cores} core(s) at {CPU_RANKS_PER_CORE} ranks a core"

@@ -148,6 +148,6 @@ class RunOptions:
 
 DEFAULT = RunOptions()
 
-MUTATE = RunOptions(oracles={Oracle.LIFETIME})
+MUTATE = RunOptions(oracles=frozenset({Oracle.LIFETIME}))
 """``fuzz mutate``'s default: a removed sync is a hazard whether or not a value
 goes wrong, and only the lifetime oracle sees that on CPU."""

@@ -7,13 +7,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROFILES = ("default", "ci")
 
-_BASE = dict(
+_BASE: dict[str, Any] = dict(
     deadline=None,
     report_multiple_bugs=False,
     suppress_health_check=list(HealthCheck),
@@ -36,7 +37,8 @@ def get(name: str, database_dir: Path | None = None) -> settings:
 
 _LOCK = threading.Lock()
 _ACTIVE = 0
-_REAL_POOL = None
+_REAL_POOL: Any = None
+"""Hypothesis's private constants pool while ``seed_only`` has replaced it."""
 
 
 @contextmanager

@@ -21,9 +21,9 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import (
-    AuthenticationError,
     Connection,
     answer_challenge,
     deliver_challenge,
@@ -145,7 +145,7 @@ _WARM_TARGETS = ("pr-fix", "main-gather", "main-gather-synced")
 reused while the side stream gathers with it) can hand the gather garbage indices,
 a device-side assert that kills the rank before it serves one example."""
 
-_WARM_OPTIONS = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.SPIN)
+_WARM_OPTIONS = RunOptions(oracles=frozenset({Oracle.VALUE, Oracle.REUSE}), hold=Hold.SPIN)
 """The kernels the reuse watch launches, without the lifetime oracle's dispatch mode."""
 
 _WARM_SCENARIO = Scenario.from_dict({
@@ -403,13 +403,12 @@ class _Serving:
             if not isinstance(exc, targets.TargetError):
                 exc = targets.misused(target, exc)
             self.conn.send(Raised(msg.eid, self.rank, str(exc), "", False, usage=True))
-        except Exception as exc:  # the target's failure is the finding
-            setup = isinstance(exc, protocols.FactoryRaised)
-            if setup:
-                exc = exc.__cause__ or exc
-            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        except Exception as raised:  # the target's failure is the finding
+            setup = isinstance(raised, protocols.FactoryRaised)
+            err: BaseException = (raised.__cause__ or raised) if setup else raised
+            text = "".join(traceback.format_exception_only(type(err), err)).strip()
             fatal = self.device.type == "cuda"
-            self.conn.send(Raised(msg.eid, self.rank, text, _user_frames(exc), fatal,
+            self.conn.send(Raised(msg.eid, self.rank, text, _user_frames(err), fatal,
                                   setup=setup, calls=dict(env.calls) if env else {}))
             if fatal:
                 self.conn.close()
@@ -424,7 +423,8 @@ class _Serving:
         return False
 
 
-_HANDLERS = {Run: _Serving.on_run, Stats: _Serving.on_stats, Stop: _Serving.on_stop}
+_HANDLERS: dict[type, Callable[[_Serving, Any], bool]] = {
+    Run: _Serving.on_run, Stats: _Serving.on_stats, Stop: _Serving.on_stop}
 
 
 def serve(device_kind: str, address: str, authkey: bytes) -> NoReturn:

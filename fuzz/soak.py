@@ -125,7 +125,7 @@ class Soak:
         self._base_elapsed = float(self.state["elapsed_s"])
         self._base_restarts = int(self.state["restarts"]) - pool.restarts
         self._base_recycles = int(self.state["recycles"]) - pool.recycles
-        self._world_base: tuple[int, list[int] | None] = (-1, None)
+        self._world_base: tuple[int, list[int | None] | None] = (-1, None)
         self._t0 = time.monotonic()
         self._last_sample = -1e9
         self._last_sample_examples = 0
@@ -257,7 +257,8 @@ class Soak:
         """After a round's failure is saved: drop the unshrunk copy; make sure it
         was replayed once. Hypothesis replays the shrunk example itself at the end
         (and says Flaky when it passes); only a round cut short needs our replay."""
-        path = res.corpus_path
+        path, failure = res.corpus_path, res.failure
+        assert path is not None and failure is not None  # only a saved failure settles
         if self._pending is not None and self._pending != path:
             self._forget(self._pending)  # the driver removed the file, unless it was there before
         self._pending = None
@@ -271,12 +272,12 @@ class Soak:
                                  message=entry.message,
                                  scenario=entry.scenario, found_on=entry.found_on, flaky=True)
             corpus.save(self.cfg.corpus, entry)
-        self._record(res.target, res.failure, path, shrunk=not res.stopped, flaky=flaky,
+        self._record(res.target, failure, path, shrunk=not res.stopped, flaky=flaky,
                      examples_to_find=res.first_failure_examples)
         how = "FLAKY (passed on replay)" if flaky else "reproduces"
         self._clear_line()
-        self._say(f"soak: {res.target}: {res.failure.kind} saved to {path}, {how}: "
-                  f"{res.failure.message[:160]}")
+        self._say(f"soak: {res.target}: {failure.kind} saved to {path}, {how}: "
+                  f"{failure.message[:160]}")
 
     def _maybe_recycle(self, ranks: list[Memory | None]) -> None:
         """Recycle the world once a rank outgrew its warm size by ``recycle_mib``.
@@ -512,7 +513,7 @@ def _release_heap() -> None:
 
 def read_samples(path: Path) -> list[dict[str, Any]]:
     """Every complete line of ``stats.jsonl``; a line cut short by a kill is skipped."""
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         lines = Path(path).read_text().splitlines()
     except OSError:

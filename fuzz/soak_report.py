@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import statistics
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ PROJECTION_MIN_S = 300.0
 run's slope is its warm-up, and eight hours of it is noise, not a finding."""
 
 
-def _quarters(values: list[float]) -> tuple[float | None, float | None]:
+def _quarters(values: Sequence[float | None]) -> tuple[float | None, float | None]:
     vals = [v for v in values if v is not None]
     if len(vals) < 4:
         return (vals[0], vals[-1]) if vals else (None, None)
@@ -68,7 +69,7 @@ def _trend(values: list[float | None], ts: list[float], worlds: list[Any],
     """``cap``: bytes a world may grow before it is recycled (None: unbounded)."""
     start, end = _quarters(values)
     vals = [v for v in values if v is not None]
-    growth = (end - start) / start if start else None
+    growth = (end - start) / start if start and end is not None else None
     slope = _slope_per_h(ts, values, worlds)
     rise = slope * PROJECTION_H if slope is not None else None
     if len(ts) < 2 or ts[-1] - ts[0] < PROJECTION_MIN_S:

@@ -13,6 +13,7 @@ at its base, and the top loops call it at every example.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from time import perf_counter
 
 ENV = "STREAMFUZZ_STAGES"
@@ -76,9 +77,9 @@ def _off(*_: object) -> None:
     return None
 
 
-enter = _off
+enter: Callable[[str], None] = _off
 """``enter(stage)``: pause the current stage and start ``stage``."""
-leave = _off
+leave: Callable[[], None] = _off
 """End the current stage and resume the one it paused."""
 
 

@@ -85,7 +85,7 @@ def _context_rule(item: ast.withitem) -> str | None:
         return None
     func = call.func
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-    return _CONTEXTS.get(name)
+    return _CONTEXTS.get(name) if name is not None else None
 
 
 def scope(tree: ast.Module, root: str) -> list[ast.stmt]:
@@ -122,7 +122,7 @@ def find(nodes: Iterable[ast.AST], path: str) -> list[Site]:
                         sites[(c.lineno, c.col_offset)] = Site(
                             path, c.lineno, c.col_offset, rule, f"with {ast.unparse(c)}")
             rule = _call_rule(node)
-            if rule:
+            if rule and isinstance(node, ast.Call):
                 sites[(node.lineno, node.col_offset)] = Site(
                     path, node.lineno, node.col_offset, rule, ast.unparse(node))
     return [sites[k] for k in sorted(sites)]
@@ -151,7 +151,7 @@ class _Remove(ast.NodeTransformer):
             return _hit(node, node.func.value)  # type: ignore[attr-defined]
         return _hit(node)
 
-    def visit_With(self, node: ast.With) -> ast.AST | list[ast.stmt]:  # noqa: N802
+    def visit_With(self, node: ast.With | ast.AsyncWith) -> ast.AST | list[ast.stmt]:  # noqa: N802
         self.generic_visit(node)
         keep = [i for i in node.items if not (self._here(i.context_expr) and _context_rule(i))]
         if len(keep) == len(node.items):

@@ -163,9 +163,9 @@ def find(version: str) -> Upstream:
         for candidate in sorted(cache.glob(f"vllm-{version}-*.whl")) + sorted(
                 cache.glob(f"vllm-{version}.tar.gz")):
             return read(str(candidate))
-    up = installed()
-    if up is not None and up.version == version:
-        return up
+    here = installed()
+    if here is not None and here.version == version:
+        return here
     if version not in SUPPORTED_VERSIONS:
         raise _unsupported(version)
     raise UpstreamError(f"vLLM {version} is not here: {fetch_hint(version)}; "
@@ -205,7 +205,7 @@ def read_file(up: Upstream, file: str) -> str:
             member = next((m for m in tf.getmembers()
                            if m.isfile() and m.name.split("/", 1)[-1] == file), None)
             if member is not None:
-                text = tf.extractfile(member).read().decode()
+                text = _member_text(tf, member)
     else:
         found = next((c for c in (path / file, path.parent / file) if c.is_file()), None)
         text = found.read_text() if found is not None else None
@@ -240,12 +240,19 @@ def _from_sdist(path: Path) -> tuple[str, str, str]:
         tops = {n.split("/", 1)[0] for n in members}
         top = next(iter(tops)) if len(tops) == 1 else ""
         info = members.get(f"{top}/PKG-INFO")
-        version = _metadata_version(tf.extractfile(info).read().decode()) if info else None
+        version = _metadata_version(_member_text(tf, info)) if info else None
         version = version or _name_version(path.name)
         member = members.get(f"{top}/{FILE}")
         if member is None:
             raise _missing(str(path), version)
-        return tf.extractfile(member).read().decode(), version, "sdist"
+        return _member_text(tf, member), version, "sdist"
+
+
+def _member_text(tf: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+    """A regular file's text (``extractfile`` is None only for other members)."""
+    f = tf.extractfile(member)
+    assert f is not None, member.name
+    return f.read().decode()
 
 
 def _from_tree(path: Path) -> tuple[str, str, str]:

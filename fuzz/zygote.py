@@ -88,7 +88,7 @@ class Zygote:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         finally:
-            if log:
+            if not isinstance(err, int):  # the log file, not DEVNULL
                 err.close()
         self._buf = b""
         self._ready = False
@@ -110,9 +110,11 @@ class Zygote:
         if self.broken:
             raise ZygoteError(self.broken)
         deadline = time.monotonic() + timeout
+        stdin = self.proc.stdin
+        assert stdin is not None  # started with stdin=PIPE
         try:
-            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self.proc.stdin.flush()
+            stdin.write(json.dumps(request).encode() + b"\n")
+            stdin.flush()
         except OSError as exc:
             self._break(f"the zygote is gone ({exc})")
         while True:
@@ -216,12 +218,12 @@ class ForkedRank:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
             if left <= 0:
                 raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout or 0.0)
             self.poll(left)
-        return self.returncode
+        return code
 
     def kill(self) -> None:
         if self.poll() is not None:  # reaped: the pid may be another process's now
@@ -360,14 +362,14 @@ def _serve(cuda_ranks: int) -> int:
             continue
         if wake_r in ready:
             os.read(wake_r, 4096)
-        for pid in list(children):
+        for child in list(children):
             try:
-                done, status = os.waitpid(pid, os.WNOHANG)
+                done, status = os.waitpid(child, os.WNOHANG)
             except ChildProcessError:
-                done, status = pid, 0
+                done, status = child, 0
             if done:
-                children.discard(pid)
-                say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+                children.discard(child)
+                say({"exit": child, "code": os.waitstatus_to_exitcode(status)})
         if inp not in ready:
             continue
         chunk = os.read(inp, 65536)

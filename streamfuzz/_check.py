@@ -205,13 +205,13 @@ def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
     from fuzz.sim.cuda_on_cpu import Simulation
     from fuzz.streams import SimStreams
 
-    streams = SimStreams(Simulation('under streamfuzz.checked(device="cpu")',
-                                    'run the block under checked(device="cuda") on a GPU'))
-    checker = LifetimeChecker(streams, group_rank=_group.rank()).attach() if check else None
-    streams.hold_polls(pending_polls)
+    sim = SimStreams(Simulation('under streamfuzz.checked(device="cpu")',
+                                'run the block under checked(device="cuda") on a GPU'))
+    on_cpu = LifetimeChecker(sim, group_rank=_group.rank()).attach() if check else None
+    sim.hold_polls(pending_polls)
     try:
-        with streams.session():
-            yield checker
+        with sim.session():
+            yield on_cpu
     finally:
-        if checker is not None:
-            checker.detach()
+        if on_cpu is not None:
+            on_cpu.detach()

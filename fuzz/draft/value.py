@@ -54,8 +54,8 @@ def _check_receiver(scenario: Scenario, obs: DraftObservations, rank: int) -> li
             ("num_sampled", [exp.num_sampled], [a.num_sampled], ["counts"]),
             ("num_rejected", [exp.num_rejected], [a.num_rejected], ["counts"]),
         )
-        for what, e, a, labels in checks:
-            diff = _row_diff(e, a, labels)
+        for what, e, g, labels in checks:
+            diff = _row_diff(e, g, labels)
             if diff:
                 return [Failure("value", f"step {i}: rank {rank} {what} wrong after apply: {diff}",
                                 rank, i)]

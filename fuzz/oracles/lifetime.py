@@ -41,6 +41,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -455,9 +456,10 @@ class LifetimeModel:
 
 def _where(info: StorageInfo, prev: Access, now: Access) -> str:
     """Which bytes the two accesses share, where neither is the whole storage."""
-    if prev.span is WHOLE or now.span is WHOLE:
+    a, b = prev.span, now.span
+    if a is None or b is None:  # either is WHOLE (None)
         return ""
-    shared = [(max(lo, lo2), min(hi, hi2)) for lo, hi in prev.span for lo2, hi2 in now.span
+    shared = [(max(lo, lo2), min(hi, hi2)) for lo, hi in a for lo2, hi2 in b
               if max(lo, lo2) < min(hi, hi2)]
     if not shared:
         return ""
@@ -505,7 +507,7 @@ def frames_here(limit: int = 4) -> Frames:
     """The innermost frames of the program under test, as plain strings."""
     out: list[tuple[str, int, str]] = []
     kinds = _FILE_KINDS
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None:
         code = f.f_code
         path = code.co_filename
@@ -661,7 +663,7 @@ class TensorTracker:
         return self._classify(t)[0]
 
     def _follow(self, t: torch.Tensor, key: int, s: Any, op: str, frames: Frames,
-                kind: str = DEVICE, filled: bool = True) -> None:
+                kind: str | None = DEVICE, filled: bool = True) -> None:
         """Start following a storage the model does not know yet (``filled``:
         see ``LifetimeModel.allocate``)."""
         storage = t.untyped_storage()
@@ -758,10 +760,11 @@ class TensorTracker:
         name, label, arg_names, arg_writes, view_op, collective, slots = _op_info(func)
         storages = self.model.storages
         classify = self._classify
-        reads: list[tuple[torch.Tensor, int, str]] = []
-        writes: list[tuple[torch.Tensor, int, str]] = []
-        kinds: set[str] = set()
-        host_writes: set[str] = set()
+        # A kind is None where a slot held no tensor (see _classify).
+        reads: list[tuple[torch.Tensor, int, str | None]] = []
+        writes: list[tuple[torch.Tensor, int, str | None]] = []
+        kinds: set[str | None] = set()
+        host_writes: set[str | None] = set()
         in_keys: set[int] = set()
         view = False
         if collective:
@@ -789,7 +792,7 @@ class TensorTracker:
                         in_keys.add(key)
                         (writes if write else reads).append((leaf, key, kind))
             view = view_op
-        fresh: list[tuple[torch.Tensor, int, str]] = []
+        fresh: list[tuple[torch.Tensor, int, str | None]] = []
         if not view and not collective:  # a collective returns its arguments (and a work)
             # An in-place op's result is its first argument, classified above.
             written = args[0] if args and arg_writes and arg_writes[0] else None
@@ -877,8 +880,8 @@ class TensorTracker:
             model.access(key, s, write, label, frames, span)
 
     @staticmethod
-    def _blocking_copy(name: str, args: tuple, kwargs: dict, kinds: set[str],
-                       host_writes: set[str]) -> bool:
+    def _blocking_copy(name: str, args: tuple, kwargs: dict, kinds: set[str | None],
+                       host_writes: set[str | None]) -> bool:
         """A copy between device and host memory that the host waits for: every
         blocking one, and a non-blocking one into pageable memory (CUDA copies
         it synchronously)."""
@@ -890,7 +893,7 @@ class TensorTracker:
 
     def _collective(self, name: str, arg_names: tuple[str, ...], arg_writes: tuple[bool, ...],
                     args: tuple, kwargs: dict, reads: list, writes: list,
-                    kinds: set[str]) -> None:
+                    kinds: set[str | None]) -> None:
         """c10d ops as NCCL runs them: async on the current stream. Their
         tensors are in lists (or lists of lists), never in other containers."""
         if name == "c10d::broadcast_" and len(args) > 2:  # the usual call: two arguments read

@@ -61,7 +61,7 @@ class ReuseWatch:
         # of storages used off main.
         self._used: list[tuple[int, int, Any, int | None, str, int, int]] = []
         self.findings: list[Failure] = []
-        self._seen: set[tuple[int, int]] = set()
+        self._seen: set[tuple[int | None, int]] = set()
         self._main_handle = main.cuda_stream
         self._streams: dict[int, Any] = {}
         """Stream objects by raw handle: an op's stream is read as a handle."""

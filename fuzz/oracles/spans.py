@@ -123,7 +123,7 @@ def _strided(offset: int, sizes: Sequence[int], strides: Sequence[int],
 def view_span(t: torch.Tensor, nbytes: int) -> Span:
     """The bytes of its storage (of ``nbytes`` bytes) that view ``t`` covers."""
     itemsize = t.element_size()
-    offset = t.storage_offset()
+    offset = int(t.storage_offset())  # an int in eager mode; the stubs allow a SymInt
     if t.is_contiguous():
         n = t.numel() * itemsize
         lo = offset * itemsize
@@ -225,7 +225,7 @@ def _by_indices(args: tuple, kwargs: dict) -> tuple[tuple[int, int], ...] | None
 def _by_mask(args: tuple, kwargs: dict) -> tuple[tuple[int, int], ...] | None:
     """``masked_fill_``, ``masked_scatter_``: the elements where the (broadcast) mask is set."""
     t = args[0]
-    mask = args[1] if len(args) > 1 else kwargs.get("mask")
+    mask: Any = args[1] if len(args) > 1 else kwargs.get("mask")
     if not _readable(mask) or t.numel() > _MAX_INDICES:
         return None
     where = mask.expand_as(t).nonzero()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Protocol
 
 import torch
@@ -156,7 +157,7 @@ class Harness:
         if self.checker is not None:
             self.checker.poll()
 
-    def calling(self) -> contextlib.AbstractContextManager:
+    def calling(self) -> contextlib.AbstractContextManager[object]:
         """What a handler call runs under: the reuse watch, where it runs."""
         return self.watch.call() if self.watch is not None else contextlib.nullcontext()
 
@@ -277,11 +278,12 @@ class unseen:  # noqa: N801 - used as a context manager, like torch's own
         self._functions = torch._C.DisableTorchFunction()
         self._functions.__enter__()
         self._dispatch = unobserved()
-        self._dispatch.__enter__()
+        self._dispatch.__enter__()  # type: ignore[no-untyped-call]  # torch's stub: untyped __enter__
 
-    def __exit__(self, *exc: object) -> None:
-        self._dispatch.__exit__(*exc)
-        self._functions.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._dispatch.__exit__(exc_type, exc, tb)
+        self._functions.__exit__(exc_type, exc, tb)
 
 
 @contextlib.contextmanager

@@ -7,9 +7,12 @@ builds on these.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fuzz.errors import BadInput
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 DEFAULT_SPIN = 5_000_000
 """Cycles a gate's hold spins when gates are unavailable and it names no cycles:
@@ -40,7 +43,7 @@ def check(ok: bool, message: str) -> None:
         raise ScenarioError(message)
 
 
-def fields_of(data: Any, cls: type, where: str) -> dict[str, Any]:
+def fields_of(data: Any, cls: type[DataclassInstance], where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ScenarioError(f"{where} must be an object")
     known = set(cls.__dataclass_fields__)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from fuzz.scan.package import Function, ModuleCache, Package
 from fuzz.scan.streams_ast import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace, dotted
@@ -250,7 +251,7 @@ class _Judge:
         return self.t.producer, -1
 
     def unordered(self) -> Iterator[Finding]:
-        groups: dict[tuple[str, str, str], dict[str, object]] = {}
+        groups: dict[tuple[str, str, str], dict[str, Any]] = {}
         sides_with_uses: set[str] = set()
         for p, o in enumerate(self.ops):
             if o.kind is not K.USE or o.stream == ANY or not self.tensorish(o.key):
@@ -274,10 +275,10 @@ class _Judge:
                 g = groups.setdefault((o.stream, a, kind), {
                     "line": o.line, "tensors": set(), "write": False,
                     "event": how[6:] if kind == "early" else ""})
-                g["tensors"].add(o.key)  # type: ignore[union-attr]
+                g["tensors"].add(o.key)
                 g["write"] = bool(g["write"]) or o.write
         for (b, a, kind), g in sorted(groups.items(), key=lambda kv: kv[1]["line"]):
-            tensors = sorted(g["tensors"])  # type: ignore[arg-type]
+            tensors = sorted(g["tensors"])
             names = ", ".join(self.t.name(k) for k in tensors)
             factors = ["write"] if g["write"] else []
             if kind == "cond":
@@ -533,7 +534,8 @@ def sibling_omissions(pkg: Package) -> Iterator[Finding]:
     sites: dict[str, list[tuple[Function, ast.Call]]] = {}
     for fn, call in pkg.call_sites(set(optional)):
         f = call.func
-        sites.setdefault(f.attr if isinstance(f, ast.Attribute) else f.id, []).append(  # type: ignore[union-attr]
+        # call_sites yields calls of a Name or an Attribute only.
+        sites.setdefault(f.attr if isinstance(f, ast.Attribute) else f.id, []).append(  # type: ignore[attr-defined]
             (fn, call))
     for name, calls in sorted(sites.items()):
         params = {p for _, p, _ in optional[name]}

@@ -104,7 +104,7 @@ class Package:
         self.caches: list[ModuleCache] = []
         for m in self.modules.values():
             self._index(m)
-        self._summaries: dict[int, tuple[object, ...]] = {}
+        self._summaries: dict[int, tuple[Effect, ...]] = {}
 
     # -- indexing ------------------------------------------------------------
 
@@ -127,7 +127,8 @@ class Package:
                 if target:
                     self.thread_targets.add((m.path, target))
 
-    def _module_value(self, m: Module, stmt: ast.stmt, value: ast.expr) -> None:
+    def _module_value(self, m: Module, stmt: ast.Assign | ast.AnnAssign,
+                      value: ast.expr) -> None:
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
         names = [t.id for t in targets if isinstance(t, ast.Name)]
         made = _makes(value)

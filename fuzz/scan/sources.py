@@ -131,6 +131,7 @@ def _installed(name: str) -> Source:
         root = Path(next(iter(spec.submodule_search_locations)))
         kind = "installed"
     else:
+        assert spec.origin is not None  # one of the two, checked above
         root, kind = Path(spec.origin), "file"
     try:
         version = importlib.metadata.version(name)

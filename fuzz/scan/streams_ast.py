@@ -382,7 +382,7 @@ class Walker:
             items = s.iter.elts if isinstance(s, (ast.For, ast.AsyncFor)) and isinstance(
                 s.iter, (ast.Tuple, ast.List)) and isinstance(s.target, ast.Name) and all(
                 isinstance(e, (ast.Name, ast.Attribute)) for e in s.iter.elts) else None
-            if items:  # for t in (x, y): the body once for each
+            if items and not isinstance(s, ast.While):  # for t in (x, y): once for each
                 for e in items:
                     self._bind(s.target, None, s.lineno)
                     self._bind_items(s.target, e)
@@ -766,7 +766,6 @@ class Walker:
         # Work queued by the call: its receiver and arguments, on the current stream.
         async_op = _true(_kw(c, "async_op")) or name in _ASYNC_COLLECTIVE
         nb = _true(_kw(c, "non_blocking"))
-        made: str | None = None
         if isinstance(recv, ast.Subscript) and rk is not None:
             self.expr(recv.slice)  # x[i].copy_(...): a view of x, not a host read of it
         elif recv is not None and not isinstance(recv, (ast.Name, ast.Attribute)):

@@ -12,6 +12,7 @@ import ast
 import linecache
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fuzz.oracles.lifetime import user_code
@@ -24,7 +25,7 @@ def site_name() -> str:
     to ``streams``, numbered by ``Names``), else the file and line that made
     it. Asked once per stream, from inside the stream's constructor: the first
     frame of the code under test is the one that made it."""
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None and not user_code(f.f_code.co_filename):
         f = f.f_back
     if f is None:
@@ -69,11 +70,11 @@ def _assigned_to(code: Any, lasti: int) -> str | None:
     return None
 
 
-def _span(node: ast.AST) -> tuple[Any, ...]:
+def _span(node: ast.expr | ast.stmt) -> tuple[Any, ...]:
     return (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
 
 
-def _matched(target: ast.AST, value: ast.AST, at: tuple[Any, ...]) -> str | None:
+def _matched(target: ast.AST, value: ast.expr, at: tuple[Any, ...]) -> str | None:
     """``target``'s name where ``value`` is the call at ``at``, or holds it as
     one branch (``a if c else b``, ``a or b``) or one element of a tuple
     unpacked into as many targets."""

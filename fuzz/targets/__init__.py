@@ -197,7 +197,7 @@ def load(name: str) -> Factory:
         raise TargetError(_import_failure(name, module_name, exc)) from None
     except Exception as exc:  # the module itself is broken: say where
         raise TargetError(_import_failure(name, module_name, exc)) from None
-    factory = module
+    factory: Any = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
         if factory is None:

@@ -132,5 +132,5 @@ def _module_stand_in(name: str, fromlist: Any, stood: list[str]) -> types.Module
     for attr in fromlist or ():
         if attr != "*":
             setattr(mod, attr, _stand_in(f"{name}.{attr}", stood))
-    mod.__getattr__ = lambda attr: _stand_in(f"{name}.{attr}", stood)  # type: ignore[attr-defined]
+    mod.__getattr__ = lambda attr: _stand_in(f"{name}.{attr}", stood)  # type: ignore[method-assign]
     return mod
