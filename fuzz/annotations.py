@@ -25,11 +25,9 @@ def describe(reads: list[torch.Tensor], writes: list[torch.Tensor], label: str,
     ``stream`` (None: the current stream; ``"host"``: the host itself)."""
     from fuzz import streams
 
-    on_host = isinstance(stream, str)
-    if on_host and stream != HOST:
-        raise ValueError(f"stream={stream!r}: a stream, None (the current one) or 'host'")
-    if streams._ACTIVE:
-        sim = streams._ACTIVE[-1]
+    on_host = isinstance(stream, str)  # "host": opaque() lets no other string through
+    sim = streams.running()
+    if sim is not None:
         sim.emit("opaque", reads, writes, label,
                  HOST if on_host else stream if stream is not None else sim.current_stream())
         return

@@ -333,10 +333,16 @@ class NoSimulation(FuzzError, RuntimeError):
                          f"block runs, and none does now")
 
 
+def running() -> SimStreams | None:
+    """The simulation the current example or block runs on, or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
 def _active(what: str = "a simulated CUDA stream") -> SimStreams:
-    if not _ACTIVE:
+    sim = running()
+    if sim is None:
         raise NoSimulation(what)
-    return _ACTIVE[-1]
+    return sim
 
 
 class SimStreams:
