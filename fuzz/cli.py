@@ -171,6 +171,23 @@ def _address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _world_of(text: str) -> Any:
+    from fuzz.worlds import WorldOf
+
+    try:
+        return WorldOf.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_worlds(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--worlds", type=_positive, default=None, metavar="N",
+                   help="independent worlds side by side, each its own driver and ranks, "
+                        "sharing the example database and the corpus (default: as many as "
+                        "the node holds; several share one GPU)")
+    q.add_argument("--world-of", type=_world_of, default=None, help=argparse.SUPPRESS)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="streamfuzz", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -207,6 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--profile", choices=profiles.PROFILES, default="default",
                    help="Hypothesis settings profile (default: default)")
     _add_run_options(r)
+    _add_worlds(r)
     r.add_argument("--upstream", metavar="PATH|VERSION", default=None,
                    help="the vLLM whose own PPHandler the vllm-pp targets run: a wheel, sdist "
                         "or source tree, or a version in the cache (default: an installed "
@@ -245,6 +263,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="Hypothesis seed: repeatable rounds, and no example database "
                         "(default: random, with the database)")
     _add_run_options(k)
+    _add_worlds(k)
     k.add_argument("--listen", type=_address, default=None, metavar="HOST:PORT",
                    help="with --ranks-external: where ranks started by torchrun connect "
                         "(default: none, the driver starts its ranks)")
@@ -395,6 +414,11 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 def _command(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    if getattr(args, "world_of", None) is not None:
+        from fuzz.worlds import end_with_parent
+
+        end_with_parent()
     if args.command == "run":
         return _run(args)
     if args.command == "bench":
@@ -432,6 +456,19 @@ def _world_size(device: str, gpus: int, requested: int | None) -> int:
         raise UsageError(f"--world-size {size} needs {size} GPUs (one per rank; NCCL refuses "
                          f"two ranks on one GPU) but {gpus} visible")
     return size
+
+
+def _worlds(args: argparse.Namespace, device: str, world: int) -> int:
+    """How many worlds: ``--worlds``, else what the node holds (1 inside a world)."""
+    if args.world_of is not None:
+        return 1
+    if args.worlds is not None:
+        if device == "cpu":
+            _check_cpu_world(args.worlds * world, f"--worlds {args.worlds} of {world} ranks")
+        return int(args.worlds)
+    from fuzz.worlds import default_worlds
+
+    return default_worlds(device, world)[0]
 
 
 def _check_cpu_world(size: int, what: str) -> None:
@@ -473,8 +510,11 @@ class _Progress:
     """A live line on a terminal, fuzzing then shrinking. Elsewhere (a pipe, a
     log) one line when shrinking starts, so that its minutes are not silence."""
 
-    def __init__(self, target: str, shrink_budget_s: float | None = None) -> None:
+    def __init__(self, target: str, shrink_budget_s: float | None = None,
+                 lost: Callable[[], bool] | None = None) -> None:
         self.target = target
+        self.lost = lost
+        """Whether another world claimed the failure (it shrinks it, not this one)."""
         self.shrink_budget_s = shrink_budget_s
         self.tty = sys.stderr.isatty()
         self.failures = 0
@@ -485,7 +525,7 @@ class _Progress:
         self.failures += failed
         if failed and self.found_at is None:
             self.found_at = (examples, elapsed)
-            if not self.tty:
+            if not self.tty and not (self.lost is not None and self.lost()):
                 bound = (f", at most {self.shrink_budget_s:g}s"
                          if self.shrink_budget_s is not None else "")
                 print(f"[{self.target}] found a failure after {examples} examples; shrinking "
@@ -531,8 +571,13 @@ def _run(args: argparse.Namespace) -> int:
     world = _world_size(device, gpus, args.world_size)
     _judging(options, device)
     corpus.sweep(args.corpus)
+    worlds = _worlds(args, device, world)
+    if worlds > 1:
+        from fuzz.worlds import run_worlds
+
+        return run_worlds(args, worlds, device, world)
     settings = profiles.get(args.profile)
-    for name in names:
+    for name in names if args.world_of is None or args.world_of.index == 0 else ():
         up = targets.upstream_of(name)
         if up is not None:
             print(f"{name}: {up.describe()}")
@@ -553,7 +598,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         pool.close()
     restarts = pool.restarts
-    if results:
+    if results and args.world_of is None:  # the controller prints every world's
         _print_table(results, device, world)
     if args.report:
         _write_report(args.report, results, device, world, restarts, options, interrupted,
@@ -563,7 +608,7 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     if misused:
         return 2
-    return 1 if any(r.failure for r in results) else 0
+    return 1 if any(r.failure and not r.duplicate for r in results) else 0
 
 
 def _say_interrupted(args: argparse.Namespace, saved: list[str]) -> None:
@@ -577,15 +622,19 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
     A target the ranks find set up wrong is one line on stderr, in ``misused``,
     and the next target runs."""
     from fuzz import driver
+    from fuzz.worlds import Claims
 
+    claims = Claims(args.world_of.shared) if args.world_of is not None else None
     for name in names:
-        progress = _Progress(name, args.shrink_budget)
+        claim, stop = claims.pair(name) if claims is not None else (None, None)
+        progress = _Progress(name, args.shrink_budget, lost=stop)
         try:
             res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
                               seed=args.seed, budget_s=args.budget,
                               shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
                               progress=progress, options=options,
-                              strategy=_strategy(name, world, args.weight_scale))
+                              strategy=_strategy(name, world, args.weight_scale),
+                              claim=claim, stop=stop)
         except driver.Interrupted as exc:  # before anything was found in this target
             res = exc.result
         except KeyboardInterrupt:  # outside the examples: nothing ran in this target
@@ -597,7 +646,8 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
         finally:
             progress.done()
         results.append(res)
-        _print_result(res)
+        if claims is None or (res.failure is not None and not res.duplicate):
+            _print_result(res)
         if res.interrupted:
             return True
     return False
@@ -698,7 +748,7 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
         "failures": [{"target": r.target, "kind": r.failure.kind,
                       "corpus_path": str(r.corpus_path), "message": r.failure.message,
                       "flaky": r.flaky, "shrinking_interrupted": r.interrupted}
-                     for r in results if r.failure],
+                     for r in results if r.failure and not r.duplicate],
         "targets": [{"target": r.target, "examples": r.examples,
                      "elapsed_s": round(r.elapsed_s, 3),
                      "examples_per_s": round(r.examples_per_s, 3),
@@ -706,6 +756,9 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
                      "first_failure_s": r.first_failure_s,
                      "first_failure_at": r.first_failure_at, "held_by": r.held,
                      "gate_timeouts": r.gate_timeouts,
+                     "failure": r.failure.kind if r.failure else None,
+                     "corpus_path": str(r.corpus_path) if r.corpus_path else None,
+                     "duplicate": r.duplicate,
                      "interrupted": r.interrupted,
                      "upstream": targets.provenance(r.target),
                      "coverage": r.coverage.to_dict() if r.coverage else None}
@@ -779,6 +832,7 @@ def _soak(args: argparse.Namespace) -> int:
     import os
 
     from fuzz.soak import Soak, SoakConfig, stop_on_signals
+    from fuzz.worlds import Claims
 
     names = args.target or list(targets.BUILTIN)
     names = [n for arg in names for n in arg.split(",") if n]
@@ -802,11 +856,17 @@ def _soak(args: argparse.Namespace) -> int:
         authkey = bytes.fromhex(key) if key else None
     except ValueError:
         raise UsageError("STREAMFUZZ_AUTHKEY must be hex") from None
+    worlds = 1 if args.ranks_external else _worlds(args, device, world)
+    if worlds > 1:
+        from fuzz.worlds import soak_worlds
+
+        return soak_worlds(args, worlds, device, world)
     cfg = SoakConfig(targets=names, budget_s=args.budget, out=args.out, corpus=args.corpus,
                      database=args.database or args.out / "hypothesis-db", round_s=args.round,
                      shrink_s=args.shrink, round_examples=args.round_examples,
                      stats_every_s=args.stats_every, seed=args.seed,
-                     recycle_mib=args.recycle_mib, options=_run_options(args, device))
+                     recycle_mib=args.recycle_mib, options=_run_options(args, device),
+                     claims=None if args.world_of is None else Claims(args.world_of.shared))
     pool = RankPool(world, device, timeout=args.timeout, startup_timeout=args.startup_timeout,
                     listen=args.listen, authkey=authkey)
     soak = Soak(pool, cfg)

@@ -180,6 +180,9 @@ class CampaignResult:
     """Ctrl-C ended the run; a failure found is saved as shrunk so far."""
     coverage: Coverage | None = None
     """What the examples judged called on the ranks (``fuzz.coverage``)."""
+    duplicate: bool = False
+    """Another world claimed this run's failure first (``fuzz(claim=...)``):
+    nothing was saved, and the finding is that world's."""
 
     @property
     def examples_per_s(self) -> float:
@@ -210,7 +213,8 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
          progress: Progress | None = None, options: RunOptions = DEFAULT,
          stop_on_failure: bool = True, shrink_budget_s: float | None = 120.0,
          on_example: OnExample | None = None, on_verdict: OnVerdict | None = None,
-         stop: Callable[[], bool] | None = None, pipeline: bool = True) -> CampaignResult:
+         stop: Callable[[], bool] | None = None, pipeline: bool = True,
+         claim: Callable[[], bool] | None = None) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
     ``options`` go to every rank unchanged (see ``fuzz.draft.runner``). With
@@ -230,6 +234,11 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     With ``pipeline`` (the default) Hypothesis draws the next scenario while
     the ranks run the last one: see ``_Campaign``. The examples judged, the
     first failure and the shrunk case are those of a run without it.
+
+    ``claim`` is asked once, at the first failure, whether this run owns it:
+    parallel worlds fuzzing one target find its easy bugs all at once, and
+    one of them shrinks and saves it. A run that does not own its failure
+    stops at once and saves nothing (``duplicate``).
     """
     protocol = protocols.of_target(target, _factory_or_none(target))
     result = CampaignResult(target=target,
@@ -248,12 +257,23 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     # The first failure is on disk before shrinking starts, so a kill loses nothing.
     first = corpus.FirstSight(corpus_dir) if corpus_dir is not None and stop_on_failure \
         else None
+    owned: list[bool] = []
+
+    def sight(scenario: Scenario, failure: Failure) -> None:
+        if claim is not None and not owned:
+            owned.append(claim())
+        if first is not None and (not owned or owned[0]):
+            first.save(entry(failure, scenario))
+
+    def stopping() -> bool:
+        return bool(owned and not owned[0]) or (stop is not None and stop())
+
     campaign = _Campaign(pool, target, result, options, budget_s=budget_s,
                          stop_on_failure=stop_on_failure, shrink_budget_s=shrink_budget_s,
                          progress=progress, on_example=on_example, on_verdict=on_verdict,
-                         stop=stop, own_seed=own_seed,
-                         first_sight=None if first is None
-                         else lambda scenario, failure: first.save(entry(failure, scenario)))
+                         stop=stopping if claim is not None else stop, own_seed=own_seed,
+                         first_sight=sight if first is not None or claim is not None
+                         else None)
     phases = tuple(settings.phases)
     ahead_phases = tuple(p for p in phases if p not in _SAVED_PHASES)
     if not pipeline or not ahead_phases:
@@ -275,7 +295,8 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
                 campaign.run(strategy, settings, max_examples, seed, ahead_phases, "replay")
     result.elapsed_s = time.monotonic() - campaign.start
     result.held = sorted(campaign.held)
-    if result.failure is not None and corpus_dir is not None:
+    result.duplicate = bool(owned and not owned[0])
+    if result.failure is not None and corpus_dir is not None and not result.duplicate:
         result.corpus_path = corpus.save(corpus_dir, entry(result.failure, result.scenario,
                                                            result.flaky))
     if first is not None:

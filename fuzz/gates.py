@@ -67,8 +67,11 @@ from fuzz.errors import FuzzError
 from fuzz.oracles.lifetime import user_code
 
 DEFAULT_BOUND_MS = 200.0
-KINDS = ("ptx", "triton", "triton-polls")
-"""The gate kernels, in the order they are tried."""
+KINDS = ("wait", "ptx", "triton", "triton-polls")
+"""The gates, in the order they are tried: the driver's stream wait
+(``fuzz._gate_wait``: nothing runs on the GPU while held), then the kernels."""
+KINDS_ENV = "STREAMFUZZ_GATES"
+"""Where set (``ptx,triton``), the kinds to try instead: a benchmark compares them."""
 _SLOTS = 1024
 _RELEASED, _TIMED_OUT = 1, 2
 # Polling host memory takes about a microsecond a load over PCIe; generous on purpose.
@@ -242,10 +245,12 @@ class Gates:
 
     @classmethod
     def create(cls, device: torch.device, bound_ms: float = DEFAULT_BOUND_MS,
-               kinds: Iterable[str] = KINDS) -> Gates:
-        """Load the first kernel of ``kinds`` that proves a gate holds and opens; else raise."""
+               kinds: Iterable[str] | None = None) -> Gates:
+        """Load the first kind of ``kinds`` that proves a gate holds and opens; else raise."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise GateUnavailable("gates need a CUDA device")
+        if kinds is None:
+            kinds = _kinds_from_env()
         errors: list[str] = []
         for kind, kernel in _kernels(device, frozenset(kinds), errors):
             try:
@@ -267,7 +272,7 @@ class Gates:
         gate = Gate(self, slot, stream, opener.cuda_stream if opener is not None else None)
         with self._lock:
             self._waits.hold(gate, stream.cuda_stream)
-        if self.kind == "ptx":
+        if self.kind in ("wait", "ptx"):
             self._kernel.launch(stream.cuda_stream, self._base + 16 * slot, *self._bound)
         else:
             with torch.cuda.stream(stream):
@@ -293,6 +298,8 @@ class Gates:
     def reset(self) -> None:
         """Clear the used slots; only once every gate's stream has been synchronized."""
         if self._next:
+            if self.kind == "wait":
+                self._kernel.clear()
             with unobserved():
                 self._slots[: self._next].zero_()
             self._next = 0
@@ -375,11 +382,35 @@ class Gates:
             raise GateUnavailable("a gate opened from a stream reported a timeout")
 
 
+def _kinds_from_env() -> tuple[str, ...]:
+    text = os.environ.get(KINDS_ENV, "").strip()
+    if not text:
+        return KINDS
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise GateUnavailable(f"{KINDS_ENV}={text!r}: no gate kind {unknown[0]!r} "
+                              f"(choose from {', '.join(KINDS)})")
+    return kinds
+
+
 def _kernels(device: torch.device, kinds: frozenset[str],
              errors: list[str]) -> Iterable[tuple[str, Any]]:
-    """The gate kernels to try, best first: the PTX one (no compile to speak
-    of), then Triton's timed one and its polling one (where Triton lacks the
-    timer). Each one that cannot even load says why in ``errors``."""
+    """The gates to try, best first: the driver's stream wait (no kernel at
+    all), the PTX kernel (no compile to speak of), then Triton's timed one and
+    its polling one (where Triton lacks the timer). Each one that cannot even
+    load says why in ``errors``."""
+    if "wait" in kinds:
+        try:
+            from fuzz import _gate_wait
+
+            with torch.cuda.device(device):
+                torch.empty(1, device=device)  # the device's context, current on this thread
+                wait = _gate_wait.StreamWaitGate(torch.cuda.current_device(), _TIMED_OUT)
+        except Exception as exc:  # no such driver entry point
+            errors.append(f"wait: {type(exc).__name__}: {str(exc)[:200]}")
+        else:
+            yield "wait", wait
     ptx = None
     if "ptx" in kinds:
         try:

@@ -102,6 +102,8 @@ class SoakConfig:
     strategy: Any = None
     """Scenarios to draw (default: ``fuzz.draft.strategies.scenarios`` for the pool's world)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    claims: Any = None
+    """Where this campaign is one of parallel worlds: their ``fuzz.worlds.Claims``."""
 
 
 class Soak:
@@ -211,11 +213,27 @@ class Soak:
         def stop() -> bool:
             return self._should_stop() or time.monotonic() > cutoff
 
-        res = driver.fuzz(self.pool, target, settings, max_examples=self.cfg.round_examples,
-                          seed=seed, budget_s=budget, options=self.cfg.options,
-                          corpus_dir=self.cfg.corpus, strategy=self.cfg.strategy,
-                          on_example=self._on_example,
-                          on_verdict=self._on_verdict, stop=stop)
+        claims, held = self.cfg.claims, []
+
+        def claim() -> bool:  # another world shrinking this target's failure: wait for it
+            if claims is not None:
+                claims.hold(target, give_up=self._should_stop)
+                held.append(target)
+            return True
+
+        try:
+            res = driver.fuzz(self.pool, target, settings,
+                              max_examples=self.cfg.round_examples, seed=seed, budget_s=budget,
+                              options=self.cfg.options, corpus_dir=self.cfg.corpus,
+                              strategy=self.cfg.strategy, on_example=self._on_example,
+                              on_verdict=self._on_verdict, stop=stop, claim=claim)
+            self._account(target, res, before, t0)
+        finally:
+            if claims is not None and held:
+                claims.release(target)
+
+    def _account(self, target: str, res: driver.CampaignResult, before: int,
+                 t0: float) -> None:
         per = self.state["targets"].setdefault(target, {"examples": 0, "rounds": 0,
                                                         "elapsed_s": 0.0, "failures": 0})
         per["examples"] += self.state["examples"] - before

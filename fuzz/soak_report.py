@@ -166,7 +166,7 @@ def _bounded(rep: dict[str, Any]) -> str:
             f"+{rep['config']['recycle_mib']:g} MiB: {rep['rank_recycles']} recycles)")
 
 
-def _markdown(rep: dict[str, Any]) -> str:
+def markdown(rep: dict[str, Any]) -> str:
     c = rep["config"]
     tp = rep["throughput"]
     lines = [
@@ -298,5 +298,5 @@ def write(out: Path, state: dict[str, Any], samples: list[dict[str, Any]], *,
              f"x{config['world_size']}")
     rep["plot"] = "report.png" if plot(out / "report.png", samples, title) else None
     write_json_atomic(out / "report.json", rep)
-    write_text_atomic(out / "report.md", _markdown(rep))
+    write_text_atomic(out / "report.md", markdown(rep))
     return rep

@@ -328,6 +328,11 @@ def adopt(env: dict[str, str]) -> Zygote | None:
     return z
 
 
+def discard() -> None:
+    """End the prestarted zygote unused (a command whose ranks run elsewhere)."""
+    _discard()
+
+
 def _discard() -> None:
     global _early
     if _early is not None:

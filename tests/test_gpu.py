@@ -23,9 +23,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 
-@pytest.fixture(scope="module", params=["ptx", "triton"])
+@pytest.fixture(scope="module", params=["wait", "ptx", "triton"])
 def gates(request):
-    """Every gate test on each kernel: the PTX one ranks load first, and
+    """Every gate test on each kind: the stream wait ranks load first, the PTX kernel and
     Triton's, which they fall back to."""
     from fuzz.gates import Gates, GateUnavailable
 
@@ -205,7 +205,7 @@ def gpu_pool():
     if probe_gpus() < 1:
         pytest.skip("needs a CUDA GPU")
     with RankPool(1, "cuda", timeout=60.0) as pool:
-        assert pool.info[0].gates == "ptx", pool.info[0].gates
+        assert pool.info[0].gates == "wait", pool.info[0].gates
         yield pool
 
 
@@ -218,7 +218,7 @@ def test_cuda_ranks_fork_from_a_zygote_that_never_started_cuda(gpu_pool):
     first = gpu_pool.pids
     gpu_pool.restart()
     assert gpu_pool.pids != first and [parent_pid(p) for p in gpu_pool.pids] == [forker.proc.pid]
-    assert gpu_pool.info[0].gates == "ptx", gpu_pool.info[0].gates
+    assert gpu_pool.info[0].gates == "wait", gpu_pool.info[0].gates
 
 
 def test_gates_force_the_pre_fix_reuse_every_time(gpu_pool):

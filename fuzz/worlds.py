@@ -1,0 +1,339 @@
+"""Parallel worlds: one campaign run by N independent worlds side by side.
+
+A world is a driver and its ranks, what one ``fuzz run`` or ``fuzz soak``
+has. N worlds are N child processes of the same command (``--worlds 1``),
+each with its own seed, sharing the example database and the corpus, as
+libFuzzer's ``-jobs`` and HypoFuzz's workers do. Worlds of one GPU take turns
+on it, so they scale as far as each world leaves it idle: a gate holds its
+stream in the GPU's front end and runs nothing (``fuzz._gate_wait``).
+
+Each target's finding is claimed once (``Claims``): the world that claims it
+shrinks and saves it, the others stop that target and go on to the next, so
+one bug found by every world at its first example is shrunk and saved once.
+The controller prefixes each world's lines with ``[wN]``, forwards Ctrl-C and
+SIGTERM to every world (each saves what it found and writes its report), and
+merges the reports (``fuzz.worlds_report``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from fuzz.host import cpu_world_limit
+
+GPU_WORLDS_CAP = 8
+"""Worlds on one set of GPUs at most, by default: past it the GPU, not the
+cores, bounds the total (bench/README.md has the curve)."""
+
+_PACKAGE = __name__.rpartition(".")[0]
+"""The command's package, as ``python -m`` runs it."""
+
+
+def default_worlds(device: str, world_size: int) -> tuple[int, str]:
+    """How many worlds this node holds by default, and why: a world keeps its
+    driver and each of its ranks busy, so one core each; on a GPU node at most
+    ``GPU_WORLDS_CAP`` share the GPUs."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    by_cores = max(1, cores // (world_size + 1))
+    if device == "cuda":
+        n = min(by_cores, GPU_WORLDS_CAP)
+        return n, (f"{cores} cores at {world_size + 1} processes a world"
+                   + (f", at most {GPU_WORLDS_CAP} on one set of GPUs"
+                      if by_cores > GPU_WORLDS_CAP else ""))
+    limit, why = cpu_world_limit()
+    n = max(1, min(by_cores, limit // world_size))
+    return n, f"{cores} cores at {world_size + 1} processes a world ({why})"
+
+
+@dataclass(frozen=True)
+class WorldOf:
+    """Which world a child process is, and the folder the worlds share."""
+
+    index: int
+    count: int
+    shared: Path
+
+    @classmethod
+    def parse(cls, text: str) -> WorldOf:
+        head, sep, shared = text.partition(":")
+        index, slash, count = head.partition("/")
+        if not (sep and slash and index.isdigit() and count.isdigit() and shared):
+            raise ValueError(f"{text!r} is not I/N:FOLDER")
+        return cls(int(index), int(count), Path(shared))
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}:{self.shared}"
+
+
+class Claims:
+    """First come, first served, across processes: one file per key, made
+    with ``O_EXCL`` (atomic on every local file system)."""
+
+    def __init__(self, shared: Path) -> None:
+        self._dir = shared / "claims"
+        self._dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self._dir / hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+    def take(self, key: str) -> bool:
+        """Whether this process is the first to claim ``key``."""
+        try:
+            os.close(os.open(self._path(key), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    def taken(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def hold(self, key: str, give_up: Callable[[], bool]) -> None:
+        """Wait until no other process holds ``key``, then hold it until
+        ``release``: a soak's worlds shrink and save one target's failures one
+        world at a time, so that no world removes a first sight another saved.
+        A holder that died (its pid is gone) holds nothing."""
+        path = self._path(key)
+        while True:
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                if give_up() or not _alive(path):
+                    path.unlink(missing_ok=True)
+                    continue
+                time.sleep(0.05)
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(str(os.getpid()))
+            return
+
+    def release(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def pair(self, key: str) -> tuple[Callable[[], bool], Callable[[], bool]]:
+        """``claim`` and ``stop`` for ``driver.fuzz``: stop once another
+        process claimed ``key`` (never once this one did)."""
+        won: list[bool] = []
+
+        def claim() -> bool:
+            won.append(self.take(key))
+            return won[-1]
+
+        def stop() -> bool:
+            return not any(won) and self.taken(key)
+
+        return claim, stop
+
+
+@dataclass
+class World:
+    """One child process and what came of it."""
+
+    index: int
+    argv: list[str]
+    proc: subprocess.Popen[str] | None = None
+    rc: int | None = None
+
+
+class Controller:
+    """Starts the worlds, relays their output and signals, waits for them."""
+
+    def __init__(self, argv: list[str], count: int,
+                 per_world: Any, env: dict[str, str] | None = None) -> None:
+        """``per_world(index, shared)`` gives the options a world adds to ``argv``."""
+        self.shared = Path(tempfile.mkdtemp(prefix="streamfuzz-worlds-"))
+        self.worlds = [World(i, [sys.executable, "-m", _PACKAGE, *argv,
+                                 *per_world(i, self.shared), "--worlds", "1",
+                                 "--world-of", str(WorldOf(i, count, self.shared))])
+                       for i in range(count)]
+        self._env = env
+        self._lock = threading.Lock()
+        self._pumps: list[threading.Thread] = []
+        self.signals: list[int] = []
+        self.started = 0.0
+        self.wall_s = 0.0
+
+    def run(self) -> list[int]:
+        """Every world's exit status; Ctrl-C and SIGTERM are relayed, not raised."""
+        old = {s: signal.signal(s, self._relay) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.started = time.monotonic()
+        try:
+            for w in self.worlds:
+                w.proc = subprocess.Popen(w.argv, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, bufsize=1,
+                                          env=self._env, start_new_session=True)
+                for src, dst in ((w.proc.stdout, sys.stdout), (w.proc.stderr, sys.stderr)):
+                    t = threading.Thread(target=self._pump, args=(w.index, src, dst),
+                                         daemon=True)
+                    t.start()
+                    self._pumps.append(t)
+            for w in self.worlds:
+                assert w.proc is not None
+                w.rc = _wait(w.proc)
+            for t in self._pumps:
+                t.join(timeout=5)
+        finally:
+            self.wall_s = time.monotonic() - self.started
+            for s, h in old.items():
+                signal.signal(s, h)
+            for w in self.worlds:  # an error of our own: no world outlives us
+                if w.proc is not None and w.proc.poll() is None:
+                    w.proc.kill()
+        return [w.rc if w.rc is not None else 70 for w in self.worlds]
+
+    def cleanup(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.shared, ignore_errors=True)
+
+    def _relay(self, signum: int, _frame: object) -> None:
+        self.signals.append(signum)
+        for w in self.worlds:
+            if w.proc is not None and w.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.send_signal(signum)
+
+    def _pump(self, index: int, src: IO[str] | None, dst: IO[str]) -> None:
+        if src is None:
+            return
+        prefix = f"[w{index}] "
+        for line in src:
+            with self._lock:
+                dst.write(prefix + line.lstrip("\r").replace("\r\033[K", ""))
+                dst.flush()
+
+
+def _alive(path: Path) -> bool:
+    """Whether the process that wrote its pid into ``path`` still runs (a
+    file too new to hold its pid yet counts as alive)."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return True
+    if not text:
+        return True
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def _wait(proc: subprocess.Popen[str]) -> int:
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # relayed by the handler already; keep waiting
+            continue
+
+
+def end_with_parent() -> None:
+    """In a world: SIGTERM once the controller dies (Linux), so that a killed
+    controller leaves no world running; the world saves what it found and stops."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+# -- the commands -------------------------------------------------------------------
+def run_worlds(args: Any, count: int, device: str, world_size: int) -> int:
+    """``fuzz run`` by ``count`` worlds: each gets its share of ``--max-examples``,
+    and its own seed where one is given; the exit status is the run's."""
+    from fuzz import worlds_report
+    from fuzz.corpus import write_json_atomic
+
+    share = -(-args.max_examples // count)
+
+    def per_world(i: int, shared: Path) -> list[str]:
+        extra = ["--device", device, "--max-examples", str(share),
+                 "--report", str(shared / f"world-{i}.json")]
+        return extra + (["--seed", str(args.seed + i)] if args.seed is not None else [])
+
+    _discard_early_ranks()
+    print(f"streamfuzz: {count} worlds of {world_size} {device} rank(s), "
+          f"{share} examples each at most", file=sys.stderr, flush=True)
+    ctl = Controller(args.argv, count, per_world)
+    try:
+        exits = ctl.run()
+        reports = [worlds_report.read(ctl.shared / f"world-{i}.json") for i in range(count)]
+        merged = worlds_report.merge_run(reports, exits, ctl.wall_s)
+        print("\n" + "\n".join(worlds_report.run_table(merged)))
+        if args.report:
+            write_json_atomic(args.report, merged)
+    finally:
+        ctl.cleanup()
+    return _status(exits, ctl.signals, bool(merged["failures"]))
+
+
+def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
+    """``fuzz soak`` by ``count`` worlds, each in ``OUT/world-N`` (a campaign
+    started again with the same ``--out`` resumes each), sharing the database
+    and the corpus; the merged report is ``OUT/report.*``."""
+    from fuzz import worlds_report
+
+    out = Path(args.out)
+    database = Path(args.database) if args.database else out / "hypothesis-db"
+    dirs = [out / f"world-{i}" for i in range(count)]
+
+    def per_world(i: int, shared: Path) -> list[str]:
+        extra = ["--device", device, "--out", str(dirs[i]), "--database", str(database)]
+        return extra + (["--seed", str(args.seed + i)] if args.seed is not None else [])
+
+    _discard_early_ranks()
+    print(f"soak: {count} worlds of {world_size} {device} rank(s) -> {out}/world-*",
+          file=sys.stderr, flush=True)
+    ctl = Controller(args.argv, count, per_world)
+    try:
+        exits = ctl.run()
+    finally:
+        ctl.cleanup()
+    stop = signal.Signals(ctl.signals[0]).name if ctl.signals else None
+    try:
+        rep = worlds_report.merge_soak(out, dirs, exits, stop)
+    except RuntimeError as exc:
+        print(f"soak: {exc}; see {out}/world-*/soak.log", file=sys.stderr)
+        return 70
+    rates = ", ".join(f"w{w['world']} {w['examples_per_s']:.1f}/s" for w in rep["worlds"])
+    memory = ("GROWING: " + ", ".join(rep["memory_growing"]) if rep["memory_growing"]
+              else "flat")
+    print(f"soak: {count} worlds: {rep['examples']} examples, {rep['examples_per_s']:.1f}/s "
+          f"in total ({rates}); {len(rep['distinct_failures'])} distinct failures; "
+          f"memory {memory}; report in {out}/report.md", file=sys.stderr)
+    return _status(exits, ctl.signals, bool(rep["failures"]))
+
+
+def _status(exits: list[int], signals: list[int], found: bool) -> int:
+    """The campaign's exit status out of its worlds': a signal or an
+    interrupted world is 130, bad usage 2, a world that crashed 70."""
+    if signals or 130 in exits:
+        return 130
+    if 2 in exits:
+        return 2
+    if any(rc not in (0, 1) for rc in exits):
+        return 70
+    return 1 if found or 1 in exits else 0
+
+
+def _discard_early_ranks() -> None:
+    """The ranks a ``run`` starts early are the worlds' to start: none here."""
+    from fuzz import zygote
+
+    zygote.discard()
