@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Parallel worlds and gate kinds on one GPU node, in bounded steps (each under 600 s).
+# Usage, from the repository root: bash bench/gpu_worlds.sh OUTDIR STEP...
+#   tests   the GPU tests (gates of every kind, the pools, the probes on CUDA)
+#   busy    GPU-busy ms per example and crafted-case rates, per gate kind
+#   patterns bench/patterns.py: the correct patterns, examples/s and gate timeouts
+#   curve   soak throughput with 1, 2, 4, 8 worlds (and 8 with the PTX kernel gates)
+#   soak    a soak of SOAK_MIN minutes (default 9) with SOAK_WORLDS worlds (default 8)
+set -uo pipefail
+out=${1:?usage: bench/gpu_worlds.sh OUTDIR STEP...}; shift
+source "$(dirname "$0")/_steps.sh"
+venv
+machine
+for step in "$@"; do
+  case $step in
+    tests)
+      timeout 240 "$py" -m pytest -q -p no:cacheprovider -rxs -m gpu tests/test_gpu.py \
+        tests/test_gates.py tests/test_precision.py tests/test_sim_fidelity.py \
+        > "$w/tests.log" 2>&1
+      say "gpu tests: exit $? ($(tail -1 "$w/tests.log"))"
+      grep -E '^(FAILED|ERROR|XPASS)' "$w/tests.log" | tee -a "$out/summary.txt" ;;
+    busy)
+      PYTHONPATH=. timeout 200 "$py" bench/worlds.py busy --out "$w/busy" > "$w/busy.log" 2>&1
+      say "busy: exit $?"; cat "$w/busy/busy.md" 2>/dev/null | tee -a "$out/summary.txt" ;;
+    patterns)
+      PYTHONPATH=. timeout 200 "$py" bench/patterns.py --device cuda --examples 200 --seeds 1 \
+        --out "$w/patterns" > "$w/patterns.log" 2>&1
+      say "patterns: exit $?"; cat "$w/patterns/patterns.md" 2>/dev/null | tee -a "$out/summary.txt" ;;
+    curve)
+      PYTHONPATH=. timeout 420 "$py" bench/worlds.py curve --seconds 35 --out "$w/curve" \
+        > "$w/curve.log" 2>&1
+      say "curve: exit $?"; cat "$w/curve/curve.md" 2>/dev/null | tee -a "$out/summary.txt"
+      PYTHONPATH=. timeout 120 "$py" bench/worlds.py curve --worlds 8 --seconds 35 --gates ptx \
+        --out "$w/curve" > "$w/curve-ptx.log" 2>&1
+      say "curve (ptx gates): exit $?"; cat "$w/curve/curve-ptx.md" 2>/dev/null | tee -a "$out/summary.txt" ;;
+    soak)
+      PYTHONPATH=. timeout 590 "$py" bench/worlds.py soak --minutes "${SOAK_MIN:-9}" \
+        --worlds "${SOAK_WORLDS:-8}" --out "$w/soak" > "$w/soak-run.log" 2>&1
+      say "soak: exit $?"; tail -3 "$w/soak/soak.log" | tee -a "$out/summary.txt"
+      sed -n '1,20p' "$w/soak/soak/report.md" >> "$out/summary.txt"
+      sed -n '/## Worlds/,$p' "$w/soak/soak/report.md" | tee -a "$out/summary.txt" ;;
+  esac
+done
+pack
