@@ -14,16 +14,16 @@ machine
 for step in "$@"; do
   case $step in
     tests)
-      timeout 240 "$py" -m pytest -q -p no:cacheprovider -rxs -m gpu tests/test_gpu.py \
+      timeout 200 "$py" -m pytest -q -p no:cacheprovider -rxs -m gpu tests/test_gpu.py \
         tests/test_gates.py tests/test_precision.py tests/test_sim_fidelity.py \
         > "$w/tests.log" 2>&1
       say "gpu tests: exit $? ($(tail -1 "$w/tests.log"))"
       grep -E '^(FAILED|ERROR|XPASS)' "$w/tests.log" | tee -a "$out/summary.txt" ;;
     busy)
-      PYTHONPATH=. timeout 200 "$py" bench/worlds.py busy --out "$w/busy" > "$w/busy.log" 2>&1
+      PYTHONPATH=. timeout 170 "$py" bench/worlds.py busy --out "$w/busy" > "$w/busy.log" 2>&1
       say "busy: exit $?"; cat "$w/busy/busy.md" 2>/dev/null | tee -a "$out/summary.txt" ;;
     patterns)
-      PYTHONPATH=. timeout 200 "$py" bench/patterns.py --device cuda --examples 200 --seeds 1 \
+      PYTHONPATH=. timeout 170 "$py" bench/patterns.py --device cuda --examples 200 --seeds 1 \
         --out "$w/patterns" > "$w/patterns.log" 2>&1
       say "patterns: exit $?"; cat "$w/patterns/patterns.md" 2>/dev/null | tee -a "$out/summary.txt" ;;
     curve)
