@@ -37,6 +37,7 @@ PROTOCOL = Protocol(
     correct="main-gather",
     variants={"main-gather-synced": "fuzz.draft.targets.pp_draft:main_gather_synced"},
     families=("vllm-pp", "vllm-pp-pre-pr"),
+    upstream="fuzz.draft.vllm:FAMILY",
     receiver_side=frozenset({"receiver-no-wait", "receiver-async-unwaited", "receiver-no-record",
                              "receiver-drops-idx", "early-event"}),
     handler_methods={LAST_RANK: ("broadcast_drafts",),
