@@ -22,7 +22,7 @@ PACKAGES = ("fuzz", "strategies", "streamfuzz")
 # (longest prefixes first); names of both the flat and the foldered layouts.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("fuzz.errors", "fuzz.options", "fuzz.messages", "fuzz.verdict", "fuzz.stages",
-              "fuzz.tensors", "fuzz.host", "fuzz.crash_text", "fuzz.sites",
+              "fuzz.tensors", "fuzz.host", "fuzz.crash_text", "fuzz.sites", "fuzz.frames",
               "fuzz.profiles", "fuzz.exits", "fuzz.stop", "fuzz.__init__", "fuzz",
               "fuzz.timeouts")),
     ("sim", ("fuzz.sim", "fuzz.streams", "fuzz.cuda_on_cpu", "fuzz.stream_names",

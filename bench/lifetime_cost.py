@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from fuzz import targets
 from fuzz.bench import random_scenario
-from fuzz.draft import run_on_rank
+from fuzz.draft.runner import run_on_rank
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.oracles import lifetime
 from fuzz.protocol import RankEnv

@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 import fuzz.draft.runner as runner_module
-from fuzz import oracles, targets
-from fuzz.draft import run_on_rank
+from fuzz import targets
+from fuzz.draft import value
+from fuzz.draft.runner import run_on_rank
 from fuzz.draft.scenario import Churn, Delay, Scenario, Step
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.rank_main import _env
@@ -70,7 +71,7 @@ for target in sys.argv[1:] or ["pre-fix", "pr-fix", "main-gather"]:
             for _trial in range(40):
                 scn = steps(4, cycles, 1, dt)
                 obs = run_on_rank(scn, f, _env(dev, group), _OPTIONS)
-                fails = oracles.check_values(scn, [obs])
+                fails = value.check(scn, [obs])
                 bad += bool(fails)
 
             print(f"{target} cycles={cycles} idx={dt}: {bad}/40 wrong", flush=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any, BinaryIO
 from fuzz import protocol as protocols
 from fuzz.errors import BadInput
 from fuzz.protocol.scenario import ScenarioError
+from fuzz.targets.names import file_name
 from fuzz.verdict import KINDS
 
 SCHEMA = 1
@@ -59,11 +59,8 @@ class Entry:
                 "scenario": self.scenario.to_dict()}
 
 
-def target_dir(target: str) -> str:
-    """A file name for anything named after a target: ``pre-fix`` stays,
-    ``pkg.mod:attr`` becomes ``pkg.mod-attr``, ``./file.py:attr`` ``file.py-attr``
-    (never a hidden file)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "-", target).lstrip(".-") or "target"
+target_dir = file_name
+"""A file name for anything named after a target (``fuzz.targets.names.file_name``)."""
 
 
 def save(corpus: Path, entry: Entry) -> Path:

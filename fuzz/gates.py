@@ -64,7 +64,7 @@ import torch
 
 from fuzz.dispatch_mode import unobserved
 from fuzz.errors import FuzzError
-from fuzz.oracles.lifetime import user_code
+from fuzz.frames import user_code
 
 DEFAULT_BOUND_MS = 200.0
 KINDS = ("wait", "ptx", "triton", "triton-polls")

@@ -6,7 +6,8 @@ is what vLLM ships. The pre-PR code of the draft broadcast was never released:
 it is derived at load time from a 0.30-0.32 file by removing the one
 ``idx_mapping.record_stream(...)`` call in ``PPHandler.broadcast_drafts`` (an
 AST edit; every report names it). Nothing of vLLM's other code is loaded: its
-imports get the stand-ins of ``fuzz.draft.targets.vllm_standins``.
+imports get the stand-ins of the protocol that drives it (``Upstream.imports``,
+set by its family loader: ``fuzz.draft.vllm``).
 
 A version is looked up, in order, in the paths of ``STREAMFUZZ_UPSTREAM``
 (what ``--upstream`` sets for the ranks), the cache (``cache_dir()``) and an
@@ -28,7 +29,8 @@ import sys
 import tarfile
 import types
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,9 @@ class Upstream:
     sha256: str
     api: str
     edit: str | None = None  # what the AST edit removed, or None: byte-identical
+    imports: Callable[[], dict[str, Any]] | None = field(default=None, compare=False, repr=False)
+    """The builtins the code runs with, whose ``__import__`` answers its vLLM
+    imports: the driving protocol's stand-ins (None: Python's own)."""
 
     def provenance(self) -> dict[str, Any]:
         """What reports and corpus entries say about the code that ran."""
@@ -335,8 +340,7 @@ def pre_pr(up: Upstream) -> Upstream:
     """``up`` with its one ``idx_mapping.record_stream`` call marked for removal."""
     tree, removed = _pre_pr_tree(up)
     del tree
-    return Upstream(version=up.version, kind=up.kind, path=up.path, text=up.text,
-                    sha256=up.sha256, api=up.api, edit=removed)
+    return replace(up, edit=removed)
 
 
 def _pre_pr_tree(up: Upstream) -> tuple[ast.Module, str]:
@@ -399,8 +403,6 @@ def edited_module(up: Upstream, edited: ast.Module | None, suffix: str = "",
                   extra: dict[str, Any] | None = None) -> types.ModuleType:
     """``up``'s code, or the ``edited`` tree of it (same lines, same file name: a
     ``mutate`` mutant), executed with ``extra`` names in its namespace."""
-    from fuzz.draft.targets import vllm_standins
-
     name_of_file = filename(up)
     if edited is not None:
         code = compile(edited, name_of_file, "exec", dont_inherit=True)
@@ -411,7 +413,8 @@ def edited_module(up: Upstream, edited: ast.Module | None, suffix: str = "",
     name = "_streamfuzz_upstream." + re.sub(r"\W", "_", name_of_file.split("/")[0] + suffix)
     mod = types.ModuleType(name)
     mod.__file__ = name_of_file
-    mod.__dict__["__builtins__"] = vllm_standins.builtins()
+    if up.imports is not None:
+        mod.__dict__["__builtins__"] = up.imports()
     mod.__dict__.update(extra or {})
     sys.modules[name] = mod  # dataclasses look their module up while the class is made
     exec(code, mod.__dict__)

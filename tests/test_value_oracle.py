@@ -1,7 +1,7 @@
 from fuzz.draft import DraftObservations
 from fuzz.draft.reference import draft_value, expected_applied, expected_sent
 from fuzz.draft.scenario import Scenario, Step
-from fuzz.oracles import check_values
+from fuzz.draft.value import check as check_values
 
 
 def _scn(world=2):

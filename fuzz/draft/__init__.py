@@ -13,7 +13,7 @@ from typing import Any
 
 from fuzz.draft.reference import Applied
 from fuzz.messages import Observations
-from fuzz.protocol import Protocol, RankEnv
+from fuzz.protocol import Protocol
 
 LAST_RANK, OTHER_RANKS = "the last rank", "the other ranks"
 """The handler's two roles, as reports name them."""
@@ -22,7 +22,7 @@ PROTOCOL = Protocol(
     name="draft-broadcast",
     scenario="fuzz.draft.scenario:Scenario",
     strategy="fuzz.draft.strategies.scenarios:scenarios",
-    run="fuzz.draft:run_on_rank",
+    run="fuzz.draft.runner:run_on_rank",
     values="fuzz.draft.value:check",
     behaviours="fuzz.draft:behaviours",
     smallest="fuzz.draft:smallest",
@@ -37,6 +37,7 @@ PROTOCOL = Protocol(
     correct="main-gather",
     variants={"main-gather-synced": "fuzz.draft.targets.pp_draft:main_gather_synced"},
     families=("vllm-pp", "vllm-pp-pre-pr"),
+    upstream="fuzz.draft.vllm:FAMILY",
     receiver_side=frozenset({"receiver-no-wait", "receiver-async-unwaited", "receiver-no-record",
                              "receiver-drops-idx", "early-event"}),
     handler_methods={LAST_RANK: ("broadcast_drafts",),
@@ -54,18 +55,6 @@ class DraftObservations(Observations):
     sent: list[tuple[int, list[list[int]]]] = field(default_factory=list)
     applied: list[Applied] = field(default_factory=list)
     applies_non_final: bool = True
-
-
-def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> DraftObservations:
-    """The runner of ``fuzz.draft.runner`` with the draft broadcast's target context."""
-    from fuzz.draft.context import TargetContext
-    from fuzz.draft.runner import run_scenario
-
-    ctx = TargetContext(rank=env.rank, world_size=env.world_size, last_rank=env.world_size - 1,
-                        device=env.device, group=env.group, max_num_reqs=scenario.max_num_reqs,
-                        num_spec_steps=scenario.num_spec_steps, streams=env.streams,
-                        pipeline_depth=scenario.pipeline_depth)
-    return run_scenario(scenario, factory, ctx, options, calls=env.calls)
 
 
 def smallest(world_size: int) -> Any:

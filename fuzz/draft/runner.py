@@ -22,7 +22,7 @@ from fuzz.draft.context import Batch, Factory, TargetContext
 from fuzz.draft.reference import Applied, draft_rows, token_rows
 from fuzz.draft.scenario import GATE_UNTIL, ITEMSIZE, Scenario, Step
 from fuzz.options import DEFAULT, RunOptions
-from fuzz.protocol import check_handler, make_handler
+from fuzz.protocol import RankEnv, check_handler, make_handler
 from fuzz.protocol.runner import Harness, Report, run_example, unseen
 from fuzz.tensors import DEVICE, PINNED
 
@@ -53,6 +53,15 @@ def run_scenario(scenario: Scenario, factory: Factory, ctx: TargetContext,
             run.h.detach()
             raise
         return run_example(run.h, run, _DTYPES)
+
+
+def run_on_rank(scenario: Any, factory: Any, env: RankEnv, options: Any) -> DraftObservations:
+    """``run_scenario`` with the draft broadcast's target context (the protocol's ``run``)."""
+    ctx = TargetContext(rank=env.rank, world_size=env.world_size, last_rank=env.world_size - 1,
+                        device=env.device, group=env.group, max_num_reqs=scenario.max_num_reqs,
+                        num_spec_steps=scenario.num_spec_steps, streams=env.streams,
+                        pipeline_depth=scenario.pipeline_depth)
+    return run_scenario(scenario, factory, ctx, options, calls=env.calls)
 
 
 class _Staging:

@@ -1,12 +1,9 @@
 """Oracles turn one example's rank observations into failures.
 
-The value oracle is a function ``check(scenario, observations) ->
-list[Failure]`` run in the driver, away from any device. The lifetime oracle
-(``fuzz.oracles.lifetime``) runs on the ranks beside the target, because it
-must watch streams, events and frees as they happen; its findings come back
-in the observations.
+The lifetime oracle (``fuzz.oracles.lifetime``) and the reuse oracle
+(``fuzz.oracles.reuse``) run on the ranks beside the target, because they
+must watch streams, events and frees as they happen; their findings come back
+in the observations. A value oracle is its protocol's own (``Protocol.values``,
+e.g. ``fuzz.draft.value.check``): a function ``check(scenario, observations)
+-> list[Failure]`` run in the driver, away from any device.
 """
-
-from fuzz.draft.value import check as check_values
-
-__all__ = ["check_values"]

@@ -29,13 +29,11 @@ from fuzz.dispatch_mode import (
     run_op,
     unobserved,
 )
-from fuzz.oracles.lifetime import (
-    HOST,
-    LifetimeModel,
-    TensorTracker,
-    is_collective,
-    user_code,
-)
+from fuzz.frames import user_code
+from fuzz.oracles.lifetime import TensorTracker
+from fuzz.oracles.lifetime_model import LifetimeModel
+from fuzz.oracles.ops import is_collective
+from fuzz.tensors import HOST
 
 _active: CudaLifetimeChecker | None = None
 _installed = False

@@ -35,7 +35,8 @@ import torch
 
 from fuzz import stages
 from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle, run_op
-from fuzz.oracles.lifetime import internal_error, tensors_in
+from fuzz.oracles.lifetime_messages import internal_error
+from fuzz.tensors import tensors_in
 from fuzz.verdict import Failure
 
 _MAKES_BLOCKS: dict[Any, bool] = {}

@@ -108,6 +108,9 @@ class Protocol:
     syncs): clean like it, runnable by name, not fuzzed by default."""
     families: tuple[str, ...] = ()
     """Upstream target families (``family@VERSION``) this protocol drives."""
+    upstream: str = ""
+    """Import spec of the loader of ``families`` (a ``fuzz.targets.names.Family``):
+    how ``family@VERSION`` becomes a factory, and what reports say it ran."""
     handler_methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per role (as a report names it), the handler methods the runner calls there."""
     receiver_side: frozenset[str] = frozenset()

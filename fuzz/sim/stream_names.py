@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from fuzz.oracles.lifetime import user_code
+from fuzz.frames import user_code
 
 
 def site_name() -> str:

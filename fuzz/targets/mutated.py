@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 import importlib
 import os
-import re
 import sys
 import types
 from collections.abc import Callable
@@ -24,11 +23,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fuzz import corpus, sync_sites
+from fuzz import sync_sites
 from fuzz.sync_sites import Site
-from fuzz.targets import Factory, TargetError, import_name, resolve, upstream_of
+from fuzz.targets.names import (
+    SEP,
+    Factory,
+    TargetError,
+    family_of,
+    file_name,
+    import_name,
+    resolve,
+    split,
+    upstream_of,
+)
 
-SEP = "#"
+__all__ = ["HITS_ENV", "SEP", "Source", "hit_file", "load", "module_source", "name", "sites",
+           "source_of", "split"]
+
 HITS_ENV = "STREAMFUZZ_MUTANT_HITS"
 """A directory where a mutant's rank leaves a file the first time its removed
 site is reached; unset, nothing is written."""
@@ -47,29 +58,20 @@ class Source:
     """(edited tree, names to add to its namespace, module suffix) -> factory."""
 
 
-def split(name: str) -> tuple[str, int, int] | None:
-    """``base#line:col`` -> ``(base, line, col)``; ``None`` for a plain target."""
-    base, sep, key = name.rpartition(SEP)
-    m = re.fullmatch(r"(\d+):(\d+)", key)
-    if not sep or not base or m is None:
-        return None
-    return base, int(m.group(1)), int(m.group(2))
-
-
 def name(target: str, site: Site) -> str:
     return f"{target}{SEP}{site.key}"
 
 
 def hit_file(mutant: str) -> str:
     """The file name a mutant's first reached site leaves in ``HITS_ENV``."""
-    return corpus.target_dir(mutant)
+    return file_name(mutant)
 
 
 def source_of(target: str) -> Source:
     """The source ``mutate`` edits for ``target``; raises TargetError."""
     up = upstream_of(target)
     if up is not None:
-        return _upstream_source(up)
+        return _upstream_source(target, up)
     spec = resolve(target)
     module_name, _, attr = spec.partition(":")
     try:
@@ -102,17 +104,13 @@ def module_source(module: types.ModuleType, attr: str) -> Source:
     return Source(path=shown, tree=tree, root=attr.split(".")[0], build=build)
 
 
-def _upstream_source(up: Any) -> Source:
-    """vLLM's file as the upstream loader runs it (pre-PR edit included): the
-    mutant is that code with one more AST edit, driven by the same runner model."""
-    from fuzz import upstream
-    from fuzz.draft.targets import vllm_pp
-
-    def build(edited: ast.Module, extra: dict[str, Any], suffix: str) -> Factory:
-        return vllm_pp.factory(up, upstream.edited_module(up, edited, suffix, extra))
-
-    return Source(path=upstream.filename(up), tree=upstream.tree(up), root="PPHandler",
-                  build=build)
+def _upstream_source(target: str, up: Any) -> Source:
+    """Upstream code as its family's loader runs it (an AST edit, such as the
+    pre-PR one, included): the mutant is that code with one more AST edit."""
+    found = family_of(target)
+    assert found is not None  # upstream_of found the family
+    path, tree, root, build = found[0].source(up)
+    return Source(path=path, tree=tree, root=root, build=build)
 
 
 def _attr(mod: types.ModuleType, attr: str) -> Factory:

@@ -39,6 +39,7 @@ PROTOCOL = Protocol(
                           "weight-sync-consumer-load-on-caller")},
     correct="weight-sync-ordered",
     families=("vllm-weights",),
+    upstream="fuzz.weight_sync.vllm:FAMILY",
     receiver_side=frozenset({"weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
                              "weight-sync-consumer-load-on-caller"}),
     handler_methods={PRODUCER: ("send",), CONSUMERS: ("receive",)},

@@ -1,0 +1,223 @@
+"""The simulated stream and event types, and which simulation runs now.
+
+Under CUDA on CPU they are ``torch.cuda.Stream`` and ``torch.cuda.Event``
+(``fuzz.sim.cuda_on_cpu`` installs them for the length of an example). Each
+is an identity for the listeners, never a queue: every op has already run.
+What they do goes to the simulation running now (``running()``), which a
+stream or event made in an earlier example or block joins on first use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import weakref
+from typing import Any, Protocol
+
+import torch
+
+from fuzz.errors import FuzzError
+from fuzz.sim.cuda_on_cpu import DEVICE, TORCH_STREAM
+
+
+class Simulated(Protocol):
+    """What a stream, an event or a work handle asks of the simulation it is
+    part of (``fuzz.streams.Simulated``)."""
+
+    def Stream(self, priority: int = 0) -> SimStream: ...  # noqa: N802
+    def Event(self, **kwargs: Any) -> SimEvent: ...  # noqa: N802
+    def adopt(self, s: SimStream) -> None: ...
+    def current_stream(self) -> SimStream: ...
+    def set_stream(self, s: SimStream) -> None: ...
+    def emit(self, what: str, *args: Any) -> None: ...
+    def answer_poll(self, polled: Any) -> bool: ...
+    def name_of(self, s: SimStream) -> str: ...
+
+
+class SimStream(TORCH_STREAM):
+    """A CPU stream that exists only as an identity and a clock for listeners.
+
+    Under CUDA on CPU it is also ``torch.cuda.Stream``: ``SimStream()`` then
+    makes a new stream of the example's simulated streams. A stream made in
+    an earlier example or block (kept in a module-level cache) belongs to the
+    one running when it is used (``fuzz.streams.SimStreams.adopt``): its ids are unique in
+    the process, and the default stream (id 0) is every run's ``main``.
+    """
+
+    _api: Simulated
+    _name: str
+    _priority: int
+    _entered: SimStream
+
+    def __new__(cls, device: Any = None, priority: int = 0, **_: Any) -> SimStream:
+        return _active("torch.cuda.Stream()").Stream(priority)
+
+    PRIORITIES = (0, -3)
+    """``priority_range()``: (least, greatest), what torch gives on current GPUs."""
+
+    @classmethod
+    def _make(cls, api: Simulated, stream_id: int, priority: int = 0,
+              name: str = "main") -> SimStream:
+        self = TORCH_STREAM.__new__(cls, stream_id=stream_id, device_type=0,
+                                                device_index=0)
+        self._api = api
+        self._name = name
+        """Its own name in findings: its creation site's, or the user's (``site_name``)."""
+        least, greatest = cls.PRIORITIES
+        self._priority = min(least, max(greatest, priority))  # clamped, as CUDA does
+        return self
+
+    def _now(self, what: str) -> Simulated:
+        """The simulated streams running now, this stream among them."""
+        api = _active(what)
+        if api is not self._api:
+            api.adopt(self)
+        return api
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    @property
+    def cuda_stream(self) -> int:
+        return self.stream_id
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        """The simulated CUDA device: tensors made on ``stream.device`` stand for its memory."""
+        return DEVICE
+
+    @property
+    def priority(self) -> int:
+        return self._priority
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        return SimStream.PRIORITIES
+
+    def wait_stream(self, other: Any) -> None:  # type: ignore[override]
+        api = self._now("torch.cuda.Stream.wait_stream")
+        if isinstance(other, SimStream) and other._api is not api:
+            api.adopt(other)
+        api.emit("wait_stream", self, other)
+
+    def wait_event(self, event: Any) -> None:  # type: ignore[override]
+        event.wait(self)
+
+    def record_event(self, event: Any = None) -> SimEvent:  # type: ignore[override]
+        event = event or self._now("torch.cuda.Stream.record_event").Event()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:  # type: ignore[override]
+        self._now("torch.cuda.Stream.synchronize").emit("sync_stream", self)
+
+    def query(self) -> bool:  # type: ignore[override]
+        """True unless the scenario holds this poll (``fuzz.streams.SimStreams.hold_polls``).
+        A program that goes on because of a True has seen the stream's work
+        done, as a host polling until True on a GPU has: a synchronize for
+        the listeners."""
+        if not self._now("torch.cuda.Stream.query").answer_poll(self):
+            return False
+        self.synchronize()
+        return True
+
+    def __enter__(self) -> SimStream:
+        api = self._now("torch.cuda.stream(...)")
+        self._entered = api.current_stream()
+        api.set_stream(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._api.set_stream(self._entered)
+
+    def __repr__(self) -> str:
+        return f"SimStream({self._api.name_of(self)})"
+
+    def __hash__(self) -> int:
+        return hash(self.stream_id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SimStream) and other.stream_id == self.stream_id
+
+
+class SimEvent:
+    """An event on simulated streams: its clock is kept by the listeners.
+
+    Under CUDA on CPU it is also ``torch.cuda.Event``.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, *, _api: Simulated | None = None) -> None:
+        self._api = _api if _api is not None else _active("torch.cuda.Event()")
+        self.event_id = next(self._ids)
+        self._at = 0.0
+
+    def _now(self, what: str) -> Simulated:
+        """The simulated streams running now: an event made in an earlier run
+        is this one's (a wait for a record the run never saw waits for nothing)."""
+        self._api = _active(what)
+        return self._api
+
+    def record(self, stream: Any = None) -> None:
+        api = self._now("torch.cuda.Event.record")
+        stream = stream or api.current_stream()
+        if isinstance(stream, SimStream) and stream._api is not api:
+            api.adopt(stream)
+        self._at = time.perf_counter()
+        api.emit("record_event", self, stream)
+
+    def wait(self, stream: Any = None) -> None:
+        api = self._now("torch.cuda.Event.wait")
+        stream = stream or api.current_stream()
+        if isinstance(stream, SimStream) and stream._api is not api:
+            api.adopt(stream)
+        api.emit("wait_event", stream, self)
+
+    def query(self) -> bool:
+        """As ``SimStream.query``: True and a synchronize, unless the poll is held."""
+        if not self._now("torch.cuda.Event.query").answer_poll(self):
+            return False
+        self.synchronize()
+        return True
+
+    def synchronize(self) -> None:
+        self._now("torch.cuda.Event.synchronize").emit("sync_event", self)
+
+    def elapsed_time(self, end: SimEvent) -> float:
+        """Host time between the two records, in ms: every op ran when it was issued."""
+        return (end._at - self._at) * 1000.0
+
+
+ACTIVE: list[Simulated] = []
+"""The simulations running (``fuzz.streams.SimStreams.session``), innermost last."""
+
+stream_ids = itertools.count(1)
+"""Simulated stream ids, unique in the process: a stream kept from an earlier
+run is never taken for one of the current run's."""
+
+STREAMS: weakref.WeakValueDictionary[int, SimStream] = weakref.WeakValueDictionary()
+"""Every simulated stream still alive, by id: aten names a stream by its id
+only (``record_stream``), and it may be one an earlier run made."""
+
+
+class NoSimulation(FuzzError, RuntimeError):
+    """A simulated stream or event used while no simulation runs."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: simulated CUDA streams and events work only while an "
+                         f"example runs on --device cpu or a streamfuzz.checked(device=\"cpu\") "
+                         f"block runs, and none does now")
+
+
+def running() -> Simulated | None:
+    """The simulation the current example or block runs on, or None."""
+    return ACTIVE[-1] if ACTIVE else None
+
+
+def _active(what: str = "a simulated CUDA stream") -> Simulated:
+    sim = running()
+    if sim is None:
+        raise NoSimulation(what)
+    return sim
