@@ -2,7 +2,9 @@
 
 The pipeline, one module each: ``sources`` (a tree, wheel, sdist or installed
 package, read as text) -> ``package`` (parsed, indexed) -> ``streams_ast``
-(each function's stream ops) -> ``hazards`` (rules and score) -> ``report``
+(each function walked into ``ops``: what its names are, ``names``; what its
+calls and bindings do, ``calls`` and ``binding``) -> ``hazards`` (rules and
+score) -> ``report``
 (table, JSON, markdown); ``harness`` turns one finding into a
 ``streamfuzz.checked()`` skeleton.
 """

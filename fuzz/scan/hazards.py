@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from fuzz.scan.names import dotted
+from fuzz.scan.ops import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace
 from fuzz.scan.package import Function, ModuleCache, Package
-from fuzz.scan.streams_ast import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace, dotted
 
 
 class Hazard(str, Enum):

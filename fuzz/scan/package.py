@@ -16,15 +16,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from fuzz.scan.names import dotted, is_scalar_annotation
+from fuzz.scan.ops import ClassFacts, K, Trace
 from fuzz.scan.sources import SourceFile
-from fuzz.scan.streams_ast import (
-    ClassFacts,
-    K,
-    Trace,
-    Walker,
-    dotted,
-    is_scalar_annotation,
-)
+from fuzz.scan.streams_ast import Walker
 
 _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
 _OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
