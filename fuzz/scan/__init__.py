@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fuzz.scan import hazards
+from fuzz.scan import hazards, package_hazards
 from fuzz.scan.hazards import Finding
 from fuzz.scan.package import Package
 from fuzz.scan.sources import Source
@@ -43,8 +43,8 @@ def scan(source: Source) -> ScanResult:
     found: list[Finding] = []
     for t in traces:
         found.extend(hazards.judge(t))
-    found.extend(hazards.cached_streams(pkg.caches))
-    found.extend(hazards.sibling_omissions(pkg))
+    found.extend(package_hazards.cached_streams(pkg.caches))
+    found.extend(package_hazards.sibling_omissions(pkg))
     for f in found:
         lines = pkg.modules[f.file].lines
         text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import ast
 
-from fuzz.scan.names import Namer, callee_name, dotted, is_true, kw_arg
+from fuzz.scan.names import (
+    CONTAINER_ANN,
+    Namer,
+    callee_name,
+    dotted,
+    is_container,
+    is_true,
+    kw_arg,
+)
 from fuzz.scan.ops import K
 
 
@@ -28,7 +36,12 @@ class Binding(Namer):
                 self.emit(K.USE, s.lineno, stream=self.cur, key=k, write=True)
                 self.host_write(k, s.lineno)
             return
-        if isinstance(s, ast.AnnAssign) and "Tensor" in ast.unparse(s.annotation):
+        if isinstance(s, ast.AnnAssign) and CONTAINER_ANN.match(ast.unparse(s.annotation)):
+            for tgt in targets:
+                k = self.key(tgt)
+                if k and "." not in k:
+                    self.t.containers.add(k)
+        elif isinstance(s, ast.AnnAssign) and "Tensor" in ast.unparse(s.annotation):
             for tgt in targets:
                 k = self.key(tgt)
                 if k:
@@ -46,7 +59,7 @@ class Binding(Namer):
         elif isinstance(tgt, ast.Starred):
             self.bind(tgt.value, None, line)
         elif isinstance(tgt, ast.Subscript):
-            self._bind_item(tgt, value, line)
+            self._bind_item(tgt, value, line, made)
         else:
             name = dotted(tgt)
             if name is None:
@@ -72,10 +85,14 @@ class Binding(Namer):
                 self.t.maybe.add(m)
             self.bind(t, v, line, m)
 
-    def _bind_item(self, tgt: ast.Subscript, value: ast.expr | None, line: int) -> None:
+    def _bind_item(self, tgt: ast.Subscript, value: ast.expr | None, line: int,
+                   made: str | None) -> None:
         k = self.key(tgt.value)
         self.expr(tgt.slice)
-        if k:
+        if k and k in self.t.containers:  # a container's item: a reference stored
+            if made:
+                self.emit(K.KEEP, line, key=made, other=k)
+        elif k:
             self.emit(K.USE, line, stream=self.cur, key=k, write=True)
             self.host_write(k, line)
         if value is not None:
@@ -136,6 +153,8 @@ class Binding(Namer):
     def _bind_local(self, name: str, value: ast.expr, line: int, made: str | None) -> None:
         vk = self.key(value) if made is None else None
         self.rebind(name, line)
+        if is_container(value):
+            self.t.containers.add(name)
         if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
                 vk is None:
             made = self.fresh(value)  # what a call returns on a side stream is made there
@@ -186,22 +205,3 @@ class Binding(Namer):
         if name in self.bound and old.startswith("<tmp@") and old not in self.t.persistent:
             self.emit(K.FREE, line, key=old)
         self.bound.add(name)
-
-    def keep(self, value: ast.expr, line: int) -> None:
-        """What ``value`` hands on (returned or stored): itself, the items of a
-        literal, the arguments of a constructor call (``Output(a, b)``)."""
-        if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
-            parts: list[ast.expr] = list(value.elts)
-        elif isinstance(value, ast.Dict):
-            parts = [v for v in value.values if v is not None]
-        elif isinstance(value, ast.Call) and callee_name(value)[:1].isupper():
-            parts = [*value.args, *(k.value for k in value.keywords)]
-        else:
-            parts = [value]
-        for node in parts:
-            if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.Call)) and node is not value:
-                self.keep(node, line)
-                continue
-            k = self.key(node)
-            if k:
-                self.emit(K.KEEP, line, key=k)

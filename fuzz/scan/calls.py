@@ -12,6 +12,7 @@ import ast
 
 from fuzz.scan.names import (
     ASYNC_COLLECTIVE,
+    CONTAINER_METHODS,
     EVENTISH,
     HOST_BUILTINS,
     HOST_READS,
@@ -101,7 +102,7 @@ class Calls(Namer):
                 s = self.stream_of(c.args[0]) if c.args else self.cur
                 self.emit(K.WAIT_EVENT, line, stream=s or self.cur, key=rk)
             else:
-                self.emit(K.WORK_WAIT, line, key=rk)
+                self.emit(K.WORK_WAIT, line, key=rk, stream=self.cur)
             return None
         return _PASS
 
@@ -162,6 +163,10 @@ class Calls(Namer):
                     self.emit(K.HOST_READ, line, key=k, flag=name)
             return None
         if rk and name in META:
+            return None
+        if rk in self.t.containers and name in CONTAINER_METHODS:
+            for a in [*c.args, *(k.value for k in c.keywords)]:
+                self.keep(a, line)
             return None
         if rk in ("self", "cls"):
             rk = None

@@ -55,6 +55,13 @@ INDEXISH = re.compile(r"indices|idx_mapping|mapping|mask|_ids$|^ids$|perm|idxs$|
 EVENTISH = re.compile(r"event|fence", re.I)
 THREAD_SPAWNERS = {"Thread", "submit", "start_new_thread", "run_in_executor", "Process"}
 ASYNC_COLLECTIVE = {"isend", "irecv", "batch_isend_irecv"}
+CONTAINER_ANN = re.compile(r"^(typing\.)?(list|dict|tuple|set|deque|defaultdict|List|Dict|Tuple|"
+                           r"Set|Sequence|Mapping|MutableMapping|Deque|DefaultDict)\b")
+"""An annotation of a Python container: its items may be tensors, it is not one."""
+CONTAINER_MAKERS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict"}
+CONTAINER_METHODS = {"append", "extend", "insert", "appendleft", "add", "update",
+                     "setdefault"}
+"""A container's methods that store references: no stream touches a tensor there."""
 _SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)
 
 
@@ -109,6 +116,17 @@ def is_cpu_device(node: ast.expr | None) -> bool:
         return is_cpu_device(node.args[0])
     text = dotted(node) or ""
     return bool(HOSTISH.search(text)) and "device" not in text.lower().replace("cpu_device", "")
+
+
+def is_container(node: ast.expr | None) -> bool:
+    """Is ``node`` a Python container made here (a literal, ``[x] * n``, ``list()``)?"""
+    if isinstance(node, (ast.List, ast.ListComp, ast.Dict, ast.DictComp, ast.Set,
+                         ast.SetComp)):
+        return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return isinstance(node.left, (ast.List, ast.ListComp)) or isinstance(
+            node.right, (ast.List, ast.ListComp))
+    return isinstance(node, ast.Call) and callee_name(node) in CONTAINER_MAKERS
 
 
 def is_scalar_annotation(node: ast.expr | None) -> bool:
@@ -261,6 +279,25 @@ class Namer:
         if k is not None and k in self.contexts:
             return self.contexts[k]
         return None
+    def keep(self, value: ast.expr, line: int) -> None:
+        """What ``value`` hands on (returned or stored): itself, the items of a
+        literal, the arguments of a constructor call (``Output(a, b)``)."""
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+            parts: list[ast.expr] = list(value.elts)
+        elif isinstance(value, ast.Dict):
+            parts = [v for v in value.values if v is not None]
+        elif isinstance(value, ast.Call) and callee_name(value)[:1].isupper():
+            parts = [*value.args, *(k.value for k in value.keywords)]
+        else:
+            parts = [value]
+        for node in parts:
+            if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.Call)) and node is not value:
+                self.keep(node, line)
+                continue
+            k = self.key(node)
+            if k:
+                self.emit(K.KEEP, line, key=k)
+
     def host_write(self, k: str, line: int) -> None:
         if k in self.t.host or HOSTISH.search(k):
             self.emit(K.HOST_WRITE, line, key=k)

@@ -72,8 +72,10 @@ class Trace:
     calls: list[tuple[str, int, int, frozenset[str]]] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # made-here key -> how the code names it
     entered: set[str] = field(default_factory=set)  # streams made current here (contexts)
+    entries: list[tuple[str, int]] = field(default_factory=list)  # (stream, ops index) entered
 
     maybe: set[str] = field(default_factory=set)  # made here, tensors only if used as ones
+    containers: set[str] = field(default_factory=set)  # Python lists, dicts...: hold references
     recorded: set[str] = field(default_factory=set)  # x.record() seen
     waited: set[str] = field(default_factory=set)  # x.wait() / x.query() seen
 

@@ -114,6 +114,7 @@ class Walker(Calls, Binding):
             if stream is not None:
                 self.stack.append(stream)
                 self.t.entered.add(stream)
+                self.t.entries.append((stream, len(self.t.ops)))
                 pushed += 1
             else:
                 self.expr(item.context_expr)
