@@ -613,7 +613,7 @@ def test_a_method_resolves_through_its_receivers_stated_class(tmp_path):
             def fork(self, point, layer):
                 return point
 
-        def gates(x, overlap: Overlap):
+        def gates(x, *, overlap: Overlap):
             stream = overlap.stream
             overlap.fork()
             with torch.cuda.stream(stream):
@@ -627,7 +627,7 @@ def test_a_method_resolves_through_its_receivers_stated_class(tmp_path):
                 if f.hazard is Hazard.UNORDERED]
 
     assert not unordered("g.py", src)
-    untyped = textwrap.dedent(src).replace("overlap: Overlap", "overlap")
+    untyped = textwrap.dedent(src).replace("*, overlap: Overlap", "overlap")
     assert unordered("u.py", untyped) == [
         "overlap.stream reads x, last written on current stream, with no wait between them"]
 

@@ -398,7 +398,7 @@ def _classes_of(fn: Function) -> dict[str, str]:
     if fn.classes is not None:
         return fn.classes
     out: dict[str, str] = {}
-    for p in fn.params():
+    for p in [*fn.params(), *fn.node.args.kwonlyargs]:
         if p.annotation is not None:
             names = [n for n in ast.walk(p.annotation) if isinstance(n, (ast.Name, ast.Attribute))
                      and (dotted(n) or "").rsplit(".", 1)[-1][:1].isupper()]
