@@ -517,3 +517,138 @@ def test_event_annotations_and_query_gates_order(tmp_path):
     gate_removed = textwrap.dedent(src).replace("if self.ev.query():", "if True:")
     assert [f.function for f in _scan(_write(tmp_path, "h2.py", gate_removed))
             if f.hazard is Hazard.UNSYNCED_D2H] == ["Health.poll"]
+
+
+def test_a_containers_items_are_references_not_tensor_writes(tmp_path):
+    src = '''
+        import torch
+
+        def project(x, fns, aux):
+            start = torch.cuda.Event()
+            start.record()
+            results: list[torch.Tensor | None] = [None, None]
+            for i, fn in enumerate(fns):
+                if aux is None:
+                    results[i] = fn(x)
+                    continue
+                with torch.cuda.stream(aux):
+                    start.wait()
+                    results[i] = fn(x)
+            return results
+        '''
+    assert not [f.what for f in _scan(_write(tmp_path, "p.py", src))]
+    as_tensor = textwrap.dedent(src).replace(
+        "results: list[torch.Tensor | None] = [None, None]", "results = torch.empty(2)")
+    assert {f.hazard for f in _scan(_write(tmp_path, "t.py", as_tensor))} >= {
+        Hazard.UNORDERED}
+
+
+def test_a_collectives_work_wait_orders_the_waiting_stream(tmp_path):
+    src = '''
+        import torch
+
+        def exchange(inputs, cp_stream, group):
+            outs, reqs = [None] * len(inputs), [None] * len(inputs)
+            for i in range(len(inputs)):
+                outs[i] = torch.empty_like(inputs[i])
+                reqs[i] = torch.distributed.all_to_all_single(
+                    outs[i], inputs[i], group=group, async_op=True)
+                with torch.cuda.stream(cp_stream):
+                    reqs[i].wait()
+                    outs[i] = outs[i] * 2
+            return outs
+        '''
+    assert not [f.what for f in _scan(_write(tmp_path, "e.py", src))]
+    unwaited = textwrap.dedent(src).replace("reqs[i].wait()", "pass")
+    assert {f.hazard for f in _scan(_write(tmp_path, "u.py", unwaited))} == {
+        Hazard.UNORDERED, Hazard.ASYNC_COLLECTIVE}
+
+
+_DEFAULT_EVENT = '''
+    import torch
+
+    class Engine:
+        def submit(self, transfers, start_event=None):
+            with self._submission(transfers, self.stream, start_event):
+                pass
+
+        def load(self, transfers):
+            self.submit(transfers)
+
+        def store(self, transfers):
+            self.submit(transfers, start_event=self.ev)
+
+        def _submission(self, transfers, stream, start_event=None):
+            start_event = self._start_event(start_event)
+            with torch.cuda.stream(stream):
+                start_event.wait(stream)
+                yield transfers
+
+        @staticmethod
+        def _start_event(start_event):
+            if start_event is None:
+                start_event = torch.cuda.Event()
+                start_event.record()
+            return start_event
+    '''
+
+
+def test_a_default_event_recorded_by_a_helper_orders_the_omitting_call(tmp_path):
+    assert not [f.what for f in _scan(_write(tmp_path, "d.py", _DEFAULT_EVENT))]
+    unrecorded = textwrap.dedent(_DEFAULT_EVENT).replace("start_event.record()", "pass")
+    found = _scan(_write(tmp_path, "n.py", unrecorded))
+    assert [(f.function, f.factors) for f in found] == [("Engine.load", ("sibling-passes",))]
+
+
+def test_a_method_resolves_through_its_receivers_stated_class(tmp_path):
+    src = '''
+        import torch
+
+        class Overlap:
+            def fork(self) -> None:
+                self._fork_event.record()
+                self.stream.wait_event(self._fork_event)
+
+        class Prefetch:
+            def fork(self, point, layer):
+                return point
+
+        def gates(x, *, overlap: Overlap):
+            stream = overlap.stream
+            overlap.fork()
+            with torch.cuda.stream(stream):
+                y = x * 2
+            x.record_stream(stream)
+            torch.cuda.current_stream().wait_stream(stream)
+            return y
+        '''
+    def unordered(name: str, text: str) -> list[str]:
+        return [f.what for f in _scan(_write(tmp_path, name, text))
+                if f.hazard is Hazard.UNORDERED]
+
+    assert not unordered("g.py", src)
+    untyped = textwrap.dedent(src).replace("*, overlap: Overlap", "overlap")
+    assert unordered("u.py", untyped) == [
+        "overlap.stream reads x, last written on current stream, with no wait between them"]
+
+
+def test_a_side_stream_that_waits_at_each_entry_lowers_a_lifetime_finding(tmp_path):
+    src = '''
+        import torch
+
+        def branch(q, side_stream, merge):
+            main_stream = torch.cuda.current_stream()
+            side_stream.wait_stream(main_stream)
+            with torch.cuda.stream(side_stream):
+                recv = q.new_empty(4)
+                recv.copy_(q)
+            main_stream.wait_stream(side_stream)
+            return merge(recv)
+        '''
+    barred = [f for f in _scan(_write(tmp_path, "b.py", src)) if f.hazard is Hazard.LIFETIME]
+    assert [f.factors for f in barred] == [("dies-here", "entry-barrier")]
+    open_entry = textwrap.dedent(src).replace("side_stream.wait_stream(main_stream)", "pass")
+    plain = [f for f in _scan(_write(tmp_path, "o.py", open_entry))
+             if f.hazard is Hazard.LIFETIME]
+    assert [f.factors for f in plain] == [("dies-here",)]
+    assert plain[0].score > barred[0].score

@@ -2,7 +2,9 @@
 
 The pipeline, one module each: ``sources`` (a tree, wheel, sdist or installed
 package, read as text) -> ``package`` (parsed, indexed) -> ``streams_ast``
-(each function's stream ops) -> ``hazards`` (rules and score) -> ``report``
+(each function walked into ``ops``: what its names are, ``names``; what its
+calls and bindings do, ``calls`` and ``binding``) -> ``hazards`` (rules and
+score) -> ``report``
 (table, JSON, markdown); ``harness`` turns one finding into a
 ``streamfuzz.checked()`` skeleton.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fuzz.scan import hazards
+from fuzz.scan import hazards, package_hazards
 from fuzz.scan.hazards import Finding
 from fuzz.scan.package import Package
 from fuzz.scan.sources import Source
@@ -41,8 +43,8 @@ def scan(source: Source) -> ScanResult:
     found: list[Finding] = []
     for t in traces:
         found.extend(hazards.judge(t))
-    found.extend(hazards.cached_streams(pkg.caches))
-    found.extend(hazards.sibling_omissions(pkg))
+    found.extend(package_hazards.cached_streams(pkg.caches))
+    found.extend(package_hazards.sibling_omissions(pkg))
     for f in found:
         lines = pkg.modules[f.file].lines
         text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""

@@ -17,9 +17,9 @@ import textwrap
 from pathlib import Path
 
 from fuzz.scan import hazards
+from fuzz.scan.ops import Trace
 from fuzz.scan.package import Function, Package
 from fuzz.scan.sources import ScanInputError, Source, SourceFile
-from fuzz.scan.streams_ast import Trace
 from fuzz.targets.standins import find_text
 
 _INTERLEAVING = {

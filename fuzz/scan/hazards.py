@@ -9,15 +9,13 @@ tables with the reasoning behind them.
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from fuzz.scan.package import Function, ModuleCache, Package
-from fuzz.scan.streams_ast import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace, dotted
+from fuzz.scan.ops import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace
 
 
 class Hazard(str, Enum):
@@ -50,6 +48,9 @@ FACTORS: dict[str, tuple[int, str]] = {
     "sibling-passes": (25, "another call of the same function passes the ordering argument "
                            "this call leaves out"),
     "no-wait-at-all": (10, "the side stream waits for nothing anywhere in the function"),
+    "entry-barrier": (-20, "every block of work on the allocating stream here starts by "
+                           "waiting for the stream that uses the tensor: where its other "
+                           "users do the same, the reuse of the block waits too"),
     "caller-owned": (-10, "made by the caller, whose reference may outlive the work"),
     "kept": (-15, "stored or returned: its lifetime goes beyond the function"),
     "conditional-order": (-5, "an ordering exists, on some paths only"),
@@ -61,7 +62,7 @@ FACTORS: dict[str, tuple[int, str]] = {
 }
 """Factor -> (points, why)."""
 
-_TEST_PATH = re.compile(r"(^|/)(tests?|testing|benchmarks?|examples?)(/|$)|(^|/)test_[^/]*$"
+TEST_PATH = re.compile(r"(^|/)(tests?|testing|benchmarks?|examples?)(/|$)|(^|/)test_[^/]*$"
                         r"|_test\.py$|(^|/)conftest\.py$")
 _TIMING = re.compile(r"start|begin|tic|timer|timing|elapsed", re.I)
 
@@ -143,8 +144,12 @@ class _Judge:
         for i, o in enumerate(self.ops):
             if o.kind is K.EVENT_RECORD:
                 self.records.setdefault(o.key, []).append((i, o.stream))
+        self.launches: dict[str, list[int]] = {}  # stream -> where it launched collectives
+        for i, o in enumerate(self.ops):
+            if o.kind is K.COLLECTIVE:
+                self.launches.setdefault(o.stream, []).append(i)
         self.common: list[str] = []
-        if _TEST_PATH.search(t.file):
+        if TEST_PATH.search(t.file):
             self.common.append("test-code")
         if t.thread:
             self.common.append("thread")
@@ -209,6 +214,9 @@ class _Judge:
             if any(r <= i for r in on_a):
                 return f"early:{o.key}"
             return None
+        if o.kind is K.WORK_WAIT and o.stream in (b, ANY) and any(
+                i < c < j for c in self.launches.get(a, ())):
+            return "yes"  # the collective waited for was queued after a's access
         if o.kind is K.HOST_SYNC:
             if o.key in ("", a):
                 return "yes"
@@ -360,6 +368,8 @@ class _Judge:
                     factors.append("caller-owned")
                 if cond:
                     factors.append("conditional-order")
+                if a != self.t.base and all(self._barriered(a, b) for b in bad):
+                    factors.append("entry-barrier")
                 where = "freed" if freed else "kept beyond the call" if kept else (
                     "dropped at return" if self.local(k) else "owned by the caller")
                 root = k.split(".")[0]
@@ -378,6 +388,28 @@ class _Judge:
                     f.what = f.what.replace(self.t.name(k), self.t.name(root) + "'s tensors", 1)
                 yield f
                 break
+
+    def _barriered(self, a: str, b: str) -> bool:
+        """Does every entry into stream ``a`` here wait for ``b`` before its first work?"""
+        ops = self.ops
+        on_a = [p for p, o in enumerate(ops) if o.stream == a and o.kind in (K.USE, K.ALLOC)]
+        entries = [e for s, e in self.t.entries if s == a]
+        for e in entries:
+            first = next((p for p in on_a if p >= e), None)
+            if first is None:
+                continue
+            prev = max((p for p in on_a if p < e), default=-1)
+            if not any(self._waits_for(ops[j], a, b) for j in range(prev + 1, first)):
+                return False
+        return bool(entries)
+
+    def _waits_for(self, o: Op, a: str, b: str) -> bool:
+        if o.kind is K.WAIT:
+            return o.stream in (a, ANY) and o.other in (b, ANY)
+        if o.kind is K.WAIT_EVENT and o.stream in (a, ANY):
+            recs = self.records.get(o.key)
+            return not recs or any(s in (b, ANY) for _, s in recs)
+        return False
 
     def _generations(self, k: str) -> Iterator[tuple[int, str, int, bool]]:
         """(start, stream made on, end, freed at end) for each life of ``k``."""
@@ -490,8 +522,10 @@ class _Judge:
                 by_work.setdefault(o.other, []).append((j, o))
         for work, launched in by_work.items():
             start = launched[0][0]
+            held = {work} | {o.other for o in self.ops if o.kind is K.KEEP and o.key == work
+                             and o.other}  # the containers it was put in
             waits = [j for j, o in enumerate(self.ops) if o.kind is K.WORK_WAIT and
-                     o.key == work and j > start]
+                     o.key in held and j > start]
             handed = any(o.key == work and o.kind in (K.USE, K.KEEP) for o in self.ops)
             end = waits[0] if waits else len(self.ops)
             keys = {o.key for _, o in launched}
@@ -517,57 +551,6 @@ def judge(t: Trace) -> list[Finding]:
     for f in _Judge(t).findings():
         seen.setdefault((f.hazard, f.line, f.tensors, f.streams), f)
     return list(seen.values())
-
-
-def cached_streams(caches: Iterable[ModuleCache]) -> Iterator[Finding]:
-    for c in caches:
-        factors = ["test-code"] if _TEST_PATH.search(c.file) else []
-        yield Finding(Hazard.CACHED_STREAM, c.file, c.line, c.name, (), (c.name,),
-                      f"a {c.what} {c.how}: its users must each order it against their own "
-                      "stream, and it belongs to the device current when it was made",
-                      tuple(factors)).scored()
-
-
-def sibling_omissions(pkg: Package) -> Iterator[Finding]:
-    """Calls that leave out an ordering argument another call of the same function passes."""
-    optional = pkg.optional_waits()
-    sites: dict[str, list[tuple[Function, ast.Call]]] = {}
-    for fn, call in pkg.call_sites(set(optional)):
-        f = call.func
-        # call_sites yields calls of a Name or an Attribute only.
-        sites.setdefault(f.attr if isinstance(f, ast.Attribute) else f.id, []).append(  # type: ignore[attr-defined]
-            (fn, call))
-    for name, calls in sorted(sites.items()):
-        params = {p for _, p, _ in optional[name]}
-        if name.startswith("__") or len(params) != 1 or len(optional[name]) != len(
-                pkg.by_name.get(name, ())):
-            continue  # every function of that name must take the same ordering argument
-        for callee, param, pos in optional[name][:1]:
-            passing = [(fn, c) for fn, c in calls if _passes(c, param, pos)]
-            omitting = [(fn, c) for fn, c in calls if not _passes(c, param, pos)]
-            if not passing or not omitting:
-                continue
-            ref_fn, ref = passing[0]
-            for fn, c in omitting:
-                factors = ["sibling-passes"]
-                if _TEST_PATH.search(fn.file):
-                    factors.append("test-code")
-                if (fn.file, fn.name) in pkg.thread_targets:
-                    factors.append("thread")
-                args = [dotted(a) or "" for a in c.args]
-                yield Finding(
-                    Hazard.UNORDERED, fn.file, c.lineno, fn.qualname,
-                    tuple(a for a in args if a), (CURRENT, f"{name}'s stream"),
-                    f"calls {name}() without {param}=, which {ref_fn.file}:{ref.lineno} "
-                    f"passes to order {name}'s stream work after the caller's",
-                    tuple(factors), extra={"callee": f"{callee.file}:{callee.node.lineno}"}
-                ).scored()
-
-
-def _passes(call: ast.Call, param: str, pos: int) -> bool:
-    """Does ``call`` give ``param`` (by name, by position, or maybe through ``*``/``**``)?"""
-    return any(k.arg in (param, None) for k in call.keywords) or len(call.args) > pos \
-        or any(isinstance(a, ast.Starred) for a in call.args)
 
 
 def _all_paths(guards: list[tuple[int, ...]]) -> bool:

@@ -16,15 +16,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from fuzz.scan.names import dotted, is_scalar_annotation
+from fuzz.scan.ops import ClassFacts, K, Trace
 from fuzz.scan.sources import SourceFile
-from fuzz.scan.streams_ast import (
-    ClassFacts,
-    K,
-    Trace,
-    Walker,
-    dotted,
-    is_scalar_annotation,
-)
+from fuzz.scan.streams_ast import Walker
 
 _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
 _OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
@@ -52,6 +47,7 @@ class Function:
     node: ast.FunctionDef | ast.AsyncFunctionDef
     cls: str | None
     text: str = ""
+    classes: dict[str, str] | None = None  # local name -> its stated class (_classes_of)
 
     @property
     def name(self) -> str:
@@ -182,6 +178,7 @@ class Package:
             if learned is not None:
                 t.tensors |= learned.tensors
                 t.host |= learned.host
+                t.containers |= learned.containers
                 t.streams |= learned.streams
                 t.events |= learned.events | (learned.recorded & learned.waited)
             for p in params:
@@ -219,6 +216,11 @@ class Package:
         same_file = [c for c in cands if c.file == caller.file]
         if isinstance(f, ast.Name) and same_file:
             return same_file[0]
+        if len(cands) > 1 and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            cls = _classes_of(caller).get(f.value.id)
+            typed = [c for c in cands if cls is not None and c.cls == cls]
+            if len(typed) == 1:
+                return typed[0]
         return cands[0] if len(cands) == 1 else None
 
     def effects(self, caller: Function, call: ast.Call, depth: int) -> tuple[Effect, ...]:
@@ -301,14 +303,26 @@ class Package:
                     isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.test)):
                 if _waits(node.body) and _waits(node.orelse):
                     return True
+                if _fills_with_event(node.body, param) or _fills_with_event(node.orelse, param):
+                    return True
             if isinstance(node, ast.Call) and depth < _DEPTH:
-                for k in node.keywords:
-                    if isinstance(k.value, ast.Name) and k.value.id == param and k.arg:
-                        callee = self.resolve(fn, node)
-                        if callee is not None and callee is not fn and \
-                                self._none_is_ordered(callee, k.arg, depth + 1):
-                            return True
+                for name in self._handed_as(fn, node, param):
+                    callee = self.resolve(fn, node)
+                    if callee is not None and callee is not fn and \
+                            self._none_is_ordered(callee, name, depth + 1):
+                        return True
         return False
+
+    def _handed_as(self, fn: Function, call: ast.Call, param: str) -> list[str]:
+        """The callee's parameter names that ``param`` is passed as, by name or position."""
+        out = [k.arg for k in call.keywords
+               if k.arg and isinstance(k.value, ast.Name) and k.value.id == param]
+        at = [i for i, a in enumerate(call.args) if isinstance(a, ast.Name) and a.id == param]
+        callee = self.resolve(fn, call) if at else None
+        if callee is not None:
+            names = [p.arg for p in callee.params()]
+            out += [names[i] for i in at if i < len(names)]
+        return out
 
     def call_sites(self, names: set[str]) -> Iterator[tuple[Function, ast.Call]]:
         """Every call, anywhere in the package, of a function named in ``names``."""
@@ -376,6 +390,42 @@ def _waits(body: list[ast.stmt]) -> bool:
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
                n.func.attr in ("wait_stream", "wait_event", "synchronize", "wait")
                for s in body for n in ast.walk(s))
+
+
+def _classes_of(fn: Function) -> dict[str, str]:
+    """The class of each local name whose class the function states: a parameter's
+    annotation (``x: Overlap``, ``x: Overlap | None``) or a constructor (``x = Overlap()``)."""
+    if fn.classes is not None:
+        return fn.classes
+    out: dict[str, str] = {}
+    for p in [*fn.params(), *fn.node.args.kwonlyargs]:
+        if p.annotation is not None:
+            names = [n for n in ast.walk(p.annotation) if isinstance(n, (ast.Name, ast.Attribute))
+                     and (dotted(n) or "").rsplit(".", 1)[-1][:1].isupper()]
+            if len(names) == 1:
+                out[p.arg] = (dotted(names[0]) or "").rsplit(".", 1)[-1]
+    for node in _own_nodes(fn.node):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Name) and isinstance(node.value, ast.Call):
+            made = (dotted(node.value.func) or "").rsplit(".", 1)[-1]
+            if made[:1].isupper():
+                out[node.targets[0].id] = made
+    fn.classes = out
+    return out
+
+
+def _fills_with_event(body: list[ast.stmt], param: str) -> bool:
+    """``param = Event(); param.record()``: the default is an event recorded here, on
+    the current stream, so the work that waits on it is ordered after the caller's."""
+    bound = recorded = False
+    for n in (n for s in body for n in ast.walk(s)):
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == param
+                                             for t in n.targets):
+            bound = True
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+                n.func.attr == "record" and dotted(n.func.value) == param and not n.args:
+            recorded = True
+    return bound and recorded
 
 
 def _makes(value: ast.AST) -> str | None:

@@ -1,0 +1,207 @@
+"""What binding a name does: aliasing, dropping the storage it held, handing on.
+
+``x = y`` makes ``x`` another name of ``y``'s storage (or of the stream, event
+or stream context ``y`` is); a local name bound again drops what it held; a
+value stored in an attribute, a container or returned outlives the call.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from fuzz.scan.names import (
+    CONTAINER_ANN,
+    Namer,
+    callee_name,
+    dotted,
+    is_container,
+    is_true,
+    kw_arg,
+)
+from fuzz.scan.ops import K
+
+
+class Binding(Namer):
+    """The binding rules of the walker."""
+
+    def assign(self, s: ast.Assign | ast.AnnAssign | ast.AugAssign) -> None:
+        value = s.value
+        if value is None:
+            return
+        targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+        if isinstance(s, ast.AugAssign):
+            self.expr(value)
+            k = self.key(s.target)
+            if k:
+                self.emit(K.USE, s.lineno, stream=self.cur, key=k, write=True)
+                self.host_write(k, s.lineno)
+            return
+        if isinstance(s, ast.AnnAssign) and CONTAINER_ANN.match(ast.unparse(s.annotation)):
+            for tgt in targets:
+                k = self.key(tgt)
+                if k and "." not in k:
+                    self.t.containers.add(k)
+        elif isinstance(s, ast.AnnAssign) and "Tensor" in ast.unparse(s.annotation):
+            for tgt in targets:
+                k = self.key(tgt)
+                if k:
+                    self.t.tensors.add(k)
+        made = self.expr(value)
+        for tgt in targets:
+            self.bind(tgt, value, s.lineno, made)
+
+    def bind(self, tgt: ast.expr, value: ast.expr | None, line: int,
+             made: str | None = None) -> None:
+        """``tgt`` bound to ``value`` (None where unknown: a loop target, ``as``), whose
+        evaluation made ``made``."""
+        if isinstance(tgt, (ast.Tuple, ast.List)):
+            self._bind_parts(tgt, value, line)
+        elif isinstance(tgt, ast.Starred):
+            self.bind(tgt.value, None, line)
+        elif isinstance(tgt, ast.Subscript):
+            self._bind_item(tgt, value, line, made)
+        else:
+            name = dotted(tgt)
+            if name is None:
+                return
+            if value is None:
+                self._bind_unknown(name, line, made)
+            elif self._bind_handle(name, value):
+                return
+            elif "." in name:
+                self._bind_attribute(tgt, name, value, line, made)
+            else:
+                self._bind_local(name, value, line, made)
+
+    def _bind_parts(self, tgt: ast.Tuple | ast.List, value: ast.expr | None,
+                    line: int) -> None:
+        split = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(tgt.elts)
+        for i, t in enumerate(tgt.elts):
+            v = value.elts[i] if split else None  # type: ignore[union-attr]
+            m = self.expr(v) if v is not None else None
+            if v is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
+                    isinstance(t, ast.Name):
+                m = self.fresh(t)  # unpacked from a call made on a side stream
+                self.t.maybe.add(m)
+            self.bind(t, v, line, m)
+
+    def _bind_item(self, tgt: ast.Subscript, value: ast.expr | None, line: int,
+                   made: str | None) -> None:
+        k = self.key(tgt.value)
+        self.expr(tgt.slice)
+        if k and k in self.t.containers:  # a container's item: a reference stored
+            if made:
+                self.emit(K.KEEP, line, key=made, other=k)
+        elif k:
+            self.emit(K.USE, line, stream=self.cur, key=k, write=True)
+            self.host_write(k, line)
+        if value is not None:
+            self.keep(value, line)
+
+    def _bind_unknown(self, name: str, line: int, made: str | None) -> None:
+        self.alias.pop(name, None)
+        self.rebind(name, line)
+        if made and "." not in name:
+            self.alias[name] = made
+            self.t.names[made] = name
+
+    def _bind_handle(self, name: str, value: ast.expr) -> bool:
+        """A stream, a stream context or an event bound to ``name``; False if not one."""
+        stream = self._stream_value(value)
+        if stream is not None:
+            self.t.streams.add(name)
+            before = self.alias.get(name)
+            if stream == self.t.base and self.guards and before not in (None, self.t.base) \
+                    and before in self.t.streams:
+                return True  # `s = side` on one path, `s = current` on another: keep the side
+            self.alias[name] = stream
+            return True
+        ctx = self.context_stream(value) if isinstance(value, ast.Call) else None
+        if ctx is not None:
+            self.contexts[name] = ctx
+            return True
+        if isinstance(value, ast.Call) and callee_name(value) in ("Stream", "ExternalStream"):
+            self.t.streams.add(name)
+            self.alias.pop(name, None)
+            return True
+        if isinstance(value, ast.Call) and callee_name(value) in ("Event", "record_event"):
+            self.t.events.add(name)
+            self.alias.pop(name, None)
+            if is_true(kw_arg(value, "enable_timing")):
+                self.t.timing_events.add(name)
+            return True
+        return False
+
+    def _bind_attribute(self, tgt: ast.expr, name: str, value: ast.expr, line: int,
+                        made: str | None) -> None:
+        """``self.x = v``: v now outlives the call; what ``self.x`` held is dropped."""
+        vk = self.key(value) if made is None else None
+        if vk:
+            self.emit(K.KEEP, line, key=vk)
+        if made:
+            self.emit(K.KEEP, line, key=made)
+        k = self.key(tgt) or name
+        if k in self.t.tensors:
+            self.emit(K.FREE, line, key=k)  # the reference it held is dropped
+        self.alias.pop(name, None)
+        if made:
+            self.alias[name] = made
+            if made.startswith("<tmp@"):
+                self.t.names[made] = name
+            self.t.persistent.add(made)
+
+    def _bind_local(self, name: str, value: ast.expr, line: int, made: str | None) -> None:
+        vk = self.key(value) if made is None else None
+        self.rebind(name, line)
+        if is_container(value):
+            self.t.containers.add(name)
+        if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
+                vk is None:
+            made = self.fresh(value)  # what a call returns on a side stream is made there
+            self.t.maybe.add(made)
+        if made:
+            self.alias[name] = made
+            if made.startswith("<tmp@"):
+                self.t.names[made] = name
+        elif vk and vk != name:
+            self.alias[name] = vk
+            if vk in self.t.events:
+                self.t.events.add(name)
+        else:
+            self.alias.pop(name, None)
+
+    def bind_items(self, target: ast.expr, it: ast.expr) -> None:
+        """``for x in xs``: ``x`` stands for the storage of ``xs``'s items, which its
+        owner holds (``zip`` and ``enumerate`` are looked through)."""
+        if isinstance(it, ast.Call) and callee_name(it) in ("zip", "enumerate", "reversed"):
+            if callee_name(it) == "enumerate" and isinstance(target, ast.Tuple) and len(
+                    target.elts) == 2 and it.args:
+                self.bind_items(target.elts[1], it.args[0])
+            elif callee_name(it) == "zip" and isinstance(target, ast.Tuple) and len(
+                    target.elts) == len(it.args):
+                for t, a in zip(target.elts, it.args):
+                    self.bind_items(t, a)
+            elif callee_name(it) == "reversed" and it.args:
+                self.bind_items(target, it.args[0])
+            return
+        name = dotted(target)
+        k = self.key(it) if isinstance(it, (ast.Name, ast.Attribute)) else None
+        if name and k and k not in self.t.streams and k not in self.t.events:
+            self.alias[name] = k
+            if name in self.t.tensors:
+                self.t.tensors.add(k)
+
+    def _stream_value(self, value: ast.expr) -> str | None:
+        if isinstance(value, ast.Call) and callee_name(value) in ("current_stream",
+                                                                     "default_stream"):
+            return self.stream_of(value)
+        if isinstance(value, (ast.Name, ast.Attribute, ast.IfExp)):
+            return self.stream_of(value)
+        return None
+
+    def rebind(self, name: str, line: int) -> None:
+        """A local name bound again: the storage it held is dropped here."""
+        old = self.alias.get(name, name)
+        if name in self.bound and old.startswith("<tmp@") and old not in self.t.persistent:
+            self.emit(K.FREE, line, key=old)
+        self.bound.add(name)

@@ -1,0 +1,297 @@
+"""What a call does to ordering and to tensors, by its shape.
+
+A call is tried against the ordering rules first (``record_stream``, waits,
+events, host syncs), then taken as work queued on the current stream: a tensor
+method, a ``torch``/``numpy`` function, an async collective, or a call into
+the package, whose effects its own walk lends (``fuzz.scan.package``).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from fuzz.scan.names import (
+    ASYNC_COLLECTIVE,
+    CONTAINER_METHODS,
+    EVENTISH,
+    HOST_BUILTINS,
+    HOST_READS,
+    HOSTISH,
+    META,
+    NOT_TENSOR_TORCH,
+    TENSOR_METHODS,
+    THREAD_SPAWNERS,
+    VIEWS,
+    Namer,
+    callee_name,
+    dotted,
+    is_cpu_device,
+    is_true,
+    kw_arg,
+)
+from fuzz.scan.ops import ANY, K
+
+_PASS = "<pass>"
+"""An ordering rule's answer when the call is not of its shape."""
+
+
+class Calls(Namer):
+    """The call rules of the walker."""
+
+    def call(self, c: ast.Call) -> str | None:
+        """Record what the call does; the key of a tensor it makes, if any."""
+        name = callee_name(c)
+        recv = c.func.value if isinstance(c.func, ast.Attribute) else None
+        rk = self.key(recv) if recv is not None else None
+        for rule in (self._stream_order, self._event_call, self._host_sync):
+            made = rule(c, name, recv, rk)
+            if made != _PASS:
+                return made
+        if name in THREAD_SPAWNERS:
+            for a in [*c.args, *(k.value for k in c.keywords)]:
+                self.expr(a) if not isinstance(a, (ast.Name, ast.Attribute)) else None
+            return None
+        return self._work(c, name, recv, rk)
+
+    # -- ordering ------------------------------------------------------------
+
+    def _stream_order(self, c: ast.Call, name: str, recv: ast.expr | None,
+                      rk: str | None) -> str | None:
+        line = c.lineno
+        if name == "record_stream" and rk:
+            self.t.tensors.add(rk)
+            s = self.stream_of(c.args[0]) if c.args else None
+            self.emit(K.RECORD, line, key=rk, stream=s or ANY)
+            return None
+        if name == "wait_stream" and recv is not None:
+            waiter = self.stream_of(recv) or rk or ANY
+            waited = self.stream_of(c.args[0]) if c.args else None
+            self.emit(K.WAIT, line, stream=waiter, other=waited or ANY)
+            return None
+        if name == "wait_event" and recv is not None:
+            waiter = self.stream_of(recv) or rk or ANY
+            ev = self.event_of(c.args[0]) if c.args else None
+            if ev is None and c.args:
+                ev = self.key(c.args[0])
+            self.emit(K.WAIT_EVENT, line, stream=waiter, key=ev or ANY)
+            return None
+        return _PASS
+
+    def _event_call(self, c: ast.Call, name: str, recv: ast.expr | None,
+                    rk: str | None) -> str | None:
+        line = c.lineno
+        if name == "record" and rk:
+            self.t.recorded.add(rk)
+        if name in ("wait", "query") and rk:
+            self.t.waited.add(rk)
+        if name == "record" and rk and (rk in self.t.events or EVENTISH.search(rk)):
+            self.t.events.add(rk)
+            s = self.stream_of(c.args[0]) if c.args else self.cur
+            if c.args and s is None:
+                s = self.key(c.args[0]) or ANY
+            self.emit(K.EVENT_RECORD, line, key=rk, stream=s or self.cur)
+            return None
+        if name == "record_event":
+            s = self.stream_of(recv) if recv is not None else self.cur
+            made = f"<event@{line}:{c.col_offset}>"
+            self.t.events.add(made)
+            self.emit(K.EVENT_RECORD, line, key=made, stream=s or self.cur)
+            return made
+        if name == "wait" and rk is not None:
+            if rk in self.t.events or EVENTISH.search(rk):
+                s = self.stream_of(c.args[0]) if c.args else self.cur
+                self.emit(K.WAIT_EVENT, line, stream=s or self.cur, key=rk)
+            else:
+                self.emit(K.WORK_WAIT, line, key=rk, stream=self.cur)
+            return None
+        return _PASS
+
+    def _host_sync(self, c: ast.Call, name: str, recv: ast.expr | None,
+                   rk: str | None) -> str | None:
+        if name != "synchronize" and name.endswith("synchronize") and recv is None:
+            # a saved alias of Event.synchronize / Stream.synchronize: its argument
+            target = ""
+            if c.args:
+                a0 = c.args[0]
+                target = self.stream_of(a0) or self.key(a0) or ""
+            self.emit(K.HOST_SYNC, c.lineno, key=target)
+            return None
+        if name == "synchronize":
+            target = ""
+            if isinstance(recv, ast.Call):  # current_stream().synchronize(), else a device
+                target = self.stream_of(recv) or ""
+            elif recv is not None and dotted(recv) not in ("torch.cuda", "torch",
+                                                           "torch.accelerator"):
+                target = self.stream_of(recv) or (self.event_of(recv) if rk else None) or \
+                    rk or ast.unparse(recv)
+            self.emit(K.HOST_SYNC, c.lineno, key=target)
+            return None
+        return _PASS
+
+    # -- work ----------------------------------------------------------------
+
+    def _work(self, c: ast.Call, name: str, recv: ast.expr | None,
+              rk: str | None) -> str | None:
+        """Work queued by the call: its receiver and arguments, on the current stream."""
+        line = c.lineno
+        if isinstance(recv, ast.Subscript) and rk is not None:
+            self.expr(recv.slice)  # x[i].copy_(...): a view of x, not a host read of it
+        elif recv is not None and not isinstance(recv, (ast.Name, ast.Attribute)):
+            made_recv = self.expr(recv)  # a chained call or an index: its own work first
+            if made_recv is not None:
+                rk = made_recv
+        arg_keys = [self.expr(a) or self.key(a) for a in c.args]
+        for kw in c.keywords:
+            if kw.arg in ("out",):
+                k = self.key(kw.value)
+                if k:
+                    self.t.tensors.add(k)
+                    self.emit(K.USE, line, stream=self.cur, key=k, write=True)
+                    self.host_write(k, line)
+            else:
+                self.expr(kw.value)
+        if name in HOST_READS and rk:
+            self.t.tensors.add(rk)
+            self.emit(K.HOST_READ, line, key=rk, flag=name)
+            return None
+        if name == "numpy" and rk:
+            self.t.host.add(rk)
+            return None
+        if recv is None and name in HOST_BUILTINS:
+            for k in arg_keys:
+                if k and k in self.t.host:
+                    self.emit(K.HOST_READ, line, key=k, flag=name)
+            return None
+        if rk and name in META:
+            return None
+        if rk in self.t.containers and name in CONTAINER_METHODS:
+            for a in [*c.args, *(k.value for k in c.keywords)]:
+                self.keep(a, line)
+            return None
+        if rk in ("self", "cls"):
+            rk = None
+        tensor_recv = rk is not None and (name in TENSOR_METHODS or rk in self.t.tensors)
+        if rk and name in TENSOR_METHODS:
+            self.t.tensors.add(rk)
+        if is_true(kw_arg(c, "async_op")) or name in ASYNC_COLLECTIVE:
+            work = f"<work@{line}:{c.col_offset}>"
+            for k in arg_keys:
+                if k:
+                    self.t.tensors.add(k)
+                    self.emit(K.COLLECTIVE, line, key=k, other=work, stream=self.cur)
+            return work
+        if name == "copy_" and rk:
+            self._copy(c, rk, arg_keys[0] if arg_keys else None)
+            return None
+        if rk and tensor_recv:
+            return self._tensor_method(c, name, rk)
+        full = dotted(c.func) or ""
+        module_fn = full.startswith(("torch.", "F.", "np.", "numpy."))
+        if rk and recv is not None and not module_fn:
+            self.emit(K.USE, line, stream=self.cur, key=rk)
+        if module_fn and not NOT_TENSOR_TORCH.match(full):
+            return self._module_call(c, full, arg_keys)
+        for k in arg_keys:
+            if k:
+                self.emit(K.USE, line, stream=self.cur, key=k)
+        self._package_call(c, name)
+        return None
+
+    def _copy(self, c: ast.Call, dst: str, src: str | None) -> None:
+        line = c.lineno
+        self.emit(K.USE, line, stream=self.cur, key=dst, write=True)
+        if is_true(kw_arg(c, "non_blocking")) and src:
+            self.t.tensors.add(src)
+            self.emit(K.NB_COPY, line, stream=self.cur, key=dst, other=src,
+                      flag=self._direction(dst, src))
+        else:
+            self.host_write(dst, line)
+        if src:
+            self.t.tensors.add(src)
+
+    def _tensor_method(self, c: ast.Call, name: str, rk: str) -> str | None:
+        line = c.lineno
+        write = name.endswith("_") and not name.endswith("__")
+        self.emit(K.USE, line, stream=self.cur, key=rk, write=write)
+        if write:
+            if name == "resize_" and c.args and isinstance(c.args[0], ast.Constant) and \
+                    c.args[0].value == 0:
+                self.emit(K.FREE, line, key=rk)
+            else:
+                self.host_write(rk, line)
+            return rk  # in-place ops return their receiver
+        if name in VIEWS:
+            return None
+        made = self.fresh(c)
+        self.t.tensors.add(made)
+        if name == "pin_memory":
+            self.t.pinned.add(made)
+            self.t.host.add(made)
+        elif name == "cpu" or (name == "to" and (
+                is_cpu_device(c.args[0] if c.args else kw_arg(c, "device")))):
+            self.t.host.add(made)
+        if is_true(kw_arg(c, "non_blocking")) and name in ("to", "cuda", "cpu"):
+            self.emit(K.NB_COPY, line, stream=self.cur, key=made, other=rk,
+                      flag="d2h" if made in self.t.host else "h2d")
+        return made
+
+    def _module_call(self, c: ast.Call, full: str, arg_keys: list[str | None]) -> str | None:
+        """A ``torch.``/``numpy.`` function: a new tensor, or the host touching its arguments."""
+        line = c.lineno
+        if full.startswith(("np.", "numpy.")):
+            for i, k in enumerate(arg_keys):
+                if not k:
+                    continue
+                if i == 0 and full.split(".")[-1] in ("copyto", "put", "place"):
+                    self.host_write(k, line)
+                elif k in self.t.host:
+                    self.emit(K.HOST_READ, line, key=k, flag="numpy")
+            return None
+        made = self.fresh(c)
+        self.t.tensors.add(made)
+        for k in arg_keys:
+            if k:
+                self.emit(K.USE, line, stream=self.cur, key=k)
+        dev = kw_arg(c, "device")
+        if is_true(kw_arg(c, "pin_memory")):
+            self.t.pinned.add(made)
+            self.t.host.add(made)
+        elif full.endswith("from_numpy") or (dev is None and full.split(".")[-1] in (
+                "empty", "zeros", "ones", "full", "tensor", "arange", "as_tensor")) or \
+                is_cpu_device(dev):
+            self.t.host.add(made)
+        return made
+
+    def _package_call(self, c: ast.Call, name: str) -> None:
+        """A call the scan may resolve in the package: the effects its walk lends."""
+        line = c.lineno
+        self.t.calls.append((name, line, len(c.args), frozenset(
+            k.arg for k in c.keywords if k.arg)))
+        if self.callee is None:
+            return
+        for eff in self.callee(c):
+            if eff.what == "wait":
+                self.emit(K.WAIT, line, stream=ANY, other=ANY)
+            elif eff.what == "sync":
+                self.emit(K.HOST_SYNC, line, key="")
+            else:
+                k = self.key(ast.parse(eff.param, mode="eval").body) if eff.param else None
+                if not k:
+                    continue
+                k += eff.suffix
+                if eff.what == "record":
+                    self.emit(K.RECORD, line, key=k, stream=ANY)
+                elif eff.what == "free":
+                    self.emit(K.FREE, line, key=k)
+                else:
+                    self.t.tensors.add(k)
+                    self.emit(K.USE, line, stream=self.cur, key=k, write=eff.write)
+
+    def _direction(self, dst: str, src: str) -> str:
+        dh = dst in self.t.host or bool(HOSTISH.search(dst))
+        sh = src in self.t.host or bool(HOSTISH.search(src))
+        if dh and not sh:
+            return "d2h"
+        if sh and not dh:
+            return "h2d"
+        return "?"

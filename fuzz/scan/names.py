@@ -1,0 +1,316 @@
+"""What a function's names and expressions are, read from their shape.
+
+Nothing is imported or run: names are matched by shape (``x.wait_stream(y)``,
+``with torch.cuda.stream(s)`` or ``with self.device_module.stream(s)``), and
+what is a tensor, a stream or an event is read from how the name is made and
+used. ``Namer`` holds one walk's state (the stream stack, aliases, branches)
+and answers, for an expression, the storage, stream or event it names; the
+call rules (``fuzz.scan.calls``), the binding rules (``fuzz.scan.binding``)
+and the statement walker (``fuzz.scan.streams_ast``) build on it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fuzz.scan.ops import CURRENT, SUBMITTER, THREAD, ClassFacts, K, Op, Trace
+
+# Method names, by what they do to their receiver.
+META = {"size", "dim", "numel", "data_ptr", "stride", "element_size", "is_pinned",
+         "is_contiguous", "get_device", "nelement", "storage_offset", "type", "is_shared",
+         "untyped_storage_nbytes", "nbytes", "__len__"}
+META_ATTRS = {"shape", "dtype", "device", "is_cuda", "ndim", "requires_grad", "layout",
+               "is_cpu", "itemsize", "names", "grad_fn"}
+VIEWS = {"view", "view_as", "reshape", "narrow", "flatten", "unflatten", "unsqueeze",
+          "squeeze", "permute", "transpose", "t", "expand", "expand_as", "as_strided", "split",
+          "chunk", "unbind", "select", "diagonal", "detach", "contiguous", "numpy", "data",
+          "untyped_storage", "movedim", "swapaxes", "tensor_split", "split_with_sizes"}
+HOST_READS = {"tolist", "item", "__int__", "__float__", "__bool__"}
+HOST_BUILTINS = {"int", "float", "bool", "list", "tuple", "sum", "max", "min", "sorted",
+                  "enumerate", "zip", "any", "all", "set", "dict"}
+TENSOR_METHODS = VIEWS | HOST_READS | {
+    "copy_", "to", "cuda", "cpu", "clone", "index_select", "gather", "scatter_", "index_copy_",
+    "index_fill_", "fill_", "zero_", "record_stream", "pin_memory", "masked_fill_", "add_",
+    "mul_", "div_", "sub_", "resize_", "data_ptr", "numel", "is_pinned", "index_put_",
+    "masked_scatter_", "float", "half", "bfloat16", "long", "repeat", "cumsum", "argmax",
+    "nonzero", "topk", "index_add_", "scatter_add_", "copy", "element_size", "new_empty",
+    "new_zeros", "new_full", "new_tensor", "bool", "masked_select", "repeat_interleave",
+    "sum", "flatten", "clamp_", "uniform_", "normal_", "exponential_"}
+NOT_TENSOR_TORCH = re.compile(
+    r"^torch\.(cuda|distributed|device|dtype|Size|get_|set_|is_|no_grad|inference_mode|"
+    r"enable_grad|manual_seed|compile|jit|library|ops\.|_dynamo|autograd|backends|nn\.Module|"
+    r"Stream|Event|Generator|iinfo|finfo|float|int|bool|long|half|bfloat16|uint8|accelerator|"
+    r"xpu|npu|mps|_C|fx|testing|utils|profiler|version|__)")
+HOSTISH = re.compile(r"(^|[._])(cpu|host|pinned|pin|np|numpy)($|[._])|_cpu$|_host$|_np$",
+                      re.I)
+STREAMISH = re.compile(r"stream", re.I)
+STREAM_CONTEXT = re.compile(r"stream_?(context|ctx)$", re.I)
+"""A helper of the package's own that enters the stream it is given."""
+INDEXISH = re.compile(r"indices|idx_mapping|mapping|mask|_ids$|^ids$|perm|idxs$|index_tensor",
+                       re.I)
+"""Index names that hold tensors (a bare ``idx`` is as often an int)."""
+EVENTISH = re.compile(r"event|fence", re.I)
+THREAD_SPAWNERS = {"Thread", "submit", "start_new_thread", "run_in_executor", "Process"}
+ASYNC_COLLECTIVE = {"isend", "irecv", "batch_isend_irecv"}
+CONTAINER_ANN = re.compile(r"^(typing\.)?(list|dict|tuple|set|deque|defaultdict|List|Dict|Tuple|"
+                           r"Set|Sequence|Mapping|MutableMapping|Deque|DefaultDict)\b")
+"""An annotation of a Python container: its items may be tensors, it is not one."""
+CONTAINER_MAKERS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict"}
+CONTAINER_METHODS = {"append", "extend", "insert", "appendleft", "add", "update",
+                     "setdefault"}
+"""A container's methods that store references: no stream touches a tensor there."""
+_SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` as text, or None for anything that is not a name chain."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def callee_name(call: ast.Call) -> str:
+    f = call.func
+    if isinstance(f, ast.Attribute):
+        return f.attr
+    if isinstance(f, ast.Name):
+        return f.id
+    return ""
+
+
+def negated(test: ast.expr, call: ast.Call) -> bool:
+    """Is ``call`` under a ``not`` in ``test``?"""
+    for node in ast.walk(test):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and any(
+                n is call for n in ast.walk(node.operand)):
+            return True
+    return False
+
+
+def inplace(method: str) -> bool:
+    return method.endswith("_") and not method.endswith("__") and method != "record_stream"
+
+
+def kw_arg(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def is_true(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+def is_cpu_device(node: ast.expr | None) -> bool:
+    if node is None:
+        return False
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.startswith("cpu")
+    if isinstance(node, ast.Call) and dotted(node.func) in ("torch.device",) and node.args:
+        return is_cpu_device(node.args[0])
+    text = dotted(node) or ""
+    return bool(HOSTISH.search(text)) and "device" not in text.lower().replace("cpu_device", "")
+
+
+def is_container(node: ast.expr | None) -> bool:
+    """Is ``node`` a Python container made here (a literal, ``[x] * n``, ``list()``)?"""
+    if isinstance(node, (ast.List, ast.ListComp, ast.Dict, ast.DictComp, ast.Set,
+                         ast.SetComp)):
+        return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return isinstance(node.left, (ast.List, ast.ListComp)) or isinstance(
+            node.right, (ast.List, ast.ListComp))
+    return isinstance(node, ast.Call) and callee_name(node) in CONTAINER_MAKERS
+
+
+def is_scalar_annotation(node: ast.expr | None) -> bool:
+    return node is not None and bool(_SCALAR_ANN.match(ast.unparse(node)))
+
+
+class Namer:
+    """One walk's state, and what its expressions name.
+
+    ``callee`` answers what a same-package callee does to ordering (see
+    ``fuzz.scan.package``): ``'wait'`` (it waits for another stream
+    unconditionally), ``'sync'`` (the host waits), or record_stream of the
+    call's arguments, by position.
+    """
+
+    def __init__(self, trace: Trace, facts: ClassFacts | None, module_facts: ClassFacts,
+                 callee: Callable[[ast.Call], Iterable[Any]] | None = None) -> None:
+        self.t = trace
+        self.facts = facts or ClassFacts()
+        self.module = module_facts
+        self.callee = callee
+        self.stack = [trace.base]
+        self.alias: dict[str, str] = {}
+        self.guards: list[int] = []
+        self.bound: set[str] = set()
+        self.contexts = {**self.module.contexts, **self.facts.contexts}
+        for k in self.facts.alias:
+            self.alias[k] = self.facts.alias[k]
+        t = self.t
+        t.tensors |= self.facts.tensors | self.module.tensors
+        t.pinned |= self.facts.pinned | self.module.pinned
+        t.host |= self.facts.host | self.module.host | self.facts.pinned | self.module.pinned
+        t.streams |= self.facts.streams | self.module.streams
+        t.events |= self.facts.events | self.module.events
+
+    # -- names ---------------------------------------------------------------
+
+    def key(self, node: ast.AST) -> str | None:
+        """The storage an expression names (a view names its base), or None."""
+        while True:
+            if isinstance(node, ast.Subscript):
+                if self.is_gather(node):
+                    return None
+                node = node.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and (node.func.attr in VIEWS or inplace(node.func.attr))):
+                node = node.func.value
+            elif isinstance(node, ast.Attribute) and node.attr in ("data", "T", "mT"):
+                node = node.value
+            elif isinstance(node, ast.Starred):
+                node = node.value
+            else:
+                break
+        text = dotted(node)
+        if text is None:
+            return None
+        head, _, rest = text.partition(".")
+        if text in self.alias:
+            return self.alias[text]
+        if head in self.alias:
+            base = self.alias[head]
+            return f"{base}.{rest}" if rest else base
+        return text
+
+    def is_gather(self, node: ast.Subscript) -> bool:
+        """``t[idx]`` with a tensor (or list) index makes a new tensor; slices are views."""
+        base = dotted(node.value)
+        if base and (STREAMISH.search(base) or EVENTISH.search(base)):
+            return False
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        for p in parts:
+            if isinstance(p, (ast.Slice, ast.Constant)) or (
+                    isinstance(p, ast.UnaryOp) and isinstance(p.operand, ast.Constant)):
+                continue
+            k = dotted(p)
+            if k is not None and (self.alias.get(k, k) in self.t.tensors
+                                  or INDEXISH.search(k.rsplit(".", 1)[-1])):
+                return True
+            if isinstance(p, (ast.List, ast.Subscript)):
+                return True
+        return False
+
+    def stream_of(self, node: ast.AST | None) -> str | None:
+        if node is None:
+            return None
+        if isinstance(node, ast.Call):
+            name = callee_name(node)
+            if name in ("current_stream", "default_stream"):
+                return self.stack[-1] if name == "current_stream" else self.t.base
+            if name in ("Stream", "ExternalStream") or STREAMISH.search(name):
+                return None
+            return None
+        if isinstance(node, ast.IfExp):
+            return self.stream_of(node.body) or self.stream_of(node.orelse)
+        if isinstance(node, ast.BoolOp):
+            return next((s for s in map(self.stream_of, node.values) if s), None)
+        if isinstance(node, ast.Subscript):  # streams[i]: one of a set of streams
+            base = self.key(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) \
+                else None
+            if base and STREAMISH.search(base.rsplit(".", 1)[-1]):
+                self.t.streams.add(base + "[]")
+                return base + "[]"
+            return None
+        k = self.key(node)
+        if k is None:
+            return None
+        if k in (CURRENT, THREAD, SUBMITTER) or k in self.t.streams:
+            return k
+        last = k.rsplit(".", 1)[-1]
+        if STREAMISH.search(last) and not last.endswith(("streams", "_pool")):
+            self.t.streams.add(k)
+            return k
+        return None
+
+    def event_of(self, node: ast.AST) -> str | None:
+        k = self.key(node)
+        if k is None:
+            return None
+        if k in self.t.events or EVENTISH.search(k.rsplit(".", 1)[-1]):
+            self.t.events.add(k)
+            return k
+        return None
+
+    def emit(self, kind: K, line: int, **kw: object) -> None:
+        self.t.ops.append(Op(kind, line, guards=tuple(self.guards), **kw))  # type: ignore[arg-type]
+
+    @property
+    def cur(self) -> str:
+        return self.stack[-1]
+
+    # -- statements ----------------------------------------------------------
+    def context_stream(self, node: ast.expr) -> str | None:
+        if isinstance(node, ast.IfExp):
+            return self.context_stream(node.body) or self.context_stream(node.orelse)
+        if isinstance(node, ast.Call):
+            name = callee_name(node)
+            if (name in ("stream", "StreamContext", "use_stream", "cuda_stream") or
+                    STREAM_CONTEXT.search(name)) and node.args:
+                s = self.stream_of(node.args[0])
+                if s is None:
+                    s = self.key(node.args[0])
+                    if s is None:
+                        return None
+                    self.t.streams.add(s)
+                return s
+            return None
+        k = self.key(node)
+        if k is not None and k in self.t.streams:
+            return k
+        if k is not None and k in self.contexts:
+            return self.contexts[k]
+        return None
+    def keep(self, value: ast.expr, line: int) -> None:
+        """What ``value`` hands on (returned or stored): itself, the items of a
+        literal, the arguments of a constructor call (``Output(a, b)``)."""
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+            parts: list[ast.expr] = list(value.elts)
+        elif isinstance(value, ast.Dict):
+            parts = [v for v in value.values if v is not None]
+        elif isinstance(value, ast.Call) and callee_name(value)[:1].isupper():
+            parts = [*value.args, *(k.value for k in value.keywords)]
+        else:
+            parts = [value]
+        for node in parts:
+            if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.Call)) and node is not value:
+                self.keep(node, line)
+                continue
+            k = self.key(node)
+            if k:
+                self.emit(K.KEEP, line, key=k)
+
+    def host_write(self, k: str, line: int) -> None:
+        if k in self.t.host or HOSTISH.search(k):
+            self.emit(K.HOST_WRITE, line, key=k)
+
+    # -- expressions ---------------------------------------------------------
+    def fresh(self, node: ast.AST) -> str:
+        k = f"<tmp@{node.lineno}:{node.col_offset}:{node.end_col_offset}>"  # type: ignore[attr-defined]
+        text = ast.unparse(node)
+        self.t.names.setdefault(k, text if len(text) <= 40 else text[:37] + "...")
+        self.emit(K.ALLOC, node.lineno, stream=self.cur, key=k)  # type: ignore[attr-defined]
+        return k
+
+    def expr(self, node: ast.expr | None) -> str | None:
+        """Record what evaluating ``node`` does; the key of a tensor it makes, if any
+        (the statement walker's; the call and binding rules evaluate through it)."""
+        raise NotImplementedError

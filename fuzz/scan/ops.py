@@ -1,0 +1,114 @@
+"""What the static pass of ``fuzz scan`` says about one function: its ops.
+
+An ``Op`` is one thing the function does to a tensor, stream or event (an
+allocation on the current stream, a use, a ``record_stream``, a wait, an event
+record, a host sync, a non-blocking copy, a free...), in source order; a
+``Trace`` is the flat list of them plus what the function's names were found
+to be. ``fuzz.scan.streams_ast`` makes traces, ``fuzz.scan.hazards`` judges them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+CURRENT = "<current>"
+"""The stream current when the function is entered: its caller's."""
+THREAD = "<thread>"
+"""The current stream of a function that a thread runs (not its submitter's)."""
+SUBMITTER = "<submitter>"
+"""Where a thread's inputs were made: the stream of the code that handed them over."""
+ANY = "<any>"
+"""A stream or event a callee orders without naming it to the caller."""
+
+
+class K(str, Enum):
+    ALLOC = "alloc"          # key made on stream (flag: pinned, host)
+    USE = "use"              # key read (or written, .write) by work on stream
+    RECORD = "record_stream"
+    WAIT = "wait_stream"     # stream waits for other
+    WAIT_EVENT = "wait_event"
+    EVENT_RECORD = "event_record"
+    HOST_SYNC = "host_sync"  # key: the stream or event synced ('' for the device)
+    HOST_READ = "host_read"
+    HOST_WRITE = "host_write"
+    NB_COPY = "nb_copy"      # key <- other without blocking (flag: d2h, h2d, ?)
+    FREE = "free"
+    KEEP = "keep"            # key outlives the call (stored, returned)
+    COLLECTIVE = "collective"  # key handed to an async collective; other: its work
+    WORK_WAIT = "work_wait"
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: K
+    line: int
+    stream: str = ""
+    key: str = ""
+    other: str = ""
+    write: bool = False
+    flag: str = ""
+    guards: tuple[int, ...] = ()
+
+
+@dataclass
+class Trace:
+    """One function's ops and what its names were found to be."""
+
+    file: str
+    qualname: str
+    line: int
+    cls: str | None
+    params: tuple[str, ...]
+    thread: bool
+    ops: list[Op] = field(default_factory=list)
+    tensors: set[str] = field(default_factory=set)
+    host: set[str] = field(default_factory=set)
+    pinned: set[str] = field(default_factory=set)
+    persistent: set[str] = field(default_factory=set)
+    streams: set[str] = field(default_factory=set)
+    events: set[str] = field(default_factory=set)
+    timing_events: set[str] = field(default_factory=set)
+    calls: list[tuple[str, int, int, frozenset[str]]] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)  # made-here key -> how the code names it
+    entered: set[str] = field(default_factory=set)  # streams made current here (contexts)
+    entries: list[tuple[str, int]] = field(default_factory=list)  # (stream, ops index) entered
+
+    maybe: set[str] = field(default_factory=set)  # made here, tensors only if used as ones
+    containers: set[str] = field(default_factory=set)  # Python lists, dicts...: hold references
+    recorded: set[str] = field(default_factory=set)  # x.record() seen
+    waited: set[str] = field(default_factory=set)  # x.wait() / x.query() seen
+
+    def name(self, key: str) -> str:
+        root, dot, rest = key.partition(".")
+        return self.names.get(key) or (self.names.get(root, root) + dot + rest)
+
+    @property
+    def base(self) -> str:
+        return THREAD if self.thread else CURRENT
+
+    @property
+    def producer(self) -> str:
+        """Where tensors the function did not make were made."""
+        return SUBMITTER if self.thread else CURRENT
+
+    def uses_streams(self) -> bool:
+        return any(o.kind in _STREAM_KINDS or (o.kind in (K.USE, K.ALLOC)
+                                                and o.stream != self.base) for o in self.ops)
+
+
+_STREAM_KINDS = {K.RECORD, K.WAIT, K.WAIT_EVENT, K.EVENT_RECORD, K.NB_COPY, K.COLLECTIVE,
+                 K.WORK_WAIT}
+
+
+@dataclass
+class ClassFacts:
+    """What a class's methods make its attributes (``self.x``) into."""
+
+    tensors: set[str] = field(default_factory=set)
+    pinned: set[str] = field(default_factory=set)
+    host: set[str] = field(default_factory=set)
+    streams: set[str] = field(default_factory=set)
+    events: set[str] = field(default_factory=set)
+    alias: dict[str, str] = field(default_factory=dict)  # self.x_np -> self.x
+    contexts: dict[str, str] = field(default_factory=dict)  # self.ctx -> the stream it enters
