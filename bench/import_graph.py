@@ -39,10 +39,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("fuzz.driver", "fuzz.corpus", "fuzz.ranks", "fuzz.rank_main", "fuzz.zygote",
                 "fuzz.coverage", "fuzz.rank")),
     ("commands", ("fuzz.cli", "fuzz.__main__", "fuzz.bench", "fuzz.soak", "fuzz.matrix",
-                  "fuzz.mutate", "fuzz.commands")),
+                  "fuzz.mutate", "fuzz.commands", "fuzz.worlds")),
     ("facade", ("streamfuzz",)),
 ]
-LAYER_OF_REPORT = ("fuzz.soak_report", "fuzz.stages_report", "fuzz.mutate_report")
+LAYER_OF_REPORT = ("fuzz.soak_report", "fuzz.stages_report", "fuzz.mutate_report",
+                   "fuzz.worlds_report")
 
 # Which protocol a module belongs to, where it belongs to one: a protocol's
 # module importing another protocol's is an arrow across, counted as up.

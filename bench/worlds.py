@@ -140,9 +140,7 @@ def _busy_md(rows: list[dict[str, Any]]) -> list[str]:
              "crafted reuse (pre-fix): gates / spins | crafted WAR (pr-fix): gates / spins |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        d = r["detection"]
-
-        def cell(t: str) -> str:
+        def cell(t: str, d: dict[str, Any] = r["detection"]) -> str:
             x = d.get(t) or {}
             return f"{x.get('gate', '?')} / {x.get('spin', '?')} of {x.get('examples', '?')}"
         lines.append(f"| {r['kind']} | {r['examples_per_s']} | {r['gpu_util_pct']:.0f}% | "

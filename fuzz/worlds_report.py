@@ -37,7 +37,7 @@ def merge_run(reports: list[dict[str, Any] | None], exits: list[int],
     """One ``fuzz run`` report out of every world's."""
     got = [(i, r) for i, r in enumerate(reports) if r is not None]
     base = dict(got[0][1]) if got else {}
-    per_world = []
+    per_world: list[dict[str, Any]] = []
     for i, rc in enumerate(exits):
         r = reports[i]
         per_world.append({"world": i, "exit": rc,
@@ -153,7 +153,7 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
     if not got:
         raise RuntimeError("no world wrote a report")
     base = got[0][1]
-    worlds = []
+    worlds: list[dict[str, Any]] = []
     for i, rc in enumerate(exits):
         r = reps[i]
         worlds.append({"world": i, "exit": rc, "out": str(world_dirs[i]),
