@@ -12,6 +12,8 @@ BUDGET ?= 60
 EXAMPLES ?= 300
 SOAK_OUT ?= soak
 TARGETS ?=
+# Worlds side by side (default: as many as the node holds; docs/soak.md).
+WORLDS ?=
 # Test workers: one per core, at most 8 (each test may start two or three rank processes).
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
 # Modules the runs and tests import, as "module=distribution".
@@ -49,7 +51,7 @@ $(VENV)/.ready: pyproject.toml
 # 70 streamfuzz crashed, 130 interrupted) fails the target.
 fuzz: $(VENV)/.ready
 	@$(PY) -m fuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
-		--report reports/fuzz.json; rc=$$?; test $$rc -le 1
+		--report reports/fuzz.json $(if $(WORLDS),--worlds $(WORLDS)); rc=$$?; test $$rc -le 1
 
 # vLLM's own PPHandler (docs/vllm.md): VLLM's wheel is fetched
 # without dependencies into the cache if absent, then vllm-pp (and, for
@@ -67,7 +69,8 @@ vllm-fetch: $(VENV)/.ready
 # SOAK_OUT resumes it. Report, plot and log land in SOAK_OUT, failures in corpus/.
 soak: $(VENV)/.ready
 	@$(PY) -m fuzz soak --device auto --budget $(BUDGET) --out $(SOAK_OUT) \
-		$(if $(TARGETS),--target $(TARGETS)); rc=$$?; test $$rc -le 1
+		$(if $(TARGETS),--target $(TARGETS)) $(if $(WORLDS),--worlds $(WORLDS)); \
+		rc=$$?; test $$rc -le 1
 
 test: $(VENV)/.ready
 	$(PY) -m pytest -n $(JOBS) -q
