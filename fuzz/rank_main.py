@@ -40,14 +40,13 @@ from fuzz.draft.runner import run_scenario
 from fuzz.draft.scenario import CHURN_DTYPES, Scenario
 from fuzz.errors import FuzzError
 from fuzz.gates import Gates, GateUnavailable
-from fuzz.host import rss_bytes
+from fuzz.host import EARLY_START_ENV, die_with_parent, rss_bytes
 from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.protocol import RankEnv
 from fuzz.sim import gloo_threads
 from fuzz.sites import display_path
 from fuzz.streams import CudaStreams, SimStreams
-from fuzz.zygote import EARLY_START_ENV, die_with_parent
 
 
 def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:

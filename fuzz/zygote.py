@@ -44,6 +44,7 @@ import time
 from typing import TYPE_CHECKING
 
 from fuzz.errors import FuzzError
+from fuzz.host import EARLY_START_ENV, REPO, count_gpus_with, die_with_parent
 
 if TYPE_CHECKING:  # the driver imports this first thing: only what it must
     from pathlib import Path
@@ -55,12 +56,6 @@ ENV = "STREAMFUZZ_ZYGOTE"
 EARLY_ENV = "STREAMFUZZ_EARLY_CUDA"
 """Set to 0 to fork every CUDA rank from the zygote (early ranks' off switch),
 to ``context`` to have early ranks start CUDA's context but not NCCL."""
-
-EARLY_START_ENV = "STREAMFUZZ_EARLY_START"
-"""Set in an early rank: JSON, seconds each piece it started beside its imports
-took, and how long it then waited for its request (``early_idle``)."""
-
-_REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 class ZygoteError(FuzzError, RuntimeError):
@@ -189,7 +184,7 @@ class Zygote:
 
 def _own_env(env: dict[str, str]) -> dict[str, str]:
     env = dict(env, PYTHONUNBUFFERED="1", STREAMFUZZ_PARENT=str(os.getpid()))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -261,6 +256,7 @@ def prestart(argv: list[str]) -> None:
         import atexit
 
         atexit.register(_discard)
+        count_gpus_with(early_gpus)
 
 
 def _cuda_ranks(argv: list[str]) -> int:
@@ -612,25 +608,6 @@ def _rank(rank_main: Any, req: dict[str, Any], fds: tuple[int, ...], start_cwd: 
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def die_with_parent(parent: int | None = None) -> None:
-    """A process the driver started (a spawned rank, the zygote, through it a
-    forked rank) must not outlive its parent, ``STREAMFUZZ_PARENT`` unless
-    ``parent`` is given: a driver killed with -9 would otherwise leave a spare
-    world waiting forever."""
-    if parent is None:
-        parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(0)
 
 
 if __name__ == "__main__":
