@@ -171,12 +171,12 @@ def memory(device: torch.device) -> Memory:
     return Memory(rss_bytes())
 
 
-# Frames that are never the user's: the harness (fuzz/*.py, the seam's, the
-# simulation's and each protocol's own modules, not the targets' folders),
-# torch and the standard library.
+# Frames that are never the user's: the harness (fuzz/*.py, the zygote's that
+# forked the rank, the seam's, the simulation's and each protocol's own modules,
+# not the targets' folders), torch and the standard library.
 _FUZZ_DIR = os.path.dirname(os.path.abspath(__file__))
 _HARNESS_DIRS = tuple(os.path.join(_FUZZ_DIR, *sub) + os.sep for sub in
-                      ((), ("protocol",), ("sim",), ("draft",), ("weight_sync",)))
+                      ((), ("zygote",), ("protocol",), ("sim",), ("draft",), ("weight_sync",)))
 _NOT_USER = (os.path.dirname(torch.__file__) + os.sep,
              os.path.dirname(os.__file__) + os.sep)
 
