@@ -473,6 +473,7 @@ class _Campaign:
         self.calls += 1
         result = self.result
         if self.mode == "replay":
+            assert self.deferred is not None and self.deferred_verdict is not None  # set by ahead
             same = (self.calls <= len(self.digests)
                     and _digest(scenario) == self.digests[self.calls - 1])
             if same and self.calls < self.deferred:

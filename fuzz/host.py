@@ -1,28 +1,44 @@
 """Facts about this machine that the driver needs before and beside its ranks:
 how many GPUs there are (without loading CUDA here), how many CPU ranks fit,
 this process's resident memory, a free local port, a ``host:port``, where
-the project lives."""
+the project lives; and what every process the driver starts shares with it:
+it dies with its parent, and an early rank's start is told in ``EARLY_START_ENV``."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-
-from fuzz import zygote
 
 REPO = Path(__file__).resolve().parent.parent
 """The directory that holds the ``fuzz`` package: put on a spawned rank's
 path, and cut from the frames a finding names."""
 
 
+EARLY_START_ENV = "STREAMFUZZ_EARLY_START"
+"""Set in an early rank: JSON, seconds each piece it started beside its imports
+took, and how long it then waited for its request (``early_idle``)."""
+
+_first_counter: Callable[[], int | None] | None = None
+
+
+def count_gpus_with(counter: Callable[[], int | None]) -> None:
+    """Have ``probe_gpus`` ask ``counter`` first: a process that has imported
+    torch already (the zygote ``python -m fuzz run`` starts early) counts at no
+    cost; None from it means that a throwaway process counts instead."""
+    global _first_counter
+    _first_counter = counter
+
+
 def probe_gpus() -> int:
     """Count GPUs in another process, so the driver itself never loads CUDA: the
-    zygote ``python -m fuzz run`` started early where there is one, else a
-    throwaway process."""
-    gpus = zygote.early_gpus()
+    one offered through ``count_gpus_with`` where there is one, else a throwaway
+    process."""
+    gpus = _first_counter() if _first_counter is not None else None
     if gpus is not None:
         return gpus
     code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
@@ -83,10 +99,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-
 def parse_address(text: str) -> tuple[str, int]:
     """``host:port`` -> ``(host, port)``; raises ValueError with the reason."""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r} is not host:port")
     return host, int(port)
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """A process the driver started (a spawned rank, the zygote, through it a
+    forked rank) must not outlive its parent, ``STREAMFUZZ_PARENT`` unless
+    ``parent`` is given: a driver killed with -9 would otherwise leave a spare
+    world waiting forever."""
+    if parent is None:
+        parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)

@@ -40,14 +40,13 @@ from fuzz.draft.runner import run_scenario
 from fuzz.draft.scenario import CHURN_DTYPES, Scenario
 from fuzz.errors import FuzzError
 from fuzz.gates import Gates, GateUnavailable
-from fuzz.host import rss_bytes
+from fuzz.host import EARLY_START_ENV, die_with_parent, rss_bytes
 from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
 from fuzz.options import Hold, Oracle, RunOptions
 from fuzz.protocol import RankEnv
 from fuzz.sim import gloo_threads
 from fuzz.sites import display_path
 from fuzz.streams import CudaStreams, SimStreams
-from fuzz.zygote import EARLY_START_ENV, die_with_parent
 
 
 def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
@@ -172,12 +171,12 @@ def memory(device: torch.device) -> Memory:
     return Memory(rss_bytes())
 
 
-# Frames that are never the user's: the harness (fuzz/*.py, the seam's, the
-# simulation's and each protocol's own modules, not the targets' folders),
-# torch and the standard library.
+# Frames that are never the user's: the harness (fuzz/*.py, the zygote's that
+# forked the rank, the seam's, the simulation's and each protocol's own modules,
+# not the targets' folders), torch and the standard library.
 _FUZZ_DIR = os.path.dirname(os.path.abspath(__file__))
 _HARNESS_DIRS = tuple(os.path.join(_FUZZ_DIR, *sub) + os.sep for sub in
-                      ((), ("protocol",), ("sim",), ("draft",), ("weight_sync",)))
+                      ((), ("zygote",), ("protocol",), ("sim",), ("draft",), ("weight_sync",)))
 _NOT_USER = (os.path.dirname(torch.__file__) + os.sep,
              os.path.dirname(os.__file__) + os.sep)
 

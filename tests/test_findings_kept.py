@@ -159,7 +159,7 @@ def test_ctrl_c_while_the_ranks_start_reports_that_no_target_ran(tmp_path, monke
                                                                  sigint_raises):
     """A real SIGINT once the ranks are spawned and the driver waits for them:
     the report is written (no target ran), the ranks and their logs are gone."""
-    real = ranks._World.accept
+    real = ranks.World.accept
     seen = []
 
     def accept(self, world_size, timeout):
@@ -167,7 +167,7 @@ def test_ctrl_c_while_the_ranks_start_reports_that_no_target_ran(tmp_path, monke
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         return real(self, world_size, timeout)
 
-    monkeypatch.setattr(ranks._World, "accept", accept)
+    monkeypatch.setattr(ranks.World, "accept", accept)
     data = _interrupted_before_any_target(tmp_path, capsys, "cpu",
                                           "interrupted while the 2 ranks were starting")
     assert data["device"] == "cpu"

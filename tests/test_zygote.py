@@ -14,6 +14,8 @@ import pytest
 from fuzz import driver, host, zygote
 from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
+from fuzz.zygote import early as early_ranks
+from fuzz.zygote import serve
 from tests.helpers import ROOT, parent_pid
 
 _STEP = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0))
@@ -138,7 +140,7 @@ def test_the_gpu_count_says_whether_the_zygote_still_forks(monkeypatch, compiled
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: nvml)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: touched.append(1) or cuda > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda)
-    assert zygote._count_gpus() == expect
+    assert serve._count_gpus() == expect
     assert bool(touched) == (compiled and nvml < 0)
 
 
@@ -242,7 +244,7 @@ def test_an_early_rank_starts_nccl_with_the_library_torch_loaded(monkeypatch, lo
     fake = _FakeNccl(loads_after, init_result)
     monkeypatch.setattr(ctypes, "CDLL", fake.cdll)
     imported, took = threading.Event(), []
-    thread = threading.Thread(target=lambda: took.append(zygote._start_nccl(2, imported)))
+    thread = threading.Thread(target=lambda: took.append(early_ranks._start_nccl(2, imported)))
     thread.start()
     deadline = time.monotonic() + 30  # the import runs: it looks until the library is there
     while fake.looks <= min(loads_after, 5) and time.monotonic() < deadline:
@@ -264,8 +266,8 @@ def test_the_early_start_pieces_follow_the_switch(monkeypatch, switch, pieces):
     import threading
 
     monkeypatch.setenv(zygote.EARLY_ENV, switch)
-    monkeypatch.setattr(zygote, "_make_context", lambda index: 0.1)
-    monkeypatch.setattr(zygote, "_start_nccl", lambda index, imported: 0.2)
+    monkeypatch.setattr(early_ranks, "_make_context", lambda index: 0.1)
+    monkeypatch.setattr(early_ranks, "_start_nccl", lambda index, imported: 0.2)
     took: dict[str, float] = {}
-    zygote._start_beside(0, took, threading.Event())
+    early_ranks._start_beside(0, took, threading.Event())
     assert list(took) == pieces

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from fuzz.draft.context import Batch, TargetContext
-from fuzz.draft.targets.pp_draft import MainGather
+from fuzz.draft.targets.pp_draft import MainGather, sampled
 
 
 class MissingWait(MainGather):
@@ -34,7 +34,7 @@ class WrongRecordStream(MainGather):
     reads them: they are freed while the broadcast is queued (lifetime)."""
 
     def _send_sampled(self, batch: Batch) -> None:
-        for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected):
+        for t in sampled(batch):
             t.record_stream(self.main)
             self._bcast(t)
 
@@ -167,7 +167,7 @@ class HostReadUnsynced(MainGather):
         send = super()._send(draft_table, batch)
         with torch.cuda.stream(self.side):
             counts = torch.empty(batch.num_reqs, dtype=torch.int32, pin_memory=True)
-            counts.copy_(batch.num_rejected, non_blocking=True)
+            counts.copy_(sampled(batch).num_rejected, non_blocking=True)
         self.main.wait_stream(self.side)
         self.rejected += sum(counts.tolist())
         return send

@@ -11,7 +11,7 @@ in how the last rank gathers the rows it sends (see each class).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,7 @@ class DraftBroadcast:
 
     def _send_sampled(self, batch: Batch) -> None:
         """Broadcast tokens and counts on the side stream (the current stream)."""
-        for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected):
+        for t in sampled(batch):
             t.record_stream(self.side)
             self._bcast(t)
 
@@ -129,11 +129,11 @@ class MainGatherSynced(MainGather):
     make these waits run out their bound."""
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        self.rejected = int(batch.num_rejected.sum().item())
+        self.rejected = int(sampled(batch).num_rejected.sum().item())
         send = self._rows(draft_table, batch)
         with torch.cuda.stream(self.side):
             self.side.wait_stream(self.main)
-            for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
+            for t in (*sampled(batch), send):
                 self._bcast(t)
         self.side.synchronize()
         return send
@@ -158,3 +158,19 @@ def main_gather(ctx: TargetContext) -> MainGather:
 
 def main_gather_synced(ctx: TargetContext) -> MainGatherSynced:
     return MainGatherSynced(ctx)
+
+
+class Sampled(NamedTuple):
+    """A step's sampling tensors, as the last rank broadcasts them."""
+
+    tokens: torch.Tensor
+    num_sampled: torch.Tensor
+    num_rejected: torch.Tensor
+
+
+def sampled(batch: Batch) -> Sampled:
+    """The step's sampling tensors, which the harness hands the last rank alone."""
+    tokens, num_sampled, num_rejected = batch.sampled_tokens, batch.num_sampled, batch.num_rejected
+    if tokens is None or num_sampled is None or num_rejected is None:
+        raise ValueError(f"step {batch.step} has no sampling tensors: only the last rank sends")
+    return Sampled(tokens, num_sampled, num_rejected)

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from fuzz.draft.context import Batch, TargetContext
+from fuzz.draft.targets.pp_draft import sampled
 
 
 class DraftBroadcast:
@@ -42,7 +43,7 @@ class DraftBroadcast:
 
     def _send_sampled(self, batch: Batch) -> None:
         """Broadcast tokens and counts on the side stream (the current stream)."""
-        for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected):
+        for t in sampled(batch):
             t.record_stream(self.side)
             self._bcast(t)
 

@@ -47,6 +47,7 @@ import hypothesis
 from hypothesis import Phase
 
 from fuzz import corpus, driver, profiles, stages, stages_report, targets
+from fuzz.bench.report import fmt, markdown
 from fuzz.draft import PROTOCOL as DRAFT
 from fuzz.draft.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn, Delay, Scenario, Step
 from fuzz.draft.strategies.scenarios import scenarios
@@ -133,17 +134,18 @@ def crafted(bug: str, world_size: int, cycles: int = 1_000_000) -> Scenario:
     step's drafter has rewritten the same rows.
     """
     n = 4
-    base = dict(idx_mapping=tuple(range(n)), idx_dtype="int64", final=(True,) * n,
+    base = Step(idx_mapping=tuple(range(n)), idx_dtype="int64", final=(True,) * n,
                 num_sampled=(1,) * n, num_rejected=(0,) * n)
+    steps: tuple[Step, ...]
     if bug == "reuse":
         hold = Delay("pre_call", "side", cycles, until="after_churn")
         # Several same-class blocks, kept: whichever free block the allocator
         # picks first, idx_mapping's is among those handed out.
         churn = tuple(Churn("main", n, "int64", 1, True) for _ in range(4))
-        steps = (Step(**base, churn=churn, delays=(hold,)),)
+        steps = (replace(base, churn=churn, delays=(hold,)),)
     else:
         hold = Delay("pre_call", "side", cycles, until="before_next_call")
-        steps = (Step(**base, delays=(hold,)), Step(**base))
+        steps = (replace(base, delays=(hold,)), base)
     return Scenario(world_size=world_size, max_num_reqs=8, num_spec_steps=2, steps=steps)
 
 
@@ -173,7 +175,7 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
     first: list[Scenario] = []
     for seed in range(max(1, seeds)):
         drawn: list[Scenario] = []
-        strategy = scenarios(world_size=pool.world_size).map(lambda s, d=drawn: d.append(s) or s)
+        strategy = scenarios(world_size=pool.world_size).map(_kept_in(drawn))
         before = _reserved_mib(pool)
         fz = driver.fuzz(pool, target, _settings(True), max_examples=examples, seed=seed,
                          strategy=strategy, options=options, stop_on_failure=False)
@@ -217,6 +219,14 @@ def throughput(pool: RankPool, target: str, examples: int, seeds: int = 1,
                            "reuse": per_oracle["value+reuse"] - per_oracle["value"],
                            "lifetime": per_oracle["all"] - per_oracle["value+reuse"]},
     }
+
+
+def _kept_in(drawn: list[Scenario]) -> Callable[[Scenario], Scenario]:
+    """A map for a strategy that keeps what it draws in ``drawn``."""
+    def keep(scenario: Scenario) -> Scenario:
+        drawn.append(scenario)
+        return scenario
+    return keep
 
 
 def breakdown(device: str, world: int, target: str, examples: int,
@@ -332,14 +342,16 @@ def first_failure(device: str, world: int, target: str, seed: int, max_examples:
                           options=options, shrink_budget_s=shrink_budget_s)
         gates = pool.info[0].gates if pool.info else None
         setup = pool.info[0].setup_s if pool.info else None
-    found = res.failure is not None
+    failure = res.failure
+    seen = res.first_failure_s if failure is not None else None
     return {
-        "seed": seed, "found": found, "kind": res.failure.kind if found else None,
+        "seed": seed, "found": failure is not None,
+        "kind": failure.kind if failure is not None else None,
         "start_s": start_s, "examples": res.first_failure_examples,
         "fuzz_s": res.first_failure_s,
-        "cold_s": start_s + res.first_failure_s if found else None,
-        "shrink_s": (res.elapsed_s - res.first_failure_s
-                     if found and shrink_budget_s is not None else None),
+        "cold_s": start_s + seen if seen is not None else None,
+        "shrink_s": (res.elapsed_s - seen
+                     if seen is not None and shrink_budget_s is not None else None),
         "shrink_truncated": res.shrink_truncated,
         "examples_run": res.examples, "held_by": res.held, "gates": gates,
         "rank_setup_s": setup,
@@ -404,11 +416,17 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
     every stage, so a run cut short still leaves its tables behind. ``waiting``:
     see ``throughput``.
     """
-    save = save or (lambda _: None)
     report: dict[str, Any] = {"machine": {"host": platform.node(), "cpu": platform.processor()
                                           or platform.machine(),
                                           "python": platform.python_version()},
                               "hypothesis": hypothesis.__version__, "runs": []}
+    keep = save or (lambda _: None)
+    plan = _Plan(seeds=seeds, examples=examples, detect_examples=detect_examples,
+                 random_examples=random_examples, oracle_examples=oracle_examples,
+                 ff_examples=ff_examples, ff_budget_s=ff_budget_s,
+                 shrink_budget_s=shrink_budget_s, warmup_examples=warmup_examples,
+                 waiting=waiting, timeout=timeout, options=options, log=log,
+                 checkpoint=lambda: keep(report))
     for device in devices:
         world = (world_sizes or {}).get(device, 2 if device == "cpu" else 1)
         run_info: dict[str, Any] = {"device": device, "world_size": world,
@@ -416,79 +434,111 @@ def run(devices: Sequence[str], names: Sequence[str], *, seeds: int = 5, example
         report["runs"].append(run_info)
         # Cold starts first: the headline numbers survive a run cut short.
         for row in run_info["targets"]:
-            name = row["target"]
-            if name in targets.CORRECT:
-                continue
-            runs = [first_failure(device, world, name, seed, ff_examples, ff_budget_s,
-                                  options, timeout,
-                                  shrink_budget_s if seed == 0 else None)
-                    for seed in range(seeds)]
-            row["first_failure"] = {
-                "seeds": runs, "found": sum(r["found"] for r in runs),
-                "median_examples": _median([r["examples"] for r in runs]),
-                "median_cold_s": _median([r["cold_s"] for r in runs]),
-                "median_start_s": _median([r["start_s"] for r in runs]),
-                "median_shrink_s": _median([r["shrink_s"] for r in runs]),
-                "shrink_truncated": any(r["shrink_truncated"] for r in runs),
-                "gates": runs[0]["gates"],
-            }
-            log(f"[{device}] {name}: first failure found {row['first_failure']['found']}/"
-                f"{seeds}, median cold {row['first_failure']['median_cold_s']}, "
-                f"gates: {runs[0]['gates']}")
-            save(report)
-            procs = [from_process_start(device, world, name, seed, ff_examples, ff_budget_s,
-                                        options, timeout) for seed in range(seeds)]
-            row["from_process_start"] = {
-                "seeds": procs, "found": sum(p["found"] for p in procs),
-                "median_s": _median([p["s"] for p in procs]),
-                "median_examples": _median([p["examples"] for p in procs])}
-            log(f"[{device}] {name}: from process start, found "
-                f"{row['from_process_start']['found']}/{seeds}, median "
-                f"{row['from_process_start']['median_s']} s")
-            save(report)
-        t0 = time.perf_counter()
-        with RankPool(world, device, timeout=timeout) as pool:
-            info = pool.info[0] if pool.info else None
-            run_info.update({"device_name": info.device_name if info else None,
-                             "torch": info.torch if info else None,
-                             "backend": info.backend if info else None,
-                             "gates": info.gates if info else None,
-                             "warm_start_s": time.perf_counter() - t0})
-            log(f"[{device}] world {world}, {run_info['device_name']}, gates: {run_info['gates']}")
-            # Warm up first (imports, strategy caches, the ranks' allocators), so
-            # that the first target's numbers are not the warm-up's.
-            driver.fuzz(pool, "main-gather", _settings(True), max_examples=warmup_examples,
-                        seed=99, options=options, stop_on_failure=False)
-            rng = random.Random(1234)
-            random_batch = [random_scenario(rng, world) for _ in range(random_examples)]
-            for row in run_info["targets"]:
-                name = row["target"]
-                tp = row["throughput"] = throughput(pool, name, examples, seeds=seeds,
-                                                    options=options,
-                                                    oracle_examples=oracle_examples,
-                                                    waiting=waiting)
-                grew = [pair for pair in tp["per_seed"]["gpu_reserved_mib"] if None not in pair]
-                log(f"  {name}: fuzzer {tp['fuzzer_ex_s']:.1f} ex/s (waiting for each "
-                    f"verdict {_fmt(tp['waiting_ex_s'])}), loop {tp['loop_ex_s']:.1f} ex/s "
-                    f"(medians of {tp['seeds']} seeds)" + (
-                        "; rank 0 reserved MiB, each seed's fuzzer run before -> after: "
-                        + ", ".join(f"{a} -> {b}" for a, b in grew) if grew else ""))
-                save(report)
-                if device == "cpu":
-                    continue  # simulated streams: nothing manifests, nothing to hold
-                row["detection"] = {
-                    "crafted": detection(pool, name, [crafted(
-                        "reuse" if name == "pre-fix" else "war", world)] * detect_examples),
-                    "random": detection(pool, name, random_batch),
-                }
-                log(f"  {name}: detection {row['detection']}")
-                save(report)
+            if row["target"] not in targets.CORRECT:
+                _cold_starts(plan, device, world, row)
+        _on_a_warm_pool(plan, device, world, run_info)
         # Last, on fresh ranks that count their stages (a cost the rows above do not pay).
         for row in run_info["targets"]:
             row["stages"] = breakdown(device, world, row["target"], examples, options, timeout)
             log(f"  {row['target']}: stages per example {_stage_line(row['stages'])}")
-            save(report)
+            plan.checkpoint()
     return report
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What ``run`` was asked for, as each of its stages reads it; ``checkpoint``
+    hands the report as it stands to ``run``'s ``save``."""
+
+    seeds: int
+    examples: int
+    detect_examples: int
+    random_examples: int
+    oracle_examples: int
+    ff_examples: int
+    ff_budget_s: float
+    shrink_budget_s: float
+    warmup_examples: int
+    waiting: bool
+    timeout: float
+    options: RunOptions
+    log: Log
+    checkpoint: Callable[[], None]
+
+
+def _cold_starts(plan: _Plan, device: str, world: int, row: dict[str, Any]) -> None:
+    """``row``'s first failures from a cold start, per seed: on fresh pools,
+    then from a fresh ``python -m fuzz run`` process."""
+    name = row["target"]
+    runs = [first_failure(device, world, name, seed, plan.ff_examples, plan.ff_budget_s,
+                          plan.options, plan.timeout,
+                          plan.shrink_budget_s if seed == 0 else None)
+            for seed in range(plan.seeds)]
+    row["first_failure"] = {
+        "seeds": runs, "found": sum(r["found"] for r in runs),
+        "median_examples": _median([r["examples"] for r in runs]),
+        "median_cold_s": _median([r["cold_s"] for r in runs]),
+        "median_start_s": _median([r["start_s"] for r in runs]),
+        "median_shrink_s": _median([r["shrink_s"] for r in runs]),
+        "shrink_truncated": any(r["shrink_truncated"] for r in runs),
+        "gates": runs[0]["gates"],
+    }
+    plan.log(f"[{device}] {name}: first failure found {row['first_failure']['found']}/"
+             f"{plan.seeds}, median cold {row['first_failure']['median_cold_s']}, "
+             f"gates: {runs[0]['gates']}")
+    plan.checkpoint()
+    procs = [from_process_start(device, world, name, seed, plan.ff_examples, plan.ff_budget_s,
+                                plan.options, plan.timeout) for seed in range(plan.seeds)]
+    row["from_process_start"] = {
+        "seeds": procs, "found": sum(p["found"] for p in procs),
+        "median_s": _median([p["s"] for p in procs]),
+        "median_examples": _median([p["examples"] for p in procs])}
+    plan.log(f"[{device}] {name}: from process start, found "
+             f"{row['from_process_start']['found']}/{plan.seeds}, median "
+             f"{row['from_process_start']['median_s']} s")
+    plan.checkpoint()
+
+
+def _on_a_warm_pool(plan: _Plan, device: str, world: int, run_info: dict[str, Any]) -> None:
+    """Every target's throughput and (off CPU) detection rates, on one pool."""
+    t0 = time.perf_counter()
+    with RankPool(world, device, timeout=plan.timeout) as pool:
+        info = pool.info[0] if pool.info else None
+        run_info.update({"device_name": info.device_name if info else None,
+                         "torch": info.torch if info else None,
+                         "backend": info.backend if info else None,
+                         "gates": info.gates if info else None,
+                         "warm_start_s": time.perf_counter() - t0})
+        plan.log(f"[{device}] world {world}, {run_info['device_name']}, "
+                 f"gates: {run_info['gates']}")
+        # Warm up first (imports, strategy caches, the ranks' allocators), so
+        # that the first target's numbers are not the warm-up's.
+        driver.fuzz(pool, "main-gather", _settings(True), max_examples=plan.warmup_examples,
+                    seed=99, options=plan.options, stop_on_failure=False)
+        rng = random.Random(1234)
+        random_batch = [random_scenario(rng, world) for _ in range(plan.random_examples)]
+        for row in run_info["targets"]:
+            name = row["target"]
+            tp = row["throughput"] = throughput(pool, name, plan.examples, seeds=plan.seeds,
+                                                options=plan.options,
+                                                oracle_examples=plan.oracle_examples,
+                                                waiting=plan.waiting)
+            grew = [pair for pair in tp["per_seed"]["gpu_reserved_mib"] if None not in pair]
+            plan.log(f"  {name}: fuzzer {tp['fuzzer_ex_s']:.1f} ex/s (waiting for each "
+                     f"verdict {fmt(tp['waiting_ex_s'])}), loop {tp['loop_ex_s']:.1f} ex/s "
+                     f"(medians of {tp['seeds']} seeds)" + (
+                         "; rank 0 reserved MiB, each seed's fuzzer run before -> after: "
+                         + ", ".join(f"{a} -> {b}" for a, b in grew) if grew else ""))
+            plan.checkpoint()
+            if device == "cpu":
+                continue  # simulated streams: nothing manifests, nothing to hold
+            row["detection"] = {
+                "crafted": detection(pool, name, [crafted(
+                    "reuse" if name == "pre-fix" else "war", world)] * plan.detect_examples),
+                "random": detection(pool, name, random_batch),
+            }
+            plan.log(f"  {name}: detection {row['detection']}")
+            plan.checkpoint()
 
 
 def _stage_line(b: dict[str, Any]) -> str:
@@ -496,86 +546,6 @@ def _stage_line(b: dict[str, Any]) -> str:
         return ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
     return "; ".join([f"driver: {ms(b['driver'])}"]
                      + [f"rank {r}: {ms(v)}" for r, v in enumerate(b["ranks"])])
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _api_cell(tp: dict[str, Any] | None) -> str:
-    """``ratio (plain / streams)``: the median ratio of the rounds, and each side's median."""
-    form = tp.get("api_forms") if tp else None
-    if not form:
-        return "-"
-    return (f"{form['ratio']:.2f} ({form['plain_ex_s']:.1f} / "
-            f"{form['streams_ex_s']:.1f})")
-
-
-def markdown(report: dict[str, Any]) -> str:
-    """The tables the README quotes (stages not run yet show as '-')."""
-    lines = []
-    for r in report["runs"]:
-        lines += [f"### {r['device']}: {r.get('device_name')}, world size {r['world_size']}, "
-                  f"{r.get('backend')}, torch {r.get('torch')}, gates: {r.get('gates')}", "",
-                  "| target | fuzzer ex/s | waiting ex/s | loop ex/s | fuzzer/loop | held by | "
-                  "value oracle "
-                  "ms/ex | reuse oracle ms/ex | lifetime oracle ms/ex | found (seeds) | "
-                  "examples to 1st failure | s to 1st failure (cold) | of which start s | "
-                  "s to 1st failure from process start | shrink s | "
-                  "torch.cuda / ctx.streams ex/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for t in r["targets"]:
-            tp, ff = t.get("throughput"), t.get("first_failure") or {}
-            proc = t.get("from_process_start") or {}
-            cost = tp["oracle_cost_ms"] if tp else {}
-            seeds = len(ff.get("seeds", []))
-            lines.append(
-                f"| {t['target']} | {_fmt(tp and tp['fuzzer_ex_s'])} | "
-                f"{_fmt(tp and tp.get('waiting_ex_s'))} | {_fmt(tp and tp['loop_ex_s'])} | "
-                f"{_fmt(tp and tp['ratio'], 2)} | "
-                f"{', '.join(tp['held_by']) if tp and tp['held_by'] else '-'} | "
-                f"{_fmt(cost.get('value'), 2)} | {_fmt(cost.get('reuse'), 2)} | "
-                f"{_fmt(cost.get('lifetime'), 2)} | "
-                f"{(str(ff['found']) + '/' + str(seeds)) if ff else '-'} | "
-                f"{_fmt(ff.get('median_examples'), 0)} | {_fmt(ff.get('median_cold_s'), 2)} | "
-                f"{_fmt(ff.get('median_start_s'), 2)} | {_fmt(proc.get('median_s'), 2)} | "
-                f"{'>' if ff.get('shrink_truncated') else ''}"
-                f"{_fmt(ff.get('median_shrink_s'), 2)} | {_api_cell(tp)} |")
-        breakdowns = [t["stages"] for t in r["targets"] if t.get("stages")]
-        if breakdowns:
-            lines += ["", f"Where the time goes (ms per example, stage counters, "
-                      f"{breakdowns[0]['examples']} examples of seed 0):", ""]
-            lines += stages_report.table(breakdowns)
-            cpu = stages_report.cpu_table(breakdowns)
-            if cpu:
-                lines += ["", "CPU ms per example by thread (the same run; `/proc`):", ""] + cpu
-        if r["device"] == "cpu":
-            lines += ["", "Detection with gates and spins: not on CPU, whose streams are "
-                      "simulated (a race never shows in the values there; the lifetime "
-                      "oracle finds it from the order of events).", ""]
-            continue
-        lines += ["", "| target | crafted: gates | crafted: spins (1e6 cycles) | random: gates | "
-                  "random: spins |", "|---|---|---|---|---|"]
-        for t in r["targets"]:
-            det = t.get("detection")
-            if not det:
-                lines.append(f"| {t['target']} | - | - | - | - |")
-                continue
-            c, q = det["crafted"], det["random"]
-            lines.append(f"| {t['target']} | {c['gate']}/{c['examples']} | "
-                         f"{c['spin']}/{c['examples']} | {q['gate']}/{q['examples']} | "
-                         f"{q['spin']}/{q['examples']} |")
-        lines.append("")
-    lines.append(f"Medians over seeds (shrink: first seed only, '>' when its bound cut it "
-                 f"short); oracle costs over the first examples of the throughput run; "
-                 f"torch.cuda / ctx.streams: the built-in version against its ctx.streams "
-                 f"form on the same scenarios, median of alternating rounds; "
-                 f"host {report['machine']['host']}, Hypothesis {report['hypothesis']}.")
-    return "\n".join(lines) + "\n"
 
 
 def write(out: Path, report: dict[str, Any]) -> tuple[Path, Path]:

@@ -2,31 +2,27 @@
 
 The driver never touches a device: it only talks to ranks over local sockets.
 Ranks are started once and reused; a rank that dies or hangs costs one restart
-of the whole world (a process group cannot take a new member), and the example
-that did it becomes a ``crash`` or ``hang`` finding.
+of the whole world (a process group cannot take a new member, ``fuzz.ranks.world``),
+and the example that did it becomes a ``crash`` or ``hang`` finding.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import secrets
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Listener, wait
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import collectives, crash_text, host, messages, stages, zygote
-from fuzz.errors import BadInput
+from fuzz import crash_text, messages, stages, zygote
 from fuzz.messages import (
     Done,
-    Hello,
     Memory,
     Observations,
     Raised,
@@ -34,15 +30,11 @@ from fuzz.messages import (
     Run,
     Stats,
     StatsReply,
-    Stop,
 )
 from fuzz.options import DEFAULT, RunOptions
+from fuzz.ranks.world import RankStartError, World, WorldSpec
 from fuzz.verdict import Failure
-from fuzz.zygote import ForkedRank, Zygote, ZygoteError
-
-
-class RankStartError(BadInput, RuntimeError):
-    """The ranks could not be brought up (bad device, NCCL/gloo init failure)."""
+from fuzz.zygote import ForkedRank, Zygote
 
 
 @dataclass
@@ -70,165 +62,6 @@ def _port_taken(message: str) -> bool:
     return "EADDRINUSE" in message or "address already in use" in message.lower()
 
 
-class _World:
-    """One set of rank processes sharing a process group and a listener."""
-
-    def __init__(self, pool: RankPool, generation: int) -> None:
-        self.generation = generation
-        self.procs: list[subprocess.Popen | ForkedRank] = []
-        self.conns: list[Connection] = []
-        self.info: list[RankInfo] = []
-        self.logs: list[Path] = []
-        self.stacks: list[Path] = []
-        if pool.listen is not None:
-            # Ranks started by someone else (torchrun): listen where they were told.
-            self.authkey = pool.authkey
-            self.listener = Listener(pool.listen, authkey=self.authkey)
-            return
-        self.authkey = secrets.token_bytes(16)
-        self.listener = Listener(("127.0.0.1", 0), authkey=self.authkey)
-        base = dict(os.environ)
-        base.update(pool.extra_env)
-        address, port = self.listener.address
-        base.update({
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(host.free_port()),
-            "WORLD_SIZE": str(pool.world_size), "STREAMFUZZ_DEVICE": pool.device,
-            "STREAMFUZZ_DRIVER": f"{address}:{port}",
-            "STREAMFUZZ_AUTHKEY": self.authkey.hex(), "PYTHONUNBUFFERED": "1",
-            "STREAMFUZZ_PARENT": str(os.getpid()),
-            "STREAMFUZZ_SPAWNED_AT": repr(time.time()),
-        })
-        base["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(host.REPO), base.get("PYTHONPATH")) if p)
-        if pool.device == "cpu":
-            base.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        pool.logdir.mkdir(parents=True, exist_ok=True)  # a closed pool started again
-        envs = []
-        for rank in range(pool.world_size):
-            log = pool.logdir / f"rank{rank}.{generation}.log"
-            stacks = log.with_suffix(".stacks")
-            envs.append(dict(base, RANK=str(rank), LOCAL_RANK=str(rank),
-                             STREAMFUZZ_STACKS=str(stacks)))
-            self.logs.append(log)
-            self.stacks.append(stacks)
-            log.write_bytes(b"")
-        forker = pool._zygote_for_world()
-        if forker is not None:
-            try:
-                for env, log in zip(envs, self.logs):
-                    self.procs.append(forker.fork(
-                        dict(env, STREAMFUZZ_PARENT=str(forker.proc.pid)), log,
-                        pool.startup_timeout))
-                return
-            except BaseException as exc:
-                for p in self.procs:  # spawn the whole world instead (or give up)
-                    p.kill()
-                    p.wait()
-                self.procs = []
-                if not isinstance(exc, ZygoteError):
-                    self.listener.close()
-                    raise
-        for env, log in zip(envs, self.logs):
-            with open(log, "wb") as fh:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "fuzz.rank_main"], env=env, stdout=fh,
-                    stderr=subprocess.STDOUT, start_new_session=True))
-
-    def accept(self, world_size: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        conns: dict[int, tuple[Connection, RankInfo]] = {}
-        sock = self.listener._listener._socket  # accept() has no timeout of its own
-        try:
-            while len(conns) < world_size:
-                for rank, p in enumerate(self.procs):
-                    if p.poll() is not None:
-                        how = crash_text.signal_name(p.returncode)
-                        raise RankStartError(f"rank {rank} {how} while starting: {self.tail(rank)}")
-                if time.monotonic() > deadline:
-                    raise RankStartError(f"ranks did not start within {timeout:.0f}s: "
-                                         f"{self.tail(0)}")
-                sock.settimeout(0.5)
-                try:
-                    conn = self.listener.accept()
-                except TimeoutError:
-                    continue
-                msg = conn.recv()
-                try:
-                    info = messages.handler(_JOIN, msg, "a joining rank")(msg)
-                except messages.UnknownMessageError as exc:
-                    raise RankStartError(str(exc)) from None
-                if info.world_size != world_size:
-                    raise RankStartError(f"a rank joined a world of {info.world_size} "
-                                         f"ranks; this driver expects {world_size}")
-                conns[info.rank] = (conn, info)
-        finally:
-            self.listener.close()
-        self.conns = [conns[r][0] for r in range(world_size)]
-        self.info = [conns[r][1] for r in range(world_size)]
-
-    def stop(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(Stop())
-            except OSError:
-                pass
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    p.kill()
-                p.wait()
-        for c in self.conns:
-            c.close()
-        self.listener.close()
-
-    def where_stuck(self, rank: int, wait_s: float = 5.0) -> str:
-        """Where a rank that gave no answer is: its main thread's Python stack,
-        dumped by faulthandler on SIGUSR1 (``""`` for a rank we cannot signal)."""
-        if rank >= len(self.stacks) or self.procs[rank].poll() is not None:
-            return ""
-        path = self.stacks[rank]
-        before = path.stat().st_size if path.exists() else 0
-        try:
-            os.kill(self.procs[rank].pid, signal.SIGUSR1)
-        except OSError:
-            return ""
-        # The dump is written from the signal handler: wait for it to appear
-        # and stop growing (bounded, in case the process cannot run at all).
-        deadline, size = time.monotonic() + wait_s, -1
-        while time.monotonic() < deadline:
-            now = path.stat().st_size if path.exists() else 0
-            if now > before and now == size:
-                break
-            size = now
-            time.sleep(0.05)
-        with open(path, errors="replace") as fh:
-            fh.seek(before)
-            return crash_text.main_stack(fh.read())
-
-    def waits_in(self, rank: int) -> str:
-        """The collective a stuck rank waits in and the user's frames that called
-        it (``fuzz.collectives``); ``""`` where it noted none."""
-        return collectives.waits_in(self.stacks[rank]) if rank < len(self.stacks) else ""
-
-    def tail(self, rank: int, limit: int = 600) -> str:
-        try:
-            text = self.logs[rank].read_text(errors="replace")
-        except (OSError, IndexError):
-            return "(no output)"
-        return crash_text.cause(text, limit)
-
-
 class RankPool:
     """``world_size`` rank processes on ``device`` ('cpu' or 'cuda').
 
@@ -254,9 +87,11 @@ class RankPool:
         self.restarts = 0
         self.recycles = 0
         self.logdir = Path(tempfile.mkdtemp(prefix="streamfuzz-ranks-"))
+        self._spec = WorldSpec(world_size, device, self.extra_env, self.logdir,
+                               startup_timeout, listen, self.authkey)
         self._generation = 0
-        self._world: _World | None = None
-        self._spare: _World | None = None
+        self._world: World | None = None
+        self._spare: World | None = None
         self._zygote: Zygote | None = None
         self._eid = 0
         self._open: dict[int, _Example] = {}
@@ -276,9 +111,9 @@ class RankPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _new_world(self) -> _World:
+    def _new_world(self) -> World:
         self._generation += 1
-        return _World(self, self._generation)
+        return World(self._spec, self._generation, self._zygote_for_world)
 
     def _zygote_for_world(self) -> Zygote | None:
         """The zygote this pool forks ranks from (started on first use, or
@@ -374,7 +209,7 @@ class RankPool:
         return self._world.conns if self._world else []
 
     @property
-    def _procs(self) -> list[subprocess.Popen | ForkedRank]:
+    def _procs(self) -> list[subprocess.Popen[bytes] | ForkedRank]:
         return self._world.procs if self._world else []
 
     @property
@@ -394,7 +229,7 @@ class RankPool:
     def _stats(self, timeout: float) -> list[StatsReply | None]:
         self._settle_open()
         out: list[StatsReply | None] = [None] * len(self._conns)
-        waiting = {}
+        waiting: dict[Connection, int] = {}
         for rank, c in enumerate(self._conns):
             try:
                 c.send(Stats())
@@ -403,7 +238,7 @@ class RankPool:
                 pass
         deadline = time.monotonic() + timeout
         while waiting:
-            ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
+            ready = _wait(list(waiting), max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
             for c in ready:
@@ -505,7 +340,7 @@ class RankPool:
         waiting = {c: r for r, c in enumerate(self._conns) if r not in ex.answered}
         while waiting:
             stages.enter(stages.WAITING)
-            ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
+            ready = _wait(list(waiting), max(0.0, deadline - time.monotonic()))
             stages.leave()
             if not ready and patience is not None and death is None and ex.failure is None:
                 return None
@@ -561,7 +396,8 @@ class RankPool:
             self._dropped.intersection_update((ex.eid,))
             if self.external:
                 self.lost = failure.message if failure else "broken"
-                self._world.kill()
+                if self._world is not None:
+                    self._world.kill()
             else:
                 self.restart()
         if failure is not None:
@@ -569,6 +405,11 @@ class RankPool:
                            setup=ex.setup and failure is ex.failure, calls=ex.calls)
         return Outcome(observations=[ex.done[r] for r in range(self.world_size)],
                        calls=ex.calls)
+
+
+def _wait(conns: Sequence[Connection], timeout: float) -> list[Connection]:
+    """Those of ``conns`` with something to read, waiting up to ``timeout``."""
+    return [c for c in wait(conns, timeout=timeout) if isinstance(c, Connection)]
 
 
 @dataclass(frozen=True)
@@ -619,11 +460,6 @@ class _Example:
         return False
 
 
-_REPLIES = {Done: _Example.on_done, Raised: _Example.on_raised, StatsReply: _Example.on_stats}
+_REPLIES: dict[type, Callable[[_Example, Any], bool]] = {
+    Done: _Example.on_done, Raised: _Example.on_raised, StatsReply: _Example.on_stats}
 
-
-def _hello(msg: Hello) -> RankInfo:
-    return msg.info
-
-
-_JOIN = {Hello: _hello}

@@ -2,8 +2,8 @@
 
 A rank's cold start is mostly ``import torch``. Spawned, every rank pays it at
 once, each on a core of its own or, on a small host, fighting the others and
-the driver for one. A zygote (``python -m fuzz.zygote``) imports torch and the
-rank's modules once, before any thread or device exists, then forks each rank
+the driver for one. A zygote (``python -m fuzz.zygote.serve``) imports torch
+and the rank's modules once, before any thread or device exists, then forks each rank
 on request: the ranks of a world start together, a replacement world starts
 in milliseconds, and ``python -m fuzz run`` starts its zygote before its own
 imports, so the two overlap.
@@ -28,22 +28,25 @@ zygote's stdin and stdout: ``{"env", "cwd", "log"}`` in, ``{"ready"}`` once,
 ``{"pid"}`` per fork, ``{"gpus", "forks"}`` per probe and ``{"exit", "code"}``
 per rank that ended (the zygote is the ranks' parent, so it reaps them and
 says how each ended).
+
+This module is the driver's side. The zygote process is ``fuzz.zygote.serve``,
+its early ranks ``fuzz.zygote.early``, and what a forked child does to become a
+rank ``fuzz.zygote.child``.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING
 
 from fuzz.errors import FuzzError
+from fuzz.host import REPO, count_gpus_with
 
 if TYPE_CHECKING:  # the driver imports this first thing: only what it must
     from pathlib import Path
@@ -55,12 +58,6 @@ ENV = "STREAMFUZZ_ZYGOTE"
 EARLY_ENV = "STREAMFUZZ_EARLY_CUDA"
 """Set to 0 to fork every CUDA rank from the zygote (early ranks' off switch),
 to ``context`` to have early ranks start CUDA's context but not NCCL."""
-
-EARLY_START_ENV = "STREAMFUZZ_EARLY_START"
-"""Set in an early rank: JSON, seconds each piece it started beside its imports
-took, and how long it then waited for its request (``early_idle``)."""
-
-_REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 class ZygoteError(FuzzError, RuntimeError):
@@ -84,7 +81,7 @@ class Zygote:
         err = open(log, "wb") if log else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fuzz.zygote", str(cuda_ranks)], env=env,
+                [sys.executable, "-m", "fuzz.zygote.serve", str(cuda_ranks)], env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         finally:
@@ -189,7 +186,7 @@ class Zygote:
 
 def _own_env(env: dict[str, str]) -> dict[str, str]:
     env = dict(env, PYTHONUNBUFFERED="1", STREAMFUZZ_PARENT=str(os.getpid()))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -261,6 +258,7 @@ def prestart(argv: list[str]) -> None:
         import atexit
 
         atexit.register(_discard)
+        count_gpus_with(early_gpus)
 
 
 def _cuda_ranks(argv: list[str]) -> int:
@@ -338,305 +336,3 @@ def _discard() -> None:
     if _early is not None:
         _early.close()
         _early = None
-
-
-# -- the zygote process ------------------------------------------------------
-
-def _serve(cuda_ranks: int) -> int:
-    die_with_parent()
-    start_cwd = os.getcwd()
-    early = _start_early(cuda_ranks, start_cwd)  # before torch: they import it beside us
-    rank_main = _import_rank()
-    out = sys.stdout.fileno()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: set[int] = {pid for pid, _ in early.values()}
-
-    def say(msg: dict[str, Any]) -> None:
-        os.write(out, json.dumps(msg).encode() + b"\n")
-
-    say({"ready": os.getpid()})
-    buf = b""
-    inp = sys.stdin.fileno()
-    while True:
-        try:
-            ready, _, _ = select.select([inp, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in ready:
-            os.read(wake_r, 4096)
-        for child in list(children):
-            try:
-                done, status = os.waitpid(child, os.WNOHANG)
-            except ChildProcessError:
-                done, status = child, 0
-            if done:
-                children.discard(child)
-                say({"exit": child, "code": os.waitstatus_to_exitcode(status)})
-        if inp not in ready:
-            continue
-        chunk = os.read(inp, 65536)
-        if not chunk:  # the driver closed its end: the ranks go with us
-            return 0
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            req = json.loads(line)
-            if "probe" in req:
-                gpus, forks = _count_gpus()
-                say({"gpus": gpus, "forks": forks})
-                if gpus and not forks:
-                    return 0
-                continue
-            pid = _hand_early(early, req, line, children)
-            if pid is None:
-                pid = os.fork()
-                if pid == 0:
-                    _rank(rank_main, req, (inp, out, wake_r, wake_w), start_cwd)
-                children.add(pid)
-            say({"pid": pid})
-
-
-def _import_rank() -> Any:
-    """Everything a rank imports before its first example; ``fuzz.rank_main``.
-    The cyclic collector would scan the imports' objects again and again (about
-    a tenth of it); frozen, they are never scanned in the ranks either, nor
-    copied on write by a scan."""
-    gc.disable()
-    import fuzz.draft.targets.mutants  # noqa: F401
-    import fuzz.draft.targets.pp_draft  # noqa: F401
-    import fuzz.rank_main as rank_main
-    import fuzz.targets.mutated  # noqa: F401
-
-    try:  # what torch imports as a dispatch mode is first entered
-        import torch._subclasses.schema_check_mode  # noqa: F401
-    except ImportError:
-        pass
-    gc.freeze()
-    return rank_main
-
-
-# -- early CUDA ranks ----------------------------------------------------------
-# A forked rank starts CUDA only once the zygote has imported torch, and
-# CUDA's start then lies on the path to the first example. A rank forked from
-# the zygote before its imports can start its device's context, then NCCL, in
-# a thread while it imports torch itself. The first world's ranks are such early ranks,
-# one per device the driver will likely use; later worlds are forked as before.
-
-def _start_early(count: int, start_cwd: str) -> dict[int, tuple[int, int]]:
-    """``count`` early ranks, by device index: each one's pid and the pipe its
-    request is handed on."""
-    early: dict[int, tuple[int, int]] = {}
-    for index in range(count):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(w)
-            for _, fd in early.values():
-                os.close(fd)
-            _early_rank(index, r, start_cwd)
-        os.close(r)
-        early[index] = (pid, w)
-    return early
-
-
-def _early_rank(index: int, requests: int, start_cwd: str) -> None:
-    """In a child forked before any import: device ``index``'s context and
-    NCCL's start made in a thread beside the imports, then the rank the zygote
-    hands over, if any."""
-    try:
-        os.dup2(2, 1)  # the zygote's stdout carries its answers, not our imports' prints
-        die_with_parent(os.getppid())
-        took: dict[str, float] = {}
-        imported = threading.Event()
-        beside = threading.Thread(target=_start_beside, args=(index, took, imported),
-                                  daemon=True, name="streamfuzz-early-start")
-        beside.start()
-        rank_main = _import_rank()
-        imported.set()
-        beside.join()
-        ready = time.perf_counter()
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = os.read(requests, 65536)
-            if not chunk:  # not needed after all
-                os._exit(0)
-            line += chunk
-        req = json.loads(line)
-    except BaseException:
-        os._exit(1)
-    took["early_idle"] = round(time.perf_counter() - ready, 3)  # room left beside the imports
-    req["env"][EARLY_START_ENV] = json.dumps(took)
-    _rank(rank_main, req, (requests,), start_cwd)
-
-
-def _start_beside(index: int, took: dict[str, float], imported: threading.Event) -> None:
-    """An early rank's thread: device ``index``'s context, then NCCL's start
-    unless switched off; ``took`` gets the seconds of each piece that worked."""
-    context = _make_context(index)
-    if context is None:
-        return
-    took["early_context"] = round(context, 3)
-    if os.environ.get(EARLY_ENV) != "context":
-        nccl = _start_nccl(index, imported)
-        if nccl is not None:
-            took["early_nccl"] = round(nccl, 3)
-
-
-def _make_context(index: int) -> float | None:
-    """Device ``index``'s primary context, the one torch's CUDA runtime adopts;
-    the seconds it took, None where it failed (torch then starts CUDA itself,
-    as in a forked rank)."""
-    import ctypes
-
-    t0 = time.perf_counter()
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    device, context = ctypes.c_int(), ctypes.c_void_p()
-    if (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), index) == 0
-            and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0):
-        return time.perf_counter() - t0
-    return None
-
-
-def _start_nccl(index: int, imported: threading.Event) -> float | None:
-    """NCCL's once-a-process start (mostly loading its kernels into the context),
-    paid by one communicator of device ``index`` alone, made and destroyed: a
-    process group made later starts without it. It waits for torch's import to
-    load its NCCL and uses that very library, never one of its own choosing;
-    where none is loaded by the time ``imported`` is set (a torch without CUDA,
-    or with NCCL linked in), it does nothing. The seconds it took, None where
-    it did nothing or NCCL refused."""
-    import ctypes
-
-    while True:
-        done = imported.is_set()
-        try:  # RTLD_NOLOAD: a handle on the library only if it is loaded already
-            nccl = ctypes.CDLL("libnccl.so.2", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-            break
-        except OSError:
-            if done:
-                return None
-            imported.wait(0.01)
-    t0 = time.perf_counter()
-    comm, devices = ctypes.c_void_p(), (ctypes.c_int * 1)(index)
-    if nccl.ncclCommInitAll(ctypes.byref(comm), 1, devices) != 0:
-        return None
-    nccl.ncclCommDestroy(comm)
-    return time.perf_counter() - t0
-
-
-def _hand_early(early: dict[int, tuple[int, int]], req: dict[str, Any], line: bytes,
-                children: set[int]) -> int | None:
-    """The early rank for ``req``'s ``LOCAL_RANK``, handed ``req``; None: fork one.
-    Early ranks the first world has no place for are ended on its first request."""
-    env = req["env"]
-    try:
-        world, local = int(env.get("WORLD_SIZE", "0")), int(env.get("LOCAL_RANK", "-1"))
-    except ValueError:
-        world = local = -1
-    for index in [i for i in early if i >= world]:
-        _end_early(early.pop(index))
-    got = early.pop(local, None)
-    if got is None:
-        return None
-    pid, fd = got
-    if pid not in children:  # it died starting: fork instead
-        os.close(fd)
-        return None
-    try:
-        os.write(fd, line + b"\n")
-    except OSError:
-        _end_early(got)
-        return None
-    os.close(fd)
-    return pid
-
-
-def _end_early(early: tuple[int, int]) -> None:
-    pid, fd = early
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    os.close(fd)
-
-
-def _count_gpus() -> tuple[int, bool]:
-    """GPUs visible, and whether this process can still fork ranks: true
-    unless counting them took CUDA itself (NVML could not) and found one."""
-    import torch
-
-    if not torch.cuda._is_compiled():
-        return 0, True
-    try:
-        gpus = torch.cuda._device_count_nvml()  # torch's fork-safe count
-    except Exception:  # a torch without it, or an NVML that fails oddly
-        gpus = -1
-    if gpus >= 0:
-        return gpus, True
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return gpus, gpus == 0  # no device started: CPU ranks still fork
-
-
-def _rank(rank_main: Any, req: dict[str, Any], fds: tuple[int, ...], start_cwd: str) -> None:
-    """In the forked child: become a rank as a spawned one would be, then exit."""
-    code = 1
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        gc.enable()
-        os.setsid()
-        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        for fd in {log, null, *fds} - {0, 1, 2}:
-            os.close(fd)
-        if req["cwd"] != start_cwd:
-            os.chdir(req["cwd"])
-            if sys.path and sys.path[0] == start_cwd:  # what ``python -m`` puts first
-                sys.path[0] = req["cwd"]
-        os.environ.clear()
-        os.environ.update(req["env"])
-        code = rank_main.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-
-def die_with_parent(parent: int | None = None) -> None:
-    """A process the driver started (a spawned rank, the zygote, through it a
-    forked rank) must not outlive its parent, ``STREAMFUZZ_PARENT`` unless
-    ``parent`` is given: a driver killed with -9 would otherwise leave a spare
-    world waiting forever."""
-    if parent is None:
-        parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(0)
-
-
-if __name__ == "__main__":
-    sys.exit(_serve(int(sys.argv[1]) if len(sys.argv) > 1 else 0))
