@@ -4,9 +4,7 @@ one while importing it, such as a missing package) kept apart from findings."""
 import sys
 import traceback
 
-EXIT_CRASH = 70
-"""Exit status of a crash of streamfuzz itself (sysexits' EX_SOFTWARE): never 1,
-which means "a failure was found"."""
+from fuzz.errors import EXIT_CRASH
 
 
 def main() -> int:

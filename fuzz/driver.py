@@ -274,6 +274,26 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
                          stop=stopping if claim is not None else stop, own_seed=own_seed,
                          first_sight=sight if first is not None or claim is not None
                          else None)
+    _run_phases(campaign, strategy, settings, max_examples, seed, pipeline=pipeline)
+    result.elapsed_s = time.monotonic() - campaign.start
+    result.held = sorted(campaign.held)
+    result.duplicate = bool(owned and not owned[0])
+    if result.failure is not None and corpus_dir is not None and not result.duplicate:
+        result.corpus_path = corpus.save(corpus_dir, entry(result.failure, result.scenario,
+                                                           result.flaky))
+    if first is not None:
+        first.settle(result.corpus_path)  # the shrunk entry replaces the first sight
+    if result.interrupted and result.failure is None:
+        raise Interrupted(result)
+    return result
+
+
+
+def _run_phases(campaign: _Campaign, strategy: st.SearchStrategy[Scenario],
+                settings: hypothesis.settings, max_examples: int, seed: int | None, *,
+                pipeline: bool) -> None:
+    """Hypothesis's phases, in sync, or ahead (then replayed up to a late failure)."""
+    own_seed = campaign.own_seed
     phases = tuple(settings.phases)
     ahead_phases = tuple(p for p in phases if p not in _SAVED_PHASES)
     if not pipeline or not ahead_phases:
@@ -291,19 +311,8 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
             if campaign.deferred is not None and campaign.goes_on():
                 # The failure was seen one example late: replay Hypothesis up to
                 # it (the same seed draws the same examples) and shrink from there.
-                result.stopped = False
+                campaign.result.stopped = False
                 campaign.run(strategy, settings, max_examples, seed, ahead_phases, "replay")
-    result.elapsed_s = time.monotonic() - campaign.start
-    result.held = sorted(campaign.held)
-    result.duplicate = bool(owned and not owned[0])
-    if result.failure is not None and corpus_dir is not None and not result.duplicate:
-        result.corpus_path = corpus.save(corpus_dir, entry(result.failure, result.scenario,
-                                                           result.flaky))
-    if first is not None:
-        first.settle(result.corpus_path)  # the shrunk entry replaces the first sight
-    if result.interrupted and result.failure is None:
-        raise Interrupted(result)
-    return result
 
 
 _CTRL_C_PATIENCE_S = 3.0

@@ -14,6 +14,10 @@ what they are. Each subclass keeps the built-in base it had (``ValueError``,
 
 from __future__ import annotations
 
+EXIT_CRASH = 70
+"""Exit status of a crash of streamfuzz itself (sysexits' EX_SOFTWARE): never 1,
+which means "a failure was found"."""
+
 
 class FuzzError(Exception):
     """The root: every error streamfuzz raises on purpose."""

@@ -229,9 +229,9 @@ def test_a_factory_that_raises_on_some_scenarios_only_is_a_finding(tmp_path):
 
 
 def test_every_option_of_every_command_says_what_it_does_and_its_default():
-    from fuzz import cli
+    from fuzz.commands.grammar import parser as grammar
 
-    parser = cli._parser()
+    parser = grammar()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     missing = []
     for name, command in sub.choices.items():

@@ -16,6 +16,7 @@ import time
 from hypothesis import strategies as st
 
 from fuzz import cli, corpus, driver, profiles, ranks
+from fuzz.commands import run as run_cmd
 from fuzz.draft.scenario import Scenario, Step
 from fuzz.ranks import RankPool
 from tests.helpers import ROOT
@@ -23,14 +24,14 @@ from tests.helpers import ROOT
 
 def test_ctrl_c_while_shrinking_saves_the_failure_and_writes_the_report(
         tmp_path, monkeypatch, capsys):
-    real = cli._Progress.__call__
+    real = run_cmd.Progress.__call__
 
     def progress(self, examples, elapsed, failed):
         real(self, examples, elapsed, failed)
         if self.failures and not failed or self.failures > 1:
             raise KeyboardInterrupt  # the first example after the failure: shrinking
 
-    monkeypatch.setattr(cli._Progress, "__call__", progress)
+    monkeypatch.setattr(run_cmd.Progress, "__call__", progress)
     report = tmp_path / "r.json"
     rc = cli.main(["run", "--device", "cpu", "--target", "pre-fix", "--target", "pr-fix",
                    "--oracle", "lifetime", "--seed", "1", "--profile", "ci",
@@ -123,14 +124,14 @@ def test_a_hang_says_where_the_stuck_rank_is_and_rank_logs_are_removed(tmp_path)
 
 
 def test_ctrl_c_before_any_finding_reports_what_ran(tmp_path, monkeypatch, capsys):
-    real = cli._Progress.__call__
+    real = run_cmd.Progress.__call__
 
     def progress(self, examples, elapsed, failed):
         real(self, examples, elapsed, failed)
         if self.target == "main-gather" and examples == 3:
             raise KeyboardInterrupt  # the third example of the second target
 
-    monkeypatch.setattr(cli._Progress, "__call__", progress)
+    monkeypatch.setattr(run_cmd.Progress, "__call__", progress)
     report = tmp_path / "r.json"
     rc = cli.main(["run", "--device", "cpu", "--target", "main-gather-synced",
                    "--target", "main-gather", "--target", "pre-fix", "--seed", "1",
@@ -211,8 +212,9 @@ def _interrupted_before_any_target(tmp_path, capsys, device, said):
 def _cli(tmp_path, hook, *args, **popen):
     """``python -m fuzz``'s main in a fresh process, after ``hook`` (Python
     source) has run in it."""
-    code = f"import os, signal, sys\nfrom fuzz import cli, driver\n{hook}\n" \
-           "sys.exit(cli.main(sys.argv[1:]))"
+    code = ("import os, signal, sys\nfrom fuzz import cli, driver\n"
+            f"from fuzz.commands import run as run_cmd\n{hook}\n"
+            "sys.exit(cli.main(sys.argv[1:]))")
     return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)
@@ -261,12 +263,12 @@ def test_sigterm_is_handled_as_ctrl_c(tmp_path):
     interrupted, and the exit status is Ctrl-C's."""
     report, mark = tmp_path / "r.json", tmp_path / "running"
     hook = textwrap.dedent(f"""
-        real = cli._Progress.__call__
+        real = run_cmd.Progress.__call__
         def progress(self, examples, elapsed, failed):
             real(self, examples, elapsed, failed)
             if examples == 5:
                 open({str(mark)!r}, "w").close()
-        cli._Progress.__call__ = progress
+        run_cmd.Progress.__call__ = progress
         """)
     proc = _cli(tmp_path, hook, "run", "--device", "cpu", "--target", "main-gather",
                 "--max-examples", "1000000", "--budget", "600", "--profile", "ci",
@@ -293,7 +295,7 @@ def test_the_progress_line_follows_the_shrinking_on_a_terminal(monkeypatch):
 
     term = Tty()
     monkeypatch.setattr(sys, "stderr", term)
-    progress = cli._Progress("t", 30.0)
+    progress = run_cmd.Progress("t", 30.0)
     for examples, elapsed, failed in ((1, 1.0, 0), (2, 2.0, 1), (9, 12.0, 1)):
         progress.last = 0.0  # each call draws (the line is drawn at most every 0.2 s)
         progress(examples, elapsed, failed)

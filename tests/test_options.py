@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fuzz import cli, corpus
+from fuzz.commands import run as run_cmd
 from fuzz.options import DEFAULT, Hold, OptionsError, Oracle, RunOptions, parse_oracles
 from tests.helpers import ROOT, fuzz_cli
 
@@ -76,7 +77,7 @@ def test_run_sends_every_oracle_by_default_and_replay_judges_with_them(rank_orac
 @pytest.mark.parametrize("device, ran", [("cpu", ON_CPU), ("cuda", ALL)])
 def test_the_run_report_lists_the_oracles_that_run_on_its_device(tmp_path, device, ran):
     report = tmp_path / "r.json"
-    cli._write_report(report, [], device, 2, 0, DEFAULT)
+    run_cmd.write_report(report, [], device, 2, 0, DEFAULT)
     assert json.loads(report.read_text())["oracles"] == sorted(ran)
 
 

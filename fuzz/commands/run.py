@@ -1,0 +1,292 @@
+"""``run``: fuzz each target in turn, print what was found, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fuzz import corpus, profiles, targets, upstream
+from fuzz import protocol as protocols
+from fuzz.commands import say_error
+from fuzz.commands.checks import (
+    check_dir,
+    check_file,
+    judging,
+    pick_device,
+    pick_world_size,
+    pick_worlds,
+    run_options,
+)
+from fuzz.options import (
+    RunOptions,
+)
+from fuzz.ranks import RankPool
+
+
+class Progress:
+    """A live line on a terminal, fuzzing then shrinking. Elsewhere (a pipe, a
+    log) one line when shrinking starts, so that its minutes are not silence."""
+
+    def __init__(self, target: str, shrink_budget_s: float | None = None,
+                 lost: Callable[[], bool] | None = None) -> None:
+        self.target = target
+        self.lost = lost
+        """Whether another world claimed the failure (it shrinks it, not this one)."""
+        self.shrink_budget_s = shrink_budget_s
+        self.tty = sys.stderr.isatty()
+        self.failures = 0
+        self.found_at: tuple[int, float] | None = None
+        self.last = 0.0
+
+    def __call__(self, examples: int, elapsed: float, failed: int) -> None:
+        self.failures += failed
+        if failed and self.found_at is None:
+            self.found_at = (examples, elapsed)
+            if not self.tty and not (self.lost is not None and self.lost()):
+                bound = (f", at most {self.shrink_budget_s:g}s"
+                         if self.shrink_budget_s is not None else "")
+                print(f"[{self.target}] found a failure after {examples} examples; shrinking "
+                      f"it{bound} (Ctrl-C saves it as shrunk so far)", file=sys.stderr,
+                      flush=True)
+        now = time.monotonic()
+        if self.tty and now - self.last > 0.2:
+            self.last = now
+            rate = examples / elapsed if elapsed else 0.0
+            if self.found_at is not None:
+                n, t = self.found_at
+                line = (f"[{self.target}] shrinking: {examples - n} examples tried in "
+                        f"{elapsed - t:.0f}s, {self.failures} failing")
+            else:
+                line = f"[{self.target}] {examples} examples, {rate:.1f}/s, 0 failures"
+            sys.stderr.write(f"\r\033[K{line}")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def run_command(args: argparse.Namespace) -> int:
+    names = _with_upstream(args.target, args.upstream)
+    for name in names:
+        targets.check_importable(name)
+    check_dir(args.corpus, "--corpus")
+    if args.report:
+        check_file(args.report, "--report")
+    options = run_options(args)
+    if not options.oracles:  # bad input before any work, the GPU count included
+        options.judging(args.device)
+    try:
+        device, gpus = pick_device(args.device)
+    except KeyboardInterrupt:  # the GPU count waits for torch's import: the report says so
+        print("interrupted while counting GPUs: no target ran")
+        if args.report:
+            write_report(args.report, [], args.device, args.world_size or 0, 0, options, True)
+        _say_interrupted(args, [])
+        return 130
+    world = pick_world_size(device, gpus, args.world_size)
+    judging(options, device)
+    corpus.sweep(args.corpus)
+    worlds = pick_worlds(args, device, world)
+    if worlds > 1:
+        from fuzz.worlds import run_worlds
+
+        return run_worlds(args, worlds, device, world)
+    settings = profiles.get(args.profile)
+    for name in names if args.world_of is None or args.world_of.index == 0 else ():
+        up = targets.upstream_of(name)
+        if up is not None:
+            print(f"{name}: {up.describe()}")
+    results: list[Any] = []
+    misused: list[str] = []
+    start_s: dict[str, float] = {}
+    pool = RankPool(world, device, timeout=args.timeout)
+    try:
+        try:
+            pool.start()
+            start_s = dict(pool.info[0].setup_s) if pool.info else {}
+        except KeyboardInterrupt:  # before any target ran: the report says so
+            interrupted = True
+            print(f"interrupted while the {world} ranks were starting: no target ran")
+        else:
+            interrupted = _fuzz_each(pool, names, args, settings, options, world, results,
+                                     misused)
+    finally:
+        pool.close()
+    restarts = pool.restarts
+    if results and args.world_of is None:  # the controller prints every world's
+        _print_table(results, device, world)
+    if args.report:
+        write_report(args.report, results, device, world, restarts, options, interrupted,
+                      misused, start_s)
+    if interrupted:
+        _say_interrupted(args, [str(r.corpus_path) for r in results if r.corpus_path])
+        return 130
+    if misused:
+        return 2
+    return 1 if any(r.failure and not r.duplicate for r in results) else 0
+
+
+def _say_interrupted(args: argparse.Namespace, saved: list[str]) -> None:
+    print("streamfuzz: interrupted" + (f"; saved {', '.join(saved)}" if saved else "")
+          + (f"; report in {args.report}" if args.report else ""), file=sys.stderr)
+
+
+def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, settings: Any,
+               options: RunOptions, world: int, results: list[Any], misused: list[str]) -> bool:
+    """Fuzz each target in turn, appending to ``results``; True once Ctrl-C ended it.
+    A target the ranks find set up wrong is one line on stderr, in ``misused``,
+    and the next target runs."""
+    from fuzz import driver
+    from fuzz.worlds import Claims
+
+    claims = Claims(args.world_of.shared) if args.world_of is not None else None
+    for name in names:
+        claim, stop = claims.pair(name) if claims is not None else (None, None)
+        progress = Progress(name, args.shrink_budget, lost=stop)
+        try:
+            res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
+                              seed=args.seed, budget_s=args.budget,
+                              shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
+                              progress=progress, options=options,
+                              strategy=_strategy(name, world, args.weight_scale),
+                              claim=claim, stop=stop)
+        except driver.Interrupted as exc:  # before anything was found in this target
+            res = exc.result
+        except KeyboardInterrupt:  # outside the examples: nothing ran in this target
+            res = driver.CampaignResult(target=name, interrupted=True)
+        except targets.TargetError as exc:
+            misused.append(str(exc))
+            say_error(exc)
+            continue
+        finally:
+            progress.done()
+        results.append(res)
+        if claims is None or (res.failure is not None and not res.duplicate):
+            _print_result(res)
+        if res.interrupted:
+            return True
+    return False
+
+
+def _with_upstream(names: list[str] | None, source: str | None) -> list[str]:
+    """Target names with the vLLM family pinned to a version (``vllm-pp@0.32.0``).
+
+    ``--upstream`` names the vLLM; the ranks find it again through
+    ``STREAMFUZZ_UPSTREAM``. Without it the family runs an installed vllm.
+    """
+    bare = [n for n in names or () if (_vllm_family(n) or ("", "v"))[1] is None]
+    if source is None and not bare:
+        return list(names or targets.VERSIONS)
+    up = upstream.resolve(source)
+    if up.kind != "installed":
+        rest = os.environ.get(upstream.ENV_PATHS)
+        os.environ[upstream.ENV_PATHS] = os.pathsep.join(filter(None, [up.path, rest]))
+    if not names:
+        names = ["vllm-pp"] + (["vllm-pp-pre-pr"] if up.api == "table" else [])
+    out = []
+    for name in names:
+        fam = _vllm_family(name)
+        out.append(f"{fam[0]}@{up.version}" if fam and fam[1] is None else name)
+    return out
+
+
+def _vllm_family(name: str) -> tuple[str, str | None] | None:
+    """Any family that runs vLLM's code (the draft broadcast's, or the weight sync's)."""
+    family, _, version = name.partition("@")
+    if family == targets.WEIGHTS_FAMILY:
+        return family, version or None
+    return targets.upstream_family(name)
+
+
+def _strategy(name: str, world: int, scale: int) -> Any:
+    """The weight-sync strategy at ``scale``; None (the protocol's default) otherwise."""
+    if scale == 1 or protocols.of_target(name).name != "weight-sync":
+        return None
+    from fuzz.weight_sync.strategies import weight_sync_scenarios
+
+    return weight_sync_scenarios(world_size=world, scale=scale)
+
+
+def _print_result(res: Any) -> None:
+    if res.failure is None and res.interrupted:
+        print(f"{res.target}: interrupted after {res.examples} examples "
+              f"({res.elapsed_s:.1f}s), nothing found so far")
+        return
+    if res.failure is None:
+        cov = res.coverage
+        print(f"{res.target}: clean over {res.examples} examples"
+              f"{cov.note() if cov else ''} ({res.elapsed_s:.1f}s)")
+        unchecked = cov.unchecked() if cov else None
+        if unchecked:
+            print(f"  {unchecked}")
+        return
+    flaky = " [flaky: the shrunk case did not fail again]" if res.flaky else ""
+    if res.shrink_truncated:
+        flaky += " [shrinking stopped at --shrink-budget]"
+    if res.interrupted:
+        flaky += " [interrupted while shrinking: saved as shrunk so far]"
+    print(f"{res.target}: FOUND {res.failure.kind} after {res.first_failure_examples} examples "
+          f"({res.first_failure_s:.1f}s){flaky}\n  {res.failure.message}\n"
+          f"  {'shrunk so far' if res.interrupted or res.shrink_truncated else 'shrunk'}: "
+          f"{res.scenario.describe()}\n"
+          f"  saved: {res.corpus_path}")
+
+
+def _print_table(results: list, device: str, world: int) -> None:
+    rows = [("target", "result", "examples", "ex/s", "first failure", "seconds", "corpus")]
+    for r in results:
+        first = (f"{r.first_failure_examples} ex / {r.first_failure_s:.1f}s"
+                 if r.failure else "-")
+        result = r.failure.kind if r.failure else "interrupted" if r.interrupted else "clean"
+        rows.append((r.target, result, str(r.examples),
+                     f"{r.examples_per_s:.1f}", first, f"{r.elapsed_s:.1f}",
+                     str(r.corpus_path or "-")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print(f"\nstreamfuzz on {device}, world size {world}:")
+    for row in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def write_report(path: Path, results: list, device: str, world: int, restarts: int,
+                  options: RunOptions, interrupted: bool = False,
+                  errors: list[str] | None = None,
+                  rank_start_s: dict[str, float] | None = None) -> None:
+    examples = sum(r.examples for r in results)
+    elapsed = sum(r.elapsed_s for r in results)
+    report = {
+        "target": results[0].target if len(results) == 1 else [r.target for r in results],
+        "device": device, "world_size": world, "examples": examples,
+        "elapsed_s": round(elapsed, 3),
+        "examples_per_s": round(examples / elapsed, 3) if elapsed else 0.0,
+        "rank_restarts": restarts, "rank_start_s": dict(rank_start_s or {}),
+        **options.to_dict(), "oracles": options.running_on(device), "interrupted": interrupted,
+        "failures": [{"target": r.target, "kind": r.failure.kind,
+                      "corpus_path": str(r.corpus_path), "message": r.failure.message,
+                      "flaky": r.flaky, "shrinking_interrupted": r.interrupted}
+                     for r in results if r.failure and not r.duplicate],
+        "targets": [{"target": r.target, "examples": r.examples,
+                     "elapsed_s": round(r.elapsed_s, 3),
+                     "examples_per_s": round(r.examples_per_s, 3),
+                     "first_failure_examples": r.first_failure_examples,
+                     "first_failure_s": r.first_failure_s,
+                     "first_failure_at": r.first_failure_at, "held_by": r.held,
+                     "gate_timeouts": r.gate_timeouts,
+                     "failure": r.failure.kind if r.failure else None,
+                     "corpus_path": str(r.corpus_path) if r.corpus_path else None,
+                     "duplicate": r.duplicate,
+                     "interrupted": r.interrupted,
+                     "upstream": targets.provenance(r.target),
+                     "coverage": r.coverage.to_dict() if r.coverage else None}
+                    for r in results],
+        "coverage": {r.target: r.coverage.to_dict() for r in results if r.coverage},
+        "errors": list(errors or ()),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    corpus.write_json_atomic(path, report)
