@@ -31,6 +31,7 @@ from fuzz.coverage import Coverage
 from fuzz.errors import FuzzError
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.ranks import Outcome, RankPool, Ticket
+from fuzz.stop import StopReason
 from fuzz.verdict import Failure, Verdict
 
 Scenario = Any
@@ -134,6 +135,10 @@ class _Stopped(KeyboardInterrupt):
     """Ends a run at once. Hypothesis lets a KeyboardInterrupt through without
     saving the example to its database or replaying it, unlike other exceptions."""
 
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C before anything was found. It carries what ran so far, so that a
@@ -170,19 +175,39 @@ class CampaignResult:
     """When the first failure was seen (``time.time()``): a benchmark that
     started this process measures from the process's start to it."""
     failures: int = 0
-    shrink_truncated: bool = False
+    reason: StopReason | None = None
+    """Why the run ended (``fuzz.stop``); None while it runs."""
     held: list[str] = field(default_factory=list)
     gate_timeouts: int = 0
     """Examples a gate ran out its bound in: the program waited for gated work
     in a way the gates could not see (a bug of streamfuzz's on correct code)."""
-    stopped: bool = False
-    interrupted: bool = False
-    """Ctrl-C ended the run; a failure found is saved as shrunk so far."""
     coverage: Coverage | None = None
     """What the examples judged called on the ranks (``fuzz.coverage``)."""
-    duplicate: bool = False
-    """Another world claimed this run's failure first (``fuzz(claim=...)``):
-    nothing was saved, and the finding is that world's."""
+
+    def end(self, reason: StopReason) -> None:
+        """Record why the run ended: the first reason stands, but for Ctrl-C."""
+        if self.reason is None or reason is StopReason.INTERRUPTED:
+            self.reason = reason
+
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C ended the run; a failure found is saved as shrunk so far."""
+        return self.reason is StopReason.INTERRUPTED
+
+    @property
+    def stopped(self) -> bool:
+        """Cut short from outside: its budget, its caller, another world's claim."""
+        return self.reason in (StopReason.BUDGET, StopReason.ASKED, StopReason.CLAIMED)
+
+    @property
+    def shrink_truncated(self) -> bool:
+        return self.reason is StopReason.SHRINK_BUDGET
+
+    @property
+    def duplicate(self) -> bool:
+        """Another world claimed this run's failure first (``fuzz(claim=...)``):
+        nothing was saved, and the finding is that world's."""
+        return self.reason is StopReason.CLAIMED
 
     @property
     def examples_per_s(self) -> float:
@@ -277,7 +302,9 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     _run_phases(campaign, strategy, settings, max_examples, seed, pipeline=pipeline)
     result.elapsed_s = time.monotonic() - campaign.start
     result.held = sorted(campaign.held)
-    result.duplicate = bool(owned and not owned[0])
+    if owned and not owned[0]:
+        result.reason = StopReason.CLAIMED
+    result.end(StopReason.SHRUNK if result.failure is not None else StopReason.MAX_EXAMPLES)
     if result.failure is not None and corpus_dir is not None and not result.duplicate:
         result.corpus_path = corpus.save(corpus_dir, entry(result.failure, result.scenario,
                                                            result.flaky))
@@ -311,7 +338,7 @@ def _run_phases(campaign: _Campaign, strategy: st.SearchStrategy[Scenario],
             if campaign.deferred is not None and campaign.goes_on():
                 # The failure was seen one example late: replay Hypothesis up to
                 # it (the same seed draws the same examples) and shrink from there.
-                campaign.result.stopped = False
+                campaign.result.reason = None
                 campaign.run(strategy, settings, max_examples, seed, ahead_phases, "replay")
 
 
@@ -410,13 +437,13 @@ class _Campaign:
                 self.pool.discard(sent.ticket)
             self.flight.clear()
             raise exc.args[0] from None
-        except _Stopped:
-            result.stopped = True
+        except _Stopped as stopped:
+            result.end(stopped.reason)
         except KeyboardInterrupt:
             # Ctrl-C: a failure found is saved as far as it was shrunk; with
             # nothing found, Interrupted carries the examples run so far. Either
             # way the interrupt goes on.
-            result.interrupted = True
+            result.end(StopReason.INTERRUPTED)
         except Flaky:
             # The last failure seen is the smallest that ever failed; keep it.
             result.flaky = not result.shrink_truncated
@@ -495,12 +522,12 @@ class _Campaign:
             self.deferred = self.deferred_verdict = None
         elapsed = time.monotonic() - self.start
         if self.stop is not None and self.stop():
-            raise _Stopped
+            raise _Stopped(StopReason.ASKED)
         if result.failure is None and self.budget_s is not None and elapsed > self.budget_s:
-            raise _Stopped
+            raise _Stopped(StopReason.BUDGET)
         if (self.shrink_budget_s is not None and result.first_failure_s is not None
                 and elapsed - result.first_failure_s > self.shrink_budget_s):
-            result.shrink_truncated = True
+            result.end(StopReason.SHRINK_BUDGET)
             return
         if self.on_example is not None:
             self.on_example((*(sent.scenario for sent in self.flight), scenario))

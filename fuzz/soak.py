@@ -46,6 +46,7 @@ from fuzz.messages import Memory
 from fuzz.options import DEFAULT, RunOptions
 from fuzz.protocol.scenario import ScenarioError
 from fuzz.ranks import RankPool
+from fuzz.stop import StopReason
 from fuzz.verdict import Failure, Verdict
 
 Scenario = Any
@@ -118,7 +119,7 @@ class Soak:
             corpus.sweep(d)
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty()
-        self.stop_reason: str | None = None
+        self.stop_reason: StopReason | None = None
         self.journal = self.out / "journal.json"
         self.state_path = self.out / "state.json"
         self.stats_path = self.out / "stats.jsonl"
@@ -139,7 +140,7 @@ class Soak:
         self._log = open(self.out / "soak.log", "a", buffering=1)
 
     # -- control -------------------------------------------------------------
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: StopReason) -> None:
         """Stop before the next example (a signal handler may call this)."""
         self.stop_reason = self.stop_reason or reason
 
@@ -152,12 +153,12 @@ class Soak:
 
     def _should_stop(self) -> bool:
         if self.stop_reason is None and self.pool.lost is not None:
-            self.stop_reason = "ranks lost"
+            self.stop_reason = StopReason.RANKS_LOST
         if self.stop_reason is None and self._remaining() <= 0:
-            self.stop_reason = "budget spent"
+            self.stop_reason = StopReason.BUDGET
         if (self.stop_reason is None and self.cfg.max_rounds is not None
                 and self.state["rounds"] >= self.cfg.max_rounds):
-            self.stop_reason = "rounds done"
+            self.stop_reason = StopReason.ROUNDS_DONE
         return self.stop_reason is not None
 
     # -- the campaign ----------------------------------------------------------
@@ -195,7 +196,8 @@ class Soak:
                 _unlink(self.journal)
             report = self._report()
             self._clear_line()
-            self._say(f"soak: stopped ({self.stop_reason or 'error'}) after "
+            why = self.stop_reason.value if self.stop_reason else "error"
+            self._say(f"soak: stopped ({why}) after "
                       f"{_hms(self.elapsed())}: {report['examples']} examples, "
                       f"{len(report['failures'])} failures; report in {self.out}")
             self._log.close()
@@ -554,7 +556,7 @@ def stop_on_signals(soak: Soak) -> Iterator[None]:
         if seen and signum == signal.SIGINT:
             raise KeyboardInterrupt
         seen.append(signum)
-        soak.request_stop(signal.Signals(signum).name)
+        soak.request_stop(StopReason(signal.Signals(signum).name))
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

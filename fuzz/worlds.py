@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fuzz.host import cpu_world_limit
+from fuzz.stop import StopReason
 
 GPU_WORLDS_CAP = 8
 """Worlds on one set of GPUs at most, by default: past it the GPU, not the
@@ -305,7 +306,7 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
         exits = ctl.run()
     finally:
         ctl.cleanup()
-    stop = signal.Signals(ctl.signals[0]).name if ctl.signals else None
+    stop = StopReason(signal.Signals(ctl.signals[0]).name) if ctl.signals else None
     try:
         rep = worlds_report.merge_soak(out, dirs, exits, stop)
     except RuntimeError as exc:

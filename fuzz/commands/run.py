@@ -26,6 +26,7 @@ from fuzz.options import (
     RunOptions,
 )
 from fuzz.ranks import RankPool
+from fuzz.stop import StopReason
 
 
 class Progress:
@@ -160,7 +161,7 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
         except driver.Interrupted as exc:  # before anything was found in this target
             res = exc.result
         except KeyboardInterrupt:  # outside the examples: nothing ran in this target
-            res = driver.CampaignResult(target=name, interrupted=True)
+            res = driver.CampaignResult(target=name, reason=StopReason.INTERRUPTED)
         except targets.TargetError as exc:
             misused.append(str(exc))
             say_error(exc)
@@ -282,6 +283,8 @@ def write_report(path: Path, results: list, device: str, world: int, restarts: i
                      "corpus_path": str(r.corpus_path) if r.corpus_path else None,
                      "duplicate": r.duplicate,
                      "interrupted": r.interrupted,
+                     "stop": r.reason.value if r.reason else None,
+                     "stop_text": r.reason.describe() if r.reason else None,
                      "upstream": targets.provenance(r.target),
                      "coverage": r.coverage.to_dict() if r.coverage else None}
                     for r in results],

@@ -10,6 +10,7 @@ from fuzz import targets
 from fuzz.commands import UsageError
 from fuzz.commands.checks import check_dir, pick_device, pick_world_size, pick_worlds, run_options
 from fuzz.ranks import RankPool
+from fuzz.stop import StopReason
 
 
 def soak_command(args: argparse.Namespace) -> int:
@@ -72,5 +73,5 @@ def soak_command(args: argparse.Namespace) -> int:
     return 1 if report["failures"] else 0
 
 
-STOP_SIGNALS = ("SIGINT", "SIGTERM")
+STOP_SIGNALS = (StopReason.SIGINT, StopReason.SIGTERM)
 """The stop reasons of a soak that a signal ended (``fuzz.soak.stop_on_signals``)."""
