@@ -16,12 +16,14 @@ so the watchdog runs while the program waits.
 
 from __future__ import annotations
 
-import collections
 import ctypes
+import heapq
 import threading
 import time
 from typing import Any
 
+_CLOCK_RATE_KHZ = 13
+"""CU_DEVICE_ATTRIBUTE_CLOCK_RATE: the SM clock a spin's cycles are counted in."""
 _WAIT_GEQ = 0x0
 """CU_STREAM_WAIT_VALUE_GEQ: go on once the flag is 1 (opened) or more."""
 _INVALID_CONTEXT = 201
@@ -47,6 +49,10 @@ class StreamWaitGate:
         _check(cuda, cuda.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
         _check(cuda, cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self._context), handle),
                "cuDevicePrimaryCtxRetain")
+        clock = ctypes.c_int()
+        _check(cuda, cuda.cuDeviceGetAttribute(ctypes.byref(clock), _CLOCK_RATE_KHZ, handle),
+               "cuDeviceGetAttribute")
+        self.cycles_per_s = clock.value * 1e3
         self._watchdog = _Watchdog(timed_out)
 
     def launch(self, stream: int, slot_address: int, max_ns: int, max_polls: int) -> None:
@@ -58,26 +64,36 @@ class StreamWaitGate:
         _check(self._cuda, result, "cuStreamWaitValue32")
         self._watchdog.add(slot_address, time.monotonic() + max_ns / 1e9)
 
+    def launch_for(self, stream: int, slot_address: int, seconds: float) -> None:
+        """Hold the stream for ``seconds`` from now, then let it go: a spin
+        that runs nothing. Its end is no timeout."""
+        result = self._wait(stream, slot_address, 1, _WAIT_GEQ)
+        if result == _INVALID_CONTEXT:
+            _check(self._cuda, self._cuda.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+            result = self._wait(stream, slot_address, 1, _WAIT_GEQ)
+        _check(self._cuda, result, "cuStreamWaitValue32")
+        self._watchdog.add(slot_address, time.monotonic() + seconds, timed=True)
+
     def clear(self) -> None:
         """Forget the held points: their slots are about to be zeroed for reuse."""
         self._watchdog.clear()
 
 
 class _Watchdog:
-    """Opens, at its deadline, each held point whose flag is still 0, and
-    writes the timed-out status first, so a reader after the synchronize sees it."""
+    """Opens, at its deadline, each held point whose flag is still 0; for a
+    gate it writes the timed-out status first, so a reader after the
+    synchronize sees it (a timed hold's end is its purpose, not a timeout)."""
 
     def __init__(self, timed_out: int) -> None:
         self._timed_out = timed_out
-        self._due: collections.deque[tuple[float, int]] = collections.deque()
+        self._due: list[tuple[float, int, bool]] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def add(self, slot_address: int, deadline: float) -> None:
+    def add(self, slot_address: int, deadline: float, timed: bool = False) -> None:
         with self._cond:
-            # Every gate has the same bound, so deadlines arrive in order.
-            self._due.append((deadline, slot_address))
-            if len(self._due) == 1:
+            heapq.heappush(self._due, (deadline, slot_address, timed))
+            if self._due[0][1] == slot_address:  # the first due now: wake the thread
                 self._cond.notify()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="streamfuzz-gate-bound",
@@ -94,15 +110,16 @@ class _Watchdog:
                 if not self._due:
                     self._cond.wait()
                     continue
-                deadline, address = self._due[0]
+                deadline, address, timed = self._due[0]
                 left = deadline - time.monotonic()
                 if left > 0:
                     self._cond.wait(left)
                     continue
-                self._due.popleft()
+                heapq.heappop(self._due)
                 flag = ctypes.c_int32.from_address(address)
                 if flag.value == 0:
-                    ctypes.c_int32.from_address(address + 4).value = self._timed_out
+                    if not timed:
+                        ctypes.c_int32.from_address(address + 4).value = self._timed_out
                     flag.value = 1
 
 

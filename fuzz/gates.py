@@ -279,6 +279,21 @@ class Gates:
                 self._kernel[(1,)](_Ptr(self._base + 16 * slot), *self._bound, num_warps=1)
         return gate
 
+    def hold_for(self, stream: Any, cycles: int) -> bool:
+        """Hold ``stream`` for as long as ``cycles`` GPU cycles take, running
+        nothing (a spin's delay, leaving the GPU to other work and other
+        processes); False where this kind cannot, or every slot is used: spin.
+
+        Not a gate the program's waits open: a host sync waits it out, as it
+        would a spin."""
+        if self.kind != "wait" or self._next >= _SLOTS:
+            return False
+        slot = self._next
+        self._next += 1
+        self._kernel.launch_for(stream.cuda_stream, self._base + 16 * slot,
+                                cycles / self._kernel.cycles_per_s)
+        return True
+
     @property
     def used(self) -> int:
         """Slots handed out since the last ``reset``."""

@@ -83,9 +83,13 @@ class CudaStreams:
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def spin(self, s: Any, cycles: int) -> str:
-        """Hold ``s`` for about ``cycles`` GPU cycles; returns how it was held."""
+    def spin(self, s: Any, cycles: int, idle: bool = False) -> str:
+        """Hold ``s`` for about ``cycles`` GPU cycles; returns how it was held.
+        With ``idle``, where the gates can, the stream waits that long running
+        nothing ("timed"), so that the GPU stays free for other worlds."""
         if cycles > 0:
+            if idle and self.gates is not None and self.gates.hold_for(s, cycles):
+                return "timed"
             with torch.cuda.stream(s):
                 torch.cuda._sleep(cycles)
         return "spin"
@@ -255,7 +259,7 @@ class SimStreams:
         self.land()
         self.emit("sync_device")
 
-    def spin(self, s: Any, cycles: int) -> str:
+    def spin(self, s: Any, cycles: int, idle: bool = False) -> str:
         return "none"
 
     gates = None

@@ -99,6 +99,22 @@ def test_a_gate_nobody_opens_times_out_instead_of_hanging(gates):
     gates.reset()
 
 
+def test_a_timed_hold_waits_its_time_running_nothing_and_is_no_timeout(gates):
+    s = torch.cuda.Stream()
+    cycles = int(0.15 * gates._kernel.cycles_per_s) if gates.kind == "wait" else 1
+    if not gates.hold_for(s, cycles):
+        assert gates.kind != "wait"  # only the stream wait holds without running
+        return
+    after = torch.cuda.Event()
+    after.record(s)
+    time.sleep(0.02)
+    assert not after.query()
+    t = time.monotonic()
+    after.synchronize()  # a host sync waits it out, as it would a spin
+    assert 0.05 < time.monotonic() - t < 1.0
+    assert not gates.finish_example()
+
+
 def test_a_host_polling_gated_work_in_a_loop_opens_the_gate(gates):
     s = torch.cuda.Stream()
     g = gates.hold(s)

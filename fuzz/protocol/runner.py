@@ -177,8 +177,8 @@ class Harness:
                 self.held.add(HELD_GATE)
                 return
         spun = spin_cycles(cycles, until)
-        if spun:
-            self.held.add(self.streams.spin(stream, spun))
+        if spun:  # with gates on, a spin that leaves the GPU free where it can
+            self.held.add(self.streams.spin(stream, spun, idle=self.gates is not None))
 
     def release(self, due: Callable[[str, int], bool]) -> None:
         """Open the gates ``due(until, step placed)`` names, in placing order."""
