@@ -56,7 +56,7 @@ def test_any_bad_input_from_a_command_is_one_line_and_exit_2(monkeypatch, capsys
     def replay(args):
         raise cls("step 3 names stream 'left'; use main or side")
 
-    monkeypatch.setattr(cli, "_replay", replay)
+    monkeypatch.setattr(cli, "replay_command", replay)
     assert cli.main(["replay", "corpus"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["streamfuzz: error: step 3 names stream 'left'; use main or side"]

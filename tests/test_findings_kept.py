@@ -185,7 +185,9 @@ def test_ctrl_c_while_gpus_are_counted_reports_that_no_target_ran(tmp_path, monk
         time.sleep(5)
         return 0
 
-    monkeypatch.setattr(cli, "probe_gpus", probe)
+    from fuzz.commands import checks
+
+    monkeypatch.setattr(checks, "probe_gpus", probe)
     data = _interrupted_before_any_target(tmp_path, capsys, "auto",
                                           "interrupted while counting GPUs")
     assert data["device"] == "auto"
