@@ -4,7 +4,9 @@
 #   tests   the GPU tests (gates of every kind, the pools, the probes on CUDA)
 #   busy    GPU-busy ms per example and crafted-case rates, per gate kind
 #   patterns bench/patterns.py: the correct patterns, examples/s and gate timeouts
-#   curve   soak throughput with 1, 2, 4, 8 worlds (and 8 with the PTX kernel gates)
+#   curve   soak throughput with CURVE_WORLDS worlds (default 1,2,4,8), and 8 with the
+#           PTX kernel gates unless CURVE_PTX=0
+#   fuzz    `make fuzz` as the README says, on the node's default worlds
 #   soak    a soak of SOAK_MIN minutes (default 9) with SOAK_WORLDS worlds (default 8)
 set -uo pipefail
 out=${1:?usage: bench/gpu_worlds.sh OUTDIR STEP...}; shift
@@ -28,11 +30,15 @@ for step in "$@"; do
       say "patterns: exit $?"; cat "$w/patterns/patterns.md" 2>/dev/null | tee -a "$out/summary.txt" ;;
     curve)
       PYTHONPATH=. timeout 420 "$py" bench/worlds.py curve --seconds 35 --out "$w/curve" \
-        > "$w/curve.log" 2>&1
+        --worlds "${CURVE_WORLDS:-1,2,4,8}" > "$w/curve.log" 2>&1
       say "curve: exit $?"; cat "$w/curve/curve.md" 2>/dev/null | tee -a "$out/summary.txt"
+      [ "${CURVE_PTX:-1}" = 0 ] && continue
       PYTHONPATH=. timeout 120 "$py" bench/worlds.py curve --worlds 8 --seconds 35 --gates ptx \
         --out "$w/curve" > "$w/curve-ptx.log" 2>&1
       say "curve (ptx gates): exit $?"; cat "$w/curve/curve-ptx.md" 2>/dev/null | tee -a "$out/summary.txt" ;;
+    fuzz)
+      timeout 240 make fuzz > "$w/fuzz.log" 2>&1
+      say "make fuzz: exit $?"; tail -12 "$w/fuzz.log" | tee -a "$out/summary.txt" ;;
     soak)
       PYTHONPATH=. timeout 590 "$py" bench/worlds.py soak --minutes "${SOAK_MIN:-9}" \
         --worlds "${SOAK_WORLDS:-8}" --out "$w/soak" > "$w/soak-run.log" 2>&1
