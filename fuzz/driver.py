@@ -16,7 +16,7 @@ import unittest
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -27,6 +27,7 @@ from hypothesis.errors import Flaky
 
 from fuzz import corpus, profiles, stages, targets
 from fuzz import protocol as protocols
+from fuzz.campaign import CampaignResult
 from fuzz.coverage import Coverage
 from fuzz.errors import FuzzError
 from fuzz.options import DEFAULT, RunOptions
@@ -160,60 +161,6 @@ def behaviours(scenario: Scenario, verdict: Verdict) -> list[str]:
     return labels + ["verdict " + ("ok" if verdict.ok else verdict.first.kind)]
 
 
-@dataclass
-class CampaignResult:
-    target: str
-    examples: int = 0
-    elapsed_s: float = 0.0
-    failure: Failure | None = None
-    scenario: Scenario | None = None
-    corpus_path: Path | None = None
-    flaky: bool = False
-    first_failure_examples: int | None = None
-    first_failure_s: float | None = None
-    first_failure_at: float | None = None
-    """When the first failure was seen (``time.time()``): a benchmark that
-    started this process measures from the process's start to it."""
-    failures: int = 0
-    reason: StopReason | None = None
-    """Why the run ended (``fuzz.stop``); None while it runs."""
-    held: list[str] = field(default_factory=list)
-    gate_timeouts: int = 0
-    """Examples a gate ran out its bound in: the program waited for gated work
-    in a way the gates could not see (a bug of streamfuzz's on correct code)."""
-    coverage: Coverage | None = None
-    """What the examples judged called on the ranks (``fuzz.coverage``)."""
-
-    def end(self, reason: StopReason) -> None:
-        """Record why the run ended: the first reason stands, but for Ctrl-C."""
-        if self.reason is None or reason is StopReason.INTERRUPTED:
-            self.reason = reason
-
-    @property
-    def interrupted(self) -> bool:
-        """Ctrl-C ended the run; a failure found is saved as shrunk so far."""
-        return self.reason is StopReason.INTERRUPTED
-
-    @property
-    def stopped(self) -> bool:
-        """Cut short from outside: its budget, its caller, another world's claim."""
-        return self.reason in (StopReason.BUDGET, StopReason.ASKED, StopReason.CLAIMED)
-
-    @property
-    def shrink_truncated(self) -> bool:
-        return self.reason is StopReason.SHRINK_BUDGET
-
-    @property
-    def duplicate(self) -> bool:
-        """Another world claimed this run's failure first (``fuzz(claim=...)``):
-        nothing was saved, and the finding is that world's."""
-        return self.reason is StopReason.CLAIMED
-
-    @property
-    def examples_per_s(self) -> float:
-        return self.examples / self.elapsed_s if self.elapsed_s else 0.0
-
-
 def found_on(pool: RankPool, options: RunOptions, target: str | None = None) -> dict[str, Any]:
     """Where a failure was found, with every run option (the oracles those
     that ran there, and ``hold``), for the corpus entry: ``fuzz replay`` judges
@@ -304,6 +251,12 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     result.held = sorted(campaign.held)
     if owned and not owned[0]:
         result.reason = StopReason.CLAIMED
+    return _settled(result, corpus_dir, first, entry)
+
+
+def _settled(result: CampaignResult, corpus_dir: Path | None, first: corpus.FirstSight | None,
+             entry: Callable[[Failure, Scenario, bool], corpus.Entry]) -> CampaignResult:
+    """The run's end: its reason, its failure saved (the first sight replaced)."""
     result.end(StopReason.SHRUNK if result.failure is not None else StopReason.MAX_EXAMPLES)
     if result.failure is not None and corpus_dir is not None and not result.duplicate:
         result.corpus_path = corpus.save(corpus_dir, entry(result.failure, result.scenario,
