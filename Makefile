@@ -50,7 +50,7 @@ $(VENV)/.ready: pyproject.toml
 # saved) is this command's purpose, not an error; anything else (2 bad usage,
 # 70 streamfuzz crashed, 130 interrupted) fails the target.
 fuzz: $(VENV)/.ready
-	@$(PY) -m fuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
+	@$(PY) -m streamfuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
 		--report reports/fuzz.json $(if $(WORLDS),--worlds $(WORLDS)); rc=$$?; test $$rc -le 1
 
 # vLLM's own PPHandler (docs/vllm.md): VLLM's wheel is fetched
@@ -59,16 +59,16 @@ fuzz: $(VENV)/.ready
 VLLM ?= 0.34.0
 DEVICE ?= auto
 vllm: vllm-fetch
-	@$(PY) -m fuzz run --upstream $(VLLM) --device $(DEVICE) --budget $(BUDGET) \
+	@$(PY) -m streamfuzz run --upstream $(VLLM) --device $(DEVICE) --budget $(BUDGET) \
 		--max-examples $(EXAMPLES) --report reports/vllm-$(VLLM).json; rc=$$?; test $$rc -le 1
 
 vllm-fetch: $(VENV)/.ready
-	@$(PY) -m fuzz.upstream fetch $(VLLM)
+	@$(PY) -m streamfuzz.fuzz.upstream fetch $(VLLM)
 
 # A time-budgeted campaign (docs/soak.md): BUDGET is 30s, 10m, 8h...; the same
 # SOAK_OUT resumes it. Report, plot and log land in SOAK_OUT, failures in corpus/.
 soak: $(VENV)/.ready
-	@$(PY) -m fuzz soak --device auto --budget $(BUDGET) --out $(SOAK_OUT) \
+	@$(PY) -m streamfuzz soak --device auto --budget $(BUDGET) --out $(SOAK_OUT) \
 		$(if $(TARGETS),--target $(TARGETS)) $(if $(WORLDS),--worlds $(WORLDS)); \
 		rc=$$?; test $$rc -le 1
 
@@ -80,13 +80,13 @@ test-fast: $(VENV)/.ready
 	$(PY) -m pytest -n $(JOBS) -q -m "fast and not slow"
 
 replay: $(VENV)/.ready
-	$(PY) -m fuzz replay corpus
+	$(PY) -m streamfuzz replay corpus
 
 # The CPU column of the target x oracle matrix: fails if the lifetime oracle
 # misses a buggy target or a mutant on any seed, or flags the correct target.
 SEEDS ?= 3
 matrix: $(VENV)/.ready
-	$(PY) -m fuzz matrix --device cpu --oracle lifetime --seeds $(SEEDS) --max-examples 200
+	$(PY) -m streamfuzz matrix --device cpu --oracle lifetime --seeds $(SEEDS) --max-examples 200
 
 lint: $(VENV)/.ready
 	$(PY) -m ruff check fuzz strategies streamfuzz tests bench examples
@@ -102,7 +102,7 @@ typecheck: $(VENV)/.ready
 # on every available device; JSON and a markdown table under BENCH_OUT.
 BENCH_OUT ?= reports/bench
 bench: $(VENV)/.ready
-	$(PY) -m fuzz bench --device auto --out $(BENCH_OUT)
+	$(PY) -m streamfuzz bench --device auto --out $(BENCH_OUT)
 
 # What a streamfuzz.checked() block adds to a user's Hypothesis test (bench/README.md).
 bench-checked: $(VENV)/.ready

@@ -1,4 +1,4 @@
-"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate, scan.
+"""``python -m streamfuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate, scan.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config,
@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fuzz import corpus, profiles, targets, upstream
-from fuzz import protocol as protocols
-from fuzz.__main__ import EXIT_CRASH
-from fuzz.errors import BadInput
-from fuzz.host import cpu_world_limit, probe_gpus
-from fuzz.options import (
+from streamfuzz.fuzz import corpus, profiles, targets, upstream
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.__main__ import EXIT_CRASH
+from streamfuzz.fuzz.errors import BadInput
+from streamfuzz.fuzz.host import cpu_world_limit, probe_gpus
+from streamfuzz.fuzz.options import (
     DEFAULT,
     MUTATE,
     ORACLE_CHOICES,
@@ -36,7 +36,7 @@ from fuzz.options import (
     RunOptions,
     parse_oracles,
 )
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz.ranks import RankPool
 
 
 class UsageError(BadInput):
@@ -73,7 +73,7 @@ def _mib(text: str) -> float:
 
 
 def _duration(text: str) -> float:
-    from fuzz.soak import parse_budget
+    from streamfuzz.fuzz.soak import parse_budget
 
     try:
         return parse_budget(text)
@@ -90,7 +90,7 @@ def _oracles(text: str) -> frozenset[Oracle]:
 
 def _expect(text: str) -> tuple[str | None, str]:
     """``--expect [TARGET=]clean|found``: (the target, or None for every user target, what)."""
-    from fuzz.matrix import EXPECTATIONS
+    from streamfuzz.fuzz.matrix import EXPECTATIONS
 
     name, _, what = text.rpartition("=")
     if what not in EXPECTATIONS:
@@ -163,7 +163,7 @@ def _judging(options: RunOptions, device: str) -> None:
 
 
 def _address(text: str) -> tuple[str, int]:
-    from fuzz.host import parse_address
+    from streamfuzz.fuzz.host import parse_address
 
     try:
         return parse_address(text)
@@ -172,7 +172,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def _world_of(text: str) -> Any:
-    from fuzz.worlds import WorldOf
+    from streamfuzz.fuzz.worlds import WorldOf
 
     try:
         return WorldOf.parse(text)
@@ -365,7 +365,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep the shrunk cases of caught mutants here (default: not kept)")
     u.add_argument("--out", type=Path, default=Path("reports/mutate"),
                    help="where TARGET.json and TARGET.md go (default reports/mutate)")
-    from fuzz.scan.command import add_parser as add_scan
+    from streamfuzz.fuzz.scan.command import add_parser as add_scan
 
     add_scan(sub)
     return p
@@ -416,7 +416,7 @@ def _command(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     if getattr(args, "world_of", None) is not None:
-        from fuzz.worlds import end_with_parent
+        from streamfuzz.fuzz.worlds import end_with_parent
 
         end_with_parent()
     if args.command == "run":
@@ -424,7 +424,7 @@ def _command(argv: Sequence[str] | None) -> int:
     if args.command == "bench":
         return _bench(args)
     if args.command == "matrix":
-        from fuzz import matrix
+        from streamfuzz.fuzz import matrix
 
         device, gpus = _device(args.device)
         return matrix.main(args, device, _world_size(device, gpus, None))
@@ -433,7 +433,7 @@ def _command(argv: Sequence[str] | None) -> int:
     if args.command == "mutate":
         return _mutate(args)
     if args.command == "scan":
-        from fuzz.scan.command import main as scan
+        from streamfuzz.fuzz.scan.command import main as scan
 
         return scan(args)
     return _replay(args)
@@ -466,7 +466,7 @@ def _worlds(args: argparse.Namespace, device: str, world: int) -> int:
         if device == "cpu":
             _check_cpu_world(args.worlds * world, f"--worlds {args.worlds} of {world} ranks")
         return int(args.worlds)
-    from fuzz.worlds import default_worlds
+    from streamfuzz.fuzz.worlds import default_worlds
 
     return default_worlds(device, world)[0]
 
@@ -573,7 +573,7 @@ def _run(args: argparse.Namespace) -> int:
     corpus.sweep(args.corpus)
     worlds = _worlds(args, device, world)
     if worlds > 1:
-        from fuzz.worlds import run_worlds
+        from streamfuzz.fuzz.worlds import run_worlds
 
         return run_worlds(args, worlds, device, world)
     settings = profiles.get(args.profile)
@@ -621,8 +621,8 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
     """Fuzz each target in turn, appending to ``results``; True once Ctrl-C ended it.
     A target the ranks find set up wrong is one line on stderr, in ``misused``,
     and the next target runs."""
-    from fuzz import driver
-    from fuzz.worlds import Claims
+    from streamfuzz.fuzz import driver
+    from streamfuzz.fuzz.worlds import Claims
 
     claims = Claims(args.world_of.shared) if args.world_of is not None else None
     for name in names:
@@ -687,7 +687,7 @@ def _strategy(name: str, world: int, scale: int) -> Any:
     """The weight-sync strategy at ``scale``; None (the protocol's default) otherwise."""
     if scale == 1 or protocols.of_target(name).name != "weight-sync":
         return None
-    from fuzz.weight_sync.strategies import weight_sync_scenarios
+    from streamfuzz.fuzz.weight_sync.strategies import weight_sync_scenarios
 
     return weight_sync_scenarios(world_size=world, scale=scale)
 
@@ -771,7 +771,7 @@ def _write_report(path: Path, results: list, device: str, world: int, restarts: 
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fuzz import bench
+    from streamfuzz.fuzz import bench
 
     draft = protocols.get(protocols.DEFAULT)
     names = args.target or [*draft.versions, *draft.mutants]
@@ -802,7 +802,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _mutate(args: argparse.Namespace) -> int:
-    from fuzz import mutate, mutate_report
+    from streamfuzz.fuzz import mutate, mutate_report
 
     try:
         sites = mutate.select(args.target, args.site)
@@ -831,8 +831,8 @@ def _mutate(args: argparse.Namespace) -> int:
 def _soak(args: argparse.Namespace) -> int:
     import os
 
-    from fuzz.soak import Soak, SoakConfig, stop_on_signals
-    from fuzz.worlds import Claims
+    from streamfuzz.fuzz.soak import Soak, SoakConfig, stop_on_signals
+    from streamfuzz.fuzz.worlds import Claims
 
     names = args.target or list(targets.BUILTIN)
     names = [n for arg in names for n in arg.split(",") if n]
@@ -858,7 +858,7 @@ def _soak(args: argparse.Namespace) -> int:
         raise UsageError("STREAMFUZZ_AUTHKEY must be hex") from None
     worlds = 1 if args.ranks_external else _worlds(args, device, world)
     if worlds > 1:
-        from fuzz.worlds import soak_worlds
+        from streamfuzz.fuzz.worlds import soak_worlds
 
         return soak_worlds(args, worlds, device, world)
     cfg = SoakConfig(targets=names, budget_s=args.budget, out=args.out, corpus=args.corpus,
@@ -874,7 +874,7 @@ def _soak(args: argparse.Namespace) -> int:
         try:
             if args.listen:
                 print(f"soak: waiting for {world} ranks on {args.listen[0]}:{args.listen[1]} "
-                      f"(torchrun ... -m fuzz.rank_main)", file=sys.stderr, flush=True)
+                      f"(torchrun ... -m streamfuzz.fuzz.rank_main)", file=sys.stderr, flush=True)
             pool.start()
             report = soak.run()
         finally:
@@ -890,11 +890,11 @@ def _soak(args: argparse.Namespace) -> int:
 
 
 _STOP_SIGNALS = ("SIGINT", "SIGTERM")
-"""The stop reasons of a soak that a signal ended (``fuzz.soak.stop_on_signals``)."""
+"""The stop reasons of a soak that a signal ended (``streamfuzz.fuzz.soak.stop_on_signals``)."""
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from fuzz import driver
+    from streamfuzz.fuzz import driver
 
     entries = [corpus.load(p) for p in corpus.discover(args.paths)]
     if not entries:

@@ -28,7 +28,7 @@ _first_counter: Callable[[], int | None] | None = None
 
 def count_gpus_with(counter: Callable[[], int | None]) -> None:
     """Have ``probe_gpus`` ask ``counter`` first: a process that has imported
-    torch already (the zygote ``python -m fuzz run`` starts early) counts at no
+    torch already (the zygote ``python -m streamfuzz run`` starts early) counts at no
     cost; None from it means that a throwaway process counts instead."""
     global _first_counter
     _first_counter = counter

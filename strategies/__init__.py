@@ -7,11 +7,11 @@ protocol keeps its strategies in its own package (``fuzz/draft/strategies``,
 ``fuzz/weight_sync/strategies.py``); this package re-exports them.
 """
 
-from fuzz.draft.strategies.batches import batches, idx_mappings
-from fuzz.draft.strategies.churn import churn_ops
-from fuzz.draft.strategies.interleavings import delays
-from fuzz.draft.strategies.scenarios import scenarios, steps
-from fuzz.weight_sync.strategies import weight_sync_scenarios
+from streamfuzz.fuzz.draft.strategies.batches import batches, idx_mappings
+from streamfuzz.fuzz.draft.strategies.churn import churn_ops
+from streamfuzz.fuzz.draft.strategies.interleavings import delays
+from streamfuzz.fuzz.draft.strategies.scenarios import scenarios, steps
+from streamfuzz.fuzz.weight_sync.strategies import weight_sync_scenarios
 
 __all__ = ["batches", "churn_ops", "delays", "idx_mappings", "scenarios", "steps",
            "weight_sync_scenarios"]

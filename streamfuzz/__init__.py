@@ -9,17 +9,17 @@ Hypothesis keeps its engine in ``_internal``)::
         out = my_engine_step(n)      # unmodified torch.cuda code
 
 At the block's end any finding raises ``StreamfuzzError``, whose message is
-what ``python -m fuzz run`` prints for it. Under pytest the plugin also gives
+what ``python -m streamfuzz run`` prints for it. Under pytest the plugin also gives
 the ``stream_checker`` fixture, the ``@pytest.mark.streamfuzz`` marker and the
 ``--streamfuzz-device`` option.
 """
 
-from fuzz import __version__
-from fuzz.errors import BadInput, FuzzError
-from fuzz.verdict import Failure
 from streamfuzz._check import DEVICES, ORACLES, Check, StreamfuzzError, checked
 from streamfuzz._explain import hide_own_lines
 from streamfuzz._opaque import opaque
+from streamfuzz.fuzz import __version__
+from streamfuzz.fuzz.errors import BadInput, FuzzError
+from streamfuzz.fuzz.verdict import Failure
 
 hide_own_lines()
 
