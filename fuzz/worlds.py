@@ -38,8 +38,9 @@ GPU_WORLDS_CAP = 8
 """Worlds on one set of GPUs at most, by default: past it the GPU, not the
 cores, bounds the total (bench/README.md has the curve)."""
 
-_PACKAGE = __name__.rpartition(".")[0]
-"""The command's package, as ``python -m`` runs it."""
+_PACKAGE = __name__.partition(".")[0]
+"""The command's package (``streamfuzz``), as ``python -m`` runs it: each world
+starts as a user's ``python -m streamfuzz`` would."""
 
 
 def default_worlds(device: str, world_size: int) -> tuple[int, str]:

@@ -15,8 +15,11 @@ from typing import Any
 import torch
 
 from streamfuzz import _group
+from streamfuzz._explain import hide_own_lines
 from streamfuzz.fuzz.errors import CheckArgumentError, FuzzError, NestedCheckError
 from streamfuzz.fuzz.verdict import Failure
+
+hide_own_lines()  # before any block can fail inside a Hypothesis test
 
 DEVICES = ("cpu", "cuda", "auto")
 """``cpu`` simulates CUDA streams (no GPU needed); ``cuda`` uses real streams;

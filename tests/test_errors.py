@@ -8,14 +8,13 @@ import pkgutil
 
 import pytest
 
-import streamfuzz
-from streamfuzz import fuzz
+from streamfuzz import _check, fuzz
 from streamfuzz.fuzz import cli
 from streamfuzz.fuzz.errors import BadInput, FuzzError
 
 
 def _modules():
-    yield streamfuzz._check
+    yield _check
     for info in pkgutil.walk_packages(fuzz.__path__, "streamfuzz.fuzz."):
         try:
             yield importlib.import_module(info.name)
@@ -48,7 +47,8 @@ def test_bad_input_the_commands_raise_keeps_its_builtin_base():
 
 
 @pytest.mark.parametrize("error", ["streamfuzz.fuzz.protocol.scenario:ScenarioError",
-                                   "streamfuzz.fuzz.options:OptionsError", "streamfuzz.fuzz.protocol:ProtocolError"])
+                                   "streamfuzz.fuzz.options:OptionsError",
+                                   "streamfuzz.fuzz.protocol:ProtocolError"])
 def test_any_bad_input_from_a_command_is_one_line_and_exit_2(monkeypatch, capsys, error):
     module, name = error.split(":")
     cls = getattr(importlib.import_module(module), name)

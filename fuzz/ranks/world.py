@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
-from streamfuzz.fuzz import collectives, crash_text, host, messages
+from streamfuzz.fuzz import ROOT, collectives, crash_text, host, messages
 from streamfuzz.fuzz.errors import BadInput
 from streamfuzz.fuzz.messages import Hello, RankInfo, Stop
 from streamfuzz.fuzz.zygote import ForkedRank, Zygote, ZygoteError
@@ -105,7 +105,7 @@ class World:
             "STREAMFUZZ_SPAWNED_AT": repr(time.time()),
         })
         base["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(host.REPO), base.get("PYTHONPATH")) if p)
+            p for p in (ROOT, base.get("PYTHONPATH")) if p)
         if spec.device == "cpu":
             base.setdefault("GLOO_SOCKET_IFNAME", "lo")
         spec.logdir.mkdir(parents=True, exist_ok=True)  # a closed pool started again

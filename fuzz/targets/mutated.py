@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from streamfuzz.fuzz import sync_sites
+from streamfuzz.fuzz.sites import display_path
 from streamfuzz.fuzz.sync_sites import Site
 from streamfuzz.fuzz.targets.names import (
     SEP,
@@ -88,8 +89,7 @@ def module_source(module: types.ModuleType, attr: str) -> Source:
         raise TargetError(f"module {module.__name__!r} has no Python source file to mutate")
     text = Path(file).read_text()
     tree = ast.parse(text, filename=file)
-    shown = module.__name__.replace(".", "/")
-    shown += "/__init__.py" if file.endswith("__init__.py") else ".py"
+    shown = display_path(os.path.abspath(file))  # as findings name it
 
     def build(edited: ast.Module, extra: dict[str, Any], suffix: str) -> Factory:
         mod_name = f"{module.__name__}__{suffix}"

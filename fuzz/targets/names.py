@@ -17,9 +17,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from streamfuzz.fuzz import ROOT
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.errors import BadInput
 
+_MAPPED = ("fuzz", "strategies")
+"""The checkout's folders that are ``streamfuzz.fuzz`` and ``streamfuzz.strategies``."""
 
 class TargetError(BadInput, ValueError):
     """A target spec that does not name a loadable factory."""
@@ -139,7 +142,9 @@ def import_name(name: str, module_name: str) -> str:
     and the ranks, given the same target, import the same module. A file
     inside a package (folders with an ``__init__.py``) is imported as part of
     it, by its dotted name from the folder above the outermost one, as
-    ``python -m`` would: its relative imports work too.
+    ``python -m`` would: its relative imports work too. A file of this project's
+    ``fuzz/`` or ``strategies/`` in a checkout is named as installed
+    (``streamfuzz.fuzz...``), its only name.
     """
     if not module_name.endswith(".py"):
         return module_name
@@ -153,6 +158,8 @@ def import_name(name: str, module_name: str) -> str:
     while (root / "__init__.py").is_file() and root.name.isidentifier():
         parts.insert(0, root.name)
         root = root.parent
+    if str(root) == ROOT and parts[0] in _MAPPED:
+        parts.insert(0, "streamfuzz")
     dotted = ".".join(parts)
     top = sys.modules.get(parts[0])
     if len(parts) > 1 and top is not None and str(root / parts[0]) not in {

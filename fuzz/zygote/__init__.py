@@ -45,8 +45,9 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from streamfuzz.fuzz import ROOT
 from streamfuzz.fuzz.errors import FuzzError
-from streamfuzz.fuzz.host import REPO, count_gpus_with
+from streamfuzz.fuzz.host import count_gpus_with
 
 if TYPE_CHECKING:  # the driver imports this first thing: only what it must
     from pathlib import Path
@@ -186,7 +187,7 @@ class Zygote:
 
 def _own_env(env: dict[str, str]) -> dict[str, str]:
     env = dict(env, PYTHONUNBUFFERED="1", STREAMFUZZ_PARENT=str(os.getpid()))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     return env
 
 
