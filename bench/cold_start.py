@@ -55,7 +55,8 @@ def _phases(device: str) -> dict[str, str]:
     out = {
         "interpreter": "pass",
         "import torch": "import torch",
-        "import driver (streamfuzz.fuzz.cli)": "import streamfuzz.fuzz.cli, sys; assert 'torch' not in sys.modules",
+        "import driver (streamfuzz.fuzz.cli)":
+            "import streamfuzz.fuzz.cli, sys; assert 'torch' not in sys.modules",
         "import rank (streamfuzz.fuzz.rank_main)": "import streamfuzz.fuzz.rank_main",
         "first device tensor": f"import torch; torch.zeros(1, device={device!r})",
         "process group + broadcast": _PG.format(dev=device, bound=True, own=True),

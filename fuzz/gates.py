@@ -11,7 +11,8 @@ Every gate is bounded (a wall-clock bound via ``%globaltimer``, or a polling
 bound where Triton lacks the timer): a gate nobody opens — say the opening
 stream itself waits on the held one — times out instead of hanging the run,
 and reports that it did. The kernel is PTX loaded through the driver API
-(``streamfuzz.fuzz._gate_ptx``: no compile to wait for), else Triton's (``streamfuzz.fuzz._gate_kernel``);
+(``streamfuzz.fuzz._gate_ptx``: no compile to wait for), else Triton's
+(``streamfuzz.fuzz._gate_kernel``);
 ``Gates.create`` raises ``GateUnavailable`` where neither passes its
 self-test, and callers fall back to spins.
 

@@ -100,7 +100,8 @@ class SoakConfig:
     profile: str = "default"
     replay_failures: bool = True
     strategy: Any = None
-    """Scenarios to draw (default: ``streamfuzz.fuzz.draft.strategies.scenarios`` for the pool's world)."""
+    """Scenarios to draw (default: ``streamfuzz.fuzz.draft.strategies.scenarios`` for the
+    pool's world)."""
     extra: dict[str, Any] = field(default_factory=dict)
     claims: Any = None
     """Where this campaign is one of parallel worlds: their ``streamfuzz.fuzz.worlds.Claims``."""

@@ -179,16 +179,18 @@ class SimStreams:
         self.listeners: list[Listener] = []
         self._by_id = {0: self.main}
         self.sending: list[Any] = []
-        """Broadcasts this rank is the root of, still being sent (``streamfuzz.fuzz.sim.dispatch``)."""
+        """Broadcasts this rank is the root of, still being sent
+        (``streamfuzz.fuzz.sim.dispatch``)."""
         self.receiving: list[Receiving] = []
         """Broadcasts this rank receives, still arriving (``streamfuzz.fuzz.sim.dispatch``): each
         lands in the program's tensors before anything touches them."""
         self._arriving: set[int | None] = set()
         """The storages ``receiving`` lands in."""
         self.handles: list[Handle] = []
-        """The work handles of async calls handed to the program (``streamfuzz.fuzz.sim.dispatch.Handle``),
-        kept for the example: C++ holds them only through their boxed form, and
-        the program must get these objects back, not a bare ``Work``."""
+        """The work handles of async calls handed to the program
+        (``streamfuzz.fuzz.sim.dispatch.Handle``), kept for the example: C++ holds them
+        only through their boxed form, and the program must get these objects
+        back, not a bare ``Work``."""
         self.memory = cuda_on_cpu.Memory()
         self._polls_unfinished = 0
         self.unfinished: Callable[[Any], bool] | None = None

@@ -270,7 +270,8 @@ def test_the_target_option_has_one_name_and_the_old_one_warns(tmp_path):
 def test_replay_of_a_fixed_user_entry_says_what_to_do(tmp_path):
     src = json.loads(next(ROOT.glob("corpus/pre-fix/*.json")).read_text())
     entry = tmp_path / "fixed.json"
-    entry.write_text(json.dumps(dict(src, target="streamfuzz.fuzz.draft.targets.pp_draft:main_gather")))
+    fixed = "streamfuzz.fuzz.draft.targets.pp_draft:main_gather"
+    entry.write_text(json.dumps(dict(src, target=fixed)))
     out = _cli("replay", entry, "--device", "cpu")
     assert out.returncode == 1, out.stderr
     assert "PASSES: the bug no longer reproduces there. If you fixed it, delete" in out.stdout

@@ -391,7 +391,8 @@ def test_external_ranks_stuck_in_an_example_end_once_told_to_stop(tmp_path, sigi
     env.pop("STREAMFUZZ_STACKS", None)
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     stacks = tmp_path / "rank0.stacks"
-    ranks = [subprocess.Popen([PY, "-m", "streamfuzz.fuzz.rank_main"], cwd=ROOT, stdout=log.open("w"),
+    ranks = [subprocess.Popen([PY, "-m", "streamfuzz.fuzz.rank_main"], cwd=ROOT,
+                              stdout=log.open("w"),
                               stderr=subprocess.STDOUT,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r),
                                        **({"STREAMFUZZ_STACKS": str(stacks)} if r == 0

@@ -1,9 +1,9 @@
 """The draft broadcast as a protocol: the first one the engine fuzzed.
 
 The pipeline-parallel draft broadcast of a speculative-decoding model runner
-(``streamfuzz.fuzz.draft.scenario``, ``strategies``, ``streamfuzz.fuzz.draft.runner``, ``streamfuzz.fuzz.draft.reference``,
-``streamfuzz.fuzz.draft.targets.pp_draft``). This module is what the registry reads; it
-imports nothing heavy at module level.
+(``streamfuzz.fuzz.draft.scenario``, ``strategies``, ``streamfuzz.fuzz.draft.runner``,
+``streamfuzz.fuzz.draft.reference``, ``streamfuzz.fuzz.draft.targets.pp_draft``). This
+module is what the registry reads; it imports nothing heavy at module level.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ class ScenarioType(_TypingProtocol):
 @runtime_checkable
 class Runner(_TypingProtocol):
     """A protocol's ``run`` part: one example on one rank -> its observations
-    (``streamfuzz.fuzz.messages.Observations``); ``streamfuzz.fuzz.protocol.runner`` is its skeleton."""
+    (``streamfuzz.fuzz.messages.Observations``); ``streamfuzz.fuzz.protocol.runner`` is its
+    skeleton."""
 
     def __call__(self, scenario: Any, factory: Callable[[Any], Any], env: RankEnv,
                  options: Any) -> Any: ...

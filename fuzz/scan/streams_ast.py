@@ -11,8 +11,9 @@ carries the branches it is under (``guards``), so a wait that only some paths
 take can be told from one they all take.
 
 Nothing is imported or run. Here are the statements and expressions; what a
-name is lives in ``streamfuzz.fuzz.scan.names``, what a call does in ``streamfuzz.fuzz.scan.calls``,
-what a binding does in ``streamfuzz.fuzz.scan.binding``, and the ops in ``streamfuzz.fuzz.scan.ops``.
+name is lives in ``streamfuzz.fuzz.scan.names``, what a call does in
+``streamfuzz.fuzz.scan.calls``, what a binding does in ``streamfuzz.fuzz.scan.binding``,
+and the ops in ``streamfuzz.fuzz.scan.ops``.
 """
 
 from __future__ import annotations

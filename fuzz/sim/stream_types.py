@@ -40,8 +40,8 @@ class SimStream(TORCH_STREAM):
     Under CUDA on CPU it is also ``torch.cuda.Stream``: ``SimStream()`` then
     makes a new stream of the example's simulated streams. A stream made in
     an earlier example or block (kept in a module-level cache) belongs to the
-    one running when it is used (``streamfuzz.fuzz.streams.SimStreams.adopt``): its ids are unique in
-    the process, and the default stream (id 0) is every run's ``main``.
+    one running when it is used (``streamfuzz.fuzz.streams.SimStreams.adopt``): its ids are
+    unique in the process, and the default stream (id 0) is every run's ``main``.
     """
 
     _api: Simulated
@@ -112,10 +112,10 @@ class SimStream(TORCH_STREAM):
         self._now("torch.cuda.Stream.synchronize").emit("sync_stream", self)
 
     def query(self) -> bool:  # type: ignore[override]
-        """True unless the scenario holds this poll (``streamfuzz.fuzz.streams.SimStreams.hold_polls``).
-        A program that goes on because of a True has seen the stream's work
-        done, as a host polling until True on a GPU has: a synchronize for
-        the listeners."""
+        """True unless the scenario holds this poll
+        (``streamfuzz.fuzz.streams.SimStreams.hold_polls``). A program that goes
+        on because of a True has seen the stream's work done, as a host polling
+        until True on a GPU has: a synchronize for the listeners."""
         if not self._now("torch.cuda.Stream.query").answer_poll(self):
             return False
         self.synchronize()

@@ -6,7 +6,8 @@ which handler methods are called is its protocol's (``streamfuzz.fuzz.draft.cont
 (``streamfuzz.fuzz.protocol.builtin_targets``); a user's target is ``package.module:attr``
 or ``path/to/file.py:attr``; upstream code is a family with a version
 (``vllm-pp@0.32.0``), loaded by the protocol that drives it
-(``streamfuzz.fuzz.targets.names.family_of``). What a name means is ``streamfuzz.fuzz.targets.names``.
+(``streamfuzz.fuzz.targets.names.family_of``). What a name means is
+``streamfuzz.fuzz.targets.names``.
 
 ``TargetContext`` and ``Batch`` are the draft broadcast's, kept here by name.
 """

@@ -35,7 +35,8 @@ UPSTREAM: dict[str, bool] = {"vllm-pp": False, "vllm-pp-pre-pr": True}
 """vLLM's ``PPHandler`` as shipped, and with the AST edit that gives the pre-PR code."""
 
 WEIGHTS_FAMILY = "vllm-weights"
-"""vLLM's packed NCCL weight broadcast (``streamfuzz.fuzz.weight_sync.vllm``), a weight-sync target."""
+"""vLLM's packed NCCL weight broadcast (``streamfuzz.fuzz.weight_sync.vllm``), a
+weight-sync target."""
 
 UPSTREAM_FIXED = "vllm-pp@0.34.0"
 """vLLM's handler after the fix (gather on the main stream): where it is cached,

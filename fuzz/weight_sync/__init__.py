@@ -34,7 +34,8 @@ PROTOCOL = Protocol(
     smallest="streamfuzz.fuzz.weight_sync:smallest",
     versions={"weight-sync-unordered": "streamfuzz.fuzz.weight_sync.targets:unordered",
               "weight-sync-ordered": "streamfuzz.fuzz.weight_sync.targets:ordered"},
-    mutants={name: f"streamfuzz.fuzz.weight_sync.targets:{name.removeprefix('weight-sync-').replace('-', '_')}"
+    mutants={name: "streamfuzz.fuzz.weight_sync.targets:"
+                   + name.removeprefix("weight-sync-").replace("-", "_")
              for name in ("weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
                           "weight-sync-consumer-load-on-caller")},
     correct="weight-sync-ordered",

@@ -69,7 +69,8 @@ class Sync:
 
     @property
     def pending_polls(self) -> int:
-        """As a draft step's (``streamfuzz.fuzz.draft.scenario.Step.pending_polls``), from its holds."""
+        """As a draft step's (``streamfuzz.fuzz.draft.scenario.Step.pending_polls``), from its
+        holds."""
         return sum(polls_held(h.cycles, h.until) for h in self.holds)
 
 

@@ -114,7 +114,8 @@ def async_tensor_h2d(data: Any, device: str | torch.device | None = None,
 
 def _modules() -> dict[str, types.ModuleType]:
     def mod(name: str, **attrs: Any) -> types.ModuleType:
-        m = types.ModuleType(name, "streamfuzz stand-in (streamfuzz.fuzz.draft.targets.vllm_standins)")
+        m = types.ModuleType(
+            name, "streamfuzz stand-in (streamfuzz.fuzz.draft.targets.vllm_standins)")
         m.__dict__.update(attrs)
         return m
 
