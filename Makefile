@@ -19,8 +19,8 @@ JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$
 # Modules the runs and tests import, as "module=distribution".
 TOOLS := hypothesis=hypothesis pytest=pytest xdist=pytest-xdist numpy=numpy matplotlib=matplotlib
 
-.PHONY: fuzz soak test test-fast replay lint typecheck bench bench-checked bench-peers matrix clean \
-	vllm vllm-fetch
+.PHONY: fuzz soak test test-fast replay lint typecheck wheel-check bench bench-checked bench-peers \
+	matrix clean vllm vllm-fetch
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -78,6 +78,12 @@ test: $(VENV)/.ready
 # The fast tier: unit tests that start no process (FAST_MODULES in tests/conftest.py).
 test-fast: $(VENV)/.ready
 	$(PY) -m pytest -n $(JOBS) -q -m "fast and not slow"
+
+# The wheel, built and installed into a fresh virtualenv that sees torch and the test
+# tools but not this checkout: it installs only the streamfuzz import name, and
+# `python -m streamfuzz run`, its ranks and the pytest plugin work from it (tests/test_wheel.py).
+wheel-check: $(VENV)/.ready
+	$(PY) -m pytest -q -p no:cacheprovider -m slow tests/test_wheel.py
 
 replay: $(VENV)/.ready
 	$(PY) -m streamfuzz replay corpus
