@@ -19,8 +19,8 @@ JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$
 # Modules the runs and tests import, as "module=distribution".
 TOOLS := hypothesis=hypothesis pytest=pytest xdist=pytest-xdist numpy=numpy matplotlib=matplotlib
 
-.PHONY: fuzz soak test test-fast replay lint typecheck bench bench-checked bench-peers matrix clean \
-	vllm vllm-fetch
+.PHONY: fuzz soak test test-fast replay lint typecheck wheel-check bench bench-checked bench-peers \
+	matrix clean vllm vllm-fetch
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c 'import torch' >/dev/null 2>&1; then \
@@ -50,7 +50,7 @@ $(VENV)/.ready: pyproject.toml
 # saved) is this command's purpose, not an error; anything else (2 bad usage,
 # 70 streamfuzz crashed, 130 interrupted) fails the target.
 fuzz: $(VENV)/.ready
-	@$(PY) -m fuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
+	@$(PY) -m streamfuzz run --device auto --budget $(BUDGET) --max-examples $(EXAMPLES) \
 		--report reports/fuzz.json $(if $(WORLDS),--worlds $(WORLDS)); rc=$$?; test $$rc -le 1
 
 # vLLM's own PPHandler (docs/vllm.md): VLLM's wheel is fetched
@@ -59,16 +59,16 @@ fuzz: $(VENV)/.ready
 VLLM ?= 0.34.0
 DEVICE ?= auto
 vllm: vllm-fetch
-	@$(PY) -m fuzz run --upstream $(VLLM) --device $(DEVICE) --budget $(BUDGET) \
+	@$(PY) -m streamfuzz run --upstream $(VLLM) --device $(DEVICE) --budget $(BUDGET) \
 		--max-examples $(EXAMPLES) --report reports/vllm-$(VLLM).json; rc=$$?; test $$rc -le 1
 
 vllm-fetch: $(VENV)/.ready
-	@$(PY) -m fuzz.upstream fetch $(VLLM)
+	@$(PY) -m streamfuzz.fuzz.upstream fetch $(VLLM)
 
 # A time-budgeted campaign (docs/soak.md): BUDGET is 30s, 10m, 8h...; the same
 # SOAK_OUT resumes it. Report, plot and log land in SOAK_OUT, failures in corpus/.
 soak: $(VENV)/.ready
-	@$(PY) -m fuzz soak --device auto --budget $(BUDGET) --out $(SOAK_OUT) \
+	@$(PY) -m streamfuzz soak --device auto --budget $(BUDGET) --out $(SOAK_OUT) \
 		$(if $(TARGETS),--target $(TARGETS)) $(if $(WORLDS),--worlds $(WORLDS)); \
 		rc=$$?; test $$rc -le 1
 
@@ -79,30 +79,44 @@ test: $(VENV)/.ready
 test-fast: $(VENV)/.ready
 	$(PY) -m pytest -n $(JOBS) -q -m "fast and not slow"
 
+# The wheel, built and installed into a fresh virtualenv that sees torch and the test
+# tools but not this checkout: it installs only the streamfuzz import name, and
+# `python -m streamfuzz run`, its ranks and the pytest plugin work from it (tests/test_wheel.py).
+wheel-check: $(VENV)/.ready
+	$(PY) -m pytest -q -p no:cacheprovider -m slow tests/test_wheel.py
+
 replay: $(VENV)/.ready
-	$(PY) -m fuzz replay corpus
+	$(PY) -m streamfuzz replay corpus
 
 # The CPU column of the target x oracle matrix: fails if the lifetime oracle
 # misses a buggy target or a mutant on any seed, or flags the correct target.
 SEEDS ?= 3
 matrix: $(VENV)/.ready
-	$(PY) -m fuzz matrix --device cpu --oracle lifetime --seeds $(SEEDS) --max-examples 200
+	$(PY) -m streamfuzz matrix --device cpu --oracle lifetime --seeds $(SEEDS) --max-examples 200
 
 lint: $(VENV)/.ready
 	$(PY) -m ruff check fuzz strategies streamfuzz tests bench examples
 
 # mypy over fuzz, strategies and streamfuzz, as pyproject.toml's [tool.mypy] sets it:
 # strict on the contract modules, the rest checked, modules still owing fixes named there.
+# It reads them as the wheel lays them out, through links in $(TYPECHECK_TREE) (made
+# afresh each time, its cache kept); its messages name the repository's files.
 # A venv that reused another interpreter's packages gets mypy here, once.
+TYPECHECK_TREE := build/typecheck
 typecheck: $(VENV)/.ready
 	@$(PY) -c 'import mypy' 2>/dev/null || { echo "bootstrap: installing mypy"; $(PY) -m pip install -q mypy; }
-	$(PY) -m mypy
+	@rm -rf $(TYPECHECK_TREE)/streamfuzz && mkdir -p $(TYPECHECK_TREE)/streamfuzz && \
+		for f in streamfuzz/*.py; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/streamfuzz/; done && \
+		ln -s "$(CURDIR)/fuzz" "$(CURDIR)/strategies" $(TYPECHECK_TREE)/streamfuzz/
+	@cd $(TYPECHECK_TREE) && out=$$("$(abspath $(PY))" -m mypy --config-file "$(CURDIR)/pyproject.toml" \
+		streamfuzz 2>&1); rc=$$?; printf '%s\n' "$$out" | \
+		sed -e 's#^streamfuzz/fuzz/#fuzz/#' -e 's#^streamfuzz/strategies/#strategies/#'; exit $$rc
 
 # Throughput against a hand-written loop, time to first failure, gates vs spins,
 # on every available device; JSON and a markdown table under BENCH_OUT.
 BENCH_OUT ?= reports/bench
 bench: $(VENV)/.ready
-	$(PY) -m fuzz bench --device auto --out $(BENCH_OUT)
+	$(PY) -m streamfuzz bench --device auto --out $(BENCH_OUT)
 
 # What a streamfuzz.checked() block adds to a user's Hypothesis test (bench/README.md).
 bench-checked: $(VENV)/.ready
@@ -115,4 +129,4 @@ bench-peers: $(VENV)/.ready
 	PYTHONPATH=. $(PY) bench/peers.py --budget $(PEERS_BUDGET) --out $(BENCH_OUT)/peers
 
 clean:
-	rm -rf $(VENV) reports soak .hypothesis .pytest_cache
+	rm -rf $(VENV) reports soak build .hypothesis .pytest_cache

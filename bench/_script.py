@@ -53,7 +53,7 @@ def one_rank_group(device_kind: str, gates_wanted: bool = True) -> tuple[Any, An
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
                                 device_id=device)
         group = dist.new_group(backend="nccl")
-        from fuzz.gates import Gates, GateUnavailable
+        from streamfuzz.fuzz.gates import Gates, GateUnavailable
 
         try:
             if gates_wanted:

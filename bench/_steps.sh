@@ -11,12 +11,12 @@ say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pac
 # The project's own environment (the Makefile's bootstrap, its pytest plugin installed)
 # and its interpreter as $py, an absolute path that holds in any folder a step cd's into.
 venv() { make -s .venv/.ready > /dev/null || exit 1; py=$(pwd)/.venv/bin/python; }
-# cold TARGET SEED LOG: `python -m fuzz run` on one GPU from process start to its first
-# failure (fuzz.bench.from_process_start), its JSON as LOG's last line.
+# cold TARGET SEED LOG: `python -m streamfuzz run` on one GPU from process start to its first
+# failure (streamfuzz.fuzz.bench.from_process_start), its JSON as LOG's last line.
 cold() {
   timeout 15 "$py" -c "import json
-from fuzz.bench import from_process_start
-from fuzz.options import DEFAULT
+from streamfuzz.fuzz.bench import from_process_start
+from streamfuzz.fuzz.options import DEFAULT
 print(json.dumps(from_process_start('cuda', 1, '$1', $2, 200, 10.0, DEFAULT, 10.0)))" > "$3" 2>&1
 }
 # The node's card, driver, torch and cores, as the first line of the summary.

@@ -38,7 +38,7 @@ import _script  # bench/_script.py, beside this script
 import torch
 import torch.distributed as dist
 
-from fuzz.dispatch_mode import DispatchMode
+from streamfuzz.fuzz.dispatch_mode import DispatchMode
 
 CALLS = {
     "broadcast": lambda t, group: dist.broadcast(t, src=0, group=group),
@@ -104,8 +104,8 @@ def _us_behind_spin(call: Callable, t: torch.Tensor, group: dist.ProcessGroup, c
 
 @contextlib.contextmanager
 def _checker(device: torch.device) -> Iterator[None]:
-    from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
-    from fuzz.streams import CudaStreams
+    from streamfuzz.fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
+    from streamfuzz.fuzz.streams import CudaStreams
 
     checker = CudaLifetimeChecker(CudaStreams(device)).attach()
     try:

@@ -1,14 +1,14 @@
 """Where a cold start goes, phase by phase, each in a fresh interpreter.
 
-``fuzz.bench`` measures a cold start end to end (process start to the first
+``streamfuzz.fuzz.bench`` measures a cold start end to end (process start to the first
 failure). This splits it: the interpreter alone, ``import torch``, the
 driver's and the rank's module imports, the device's first use, the gate
 pool (the PTX kernel ranks load; Triton's, with an empty and a warm cache)
 and a one-rank process group.
 Each phase is a subprocess timed from before it is spawned, median of
 ``--repeat`` runs; ``-X importtime``'s heaviest modules for the driver and the
-rank come next. Last, end to end: ``python -m fuzz run`` from process start to
-its first failure (``fuzz.bench.from_process_start``) for pre-fix and pr-fix,
+rank come next. Last, end to end: ``python -m streamfuzz run`` from process start to
+its first failure (``streamfuzz.fuzz.bench.from_process_start``) for pre-fix and pr-fix,
 with ranks forked from the zygote and spawned (``STREAMFUZZ_ZYGOTE=0``),
 alternating. ``--only TEXT`` runs the phases named with TEXT alone.
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import _script  # bench/_script.py, beside this script
 
-from fuzz.bench import from_process_start
-from fuzz.options import DEFAULT
+from streamfuzz.fuzz.bench import from_process_start
+from streamfuzz.fuzz.options import DEFAULT
 
 _PG = ("import os, torch, torch.distributed as dist\n"
        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(29000 + os.getpid() % 1000),"
@@ -43,11 +43,11 @@ _PG = ("import os, torch, torch.distributed as dist\n"
        "t = torch.zeros(1, device=dev); dist.broadcast(t, 0, group=g)\n"
        "if cuda: torch.cuda.synchronize(dev)\n"
        "dist.destroy_process_group()\n")
-"""A rank's process group as ``fuzz.rank_main`` makes it (``bound``: the default
+"""A rank's process group as ``streamfuzz.fuzz.rank_main`` makes it (``bound``: the default
 group bound to the device, so NCCL starts at once; ``own``: a group of its own for
 the target), and one broadcast on it."""
 
-_GATES = ("import torch\nfrom fuzz.gates import Gates\n"
+_GATES = ("import torch\nfrom streamfuzz.fuzz.gates import Gates\n"
           "Gates.create(torch.device('cuda', 0), kinds=({kind!r},))\n")
 
 
@@ -55,8 +55,9 @@ def _phases(device: str) -> dict[str, str]:
     out = {
         "interpreter": "pass",
         "import torch": "import torch",
-        "import driver (fuzz.cli)": "import fuzz.cli, sys; assert 'torch' not in sys.modules",
-        "import rank (fuzz.rank_main)": "import fuzz.rank_main",
+        "import driver (streamfuzz.fuzz.cli)":
+            "import streamfuzz.fuzz.cli, sys; assert 'torch' not in sys.modules",
+        "import rank (streamfuzz.fuzz.rank_main)": "import streamfuzz.fuzz.rank_main",
         "first device tensor": f"import torch; torch.zeros(1, device={device!r})",
         "process group + broadcast": _PG.format(dev=device, bound=True, own=True),
     }
@@ -125,7 +126,7 @@ def main() -> int:
     if args.only:
         (args.out / "cold_start.json").write_text(json.dumps(result, indent=1))
         return 0
-    for module in ("fuzz.cli", "fuzz.rank_main"):
+    for module in ("streamfuzz.fuzz.cli", "streamfuzz.fuzz.rank_main"):
         rows = _heaviest(module, env)
         result[f"importtime {module}"] = rows
         print(f"\n-X importtime, import {module}: heaviest (cumulative ms)")

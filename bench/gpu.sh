@@ -41,7 +41,7 @@ fi
 say "make test: exit $rc after $(( $(date +%s) - t0 ))s ($(tail -1 "$w/test.log"))"
 grep -E '^(FAILED|ERROR)' "$w/test.log" | tee -a "$out/summary.txt"
 
-timeout 255 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
+timeout 255 "$py" -m streamfuzz bench --device cuda --cuda-world-size 1 \
     --target main-gather --target main-gather-synced --target pr-fix --target pre-fix --examples 80 \
     --oracle-examples 20 --detect-examples 100 --random-examples 50 --seeds 3 \
     --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 --no-waiting --out "$w/bench" \
@@ -49,7 +49,7 @@ timeout 255 "$py" -m fuzz bench --device cuda --cuda-world-size 1 \
 say "bench: exit $?"; cat "$w/bench/bench.md" 2>/dev/null | head -60 | tee -a "$out/summary.txt"
 
 if [ -n "$trees" ] && [ -d "$trees/0.34.0" ]; then
-  timeout 40 "$py" -m fuzz run --target vllm-weights --upstream "$trees/0.34.0" --device cuda \
+  timeout 40 "$py" -m streamfuzz run --target vllm-weights --upstream "$trees/0.34.0" --device cuda \
       --world-size 1 --hold gate --max-examples 200 --budget 20 --shrink-budget 10 --seed 1 \
       --profile ci --corpus "$w/corpus" --report "$w/vllm-weights.json" \
       > "$w/vllm-weights.log" 2>&1

@@ -43,7 +43,7 @@ done
 for r in $(seq "${BENCH_ROUNDS:-1}"); do
   for t in before after; do
     # The bench from the tree itself: its own columns, its own stage counters.
-    (cd "$(tree $t)" && PYTHONPATH=. timeout 100 "$py" -m fuzz bench --device cuda \
+    (cd "$(tree $t)" && PYTHONPATH=. timeout 100 "$py" -m streamfuzz bench --device cuda \
         --cuda-world-size 1 --target main-gather --examples 80 \
         --oracle-examples 20 --detect-examples 10 --random-examples 5 --seeds 3 \
         --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 \
@@ -57,8 +57,8 @@ done
 for seed in 0 1 2; do
   for t in before after; do
     (cd "$(tree $t)" && PYTHONPATH=. timeout 40 "$py" -c "import json
-from fuzz.bench import from_process_start
-from fuzz.options import DEFAULT
+from streamfuzz.fuzz.bench import from_process_start
+from streamfuzz.fuzz.options import DEFAULT
 print(json.dumps(from_process_start('cuda', 1, 'pre-fix', $seed, 200, 20.0, DEFAULT, 20.0)))") \
         > "$w/cold-$t-$seed.log" 2>&1
     say "cold start $t seed $seed: exit $?; $(tail -1 "$w/cold-$t-$seed.log")"

@@ -16,13 +16,13 @@ echo "gpu tests: exit $? ($(tail -1 "$w/gpu-tests.log"))"
 pack
 for s in 1 2 3 4 5; do
   t0=$(date +%s)
-  timeout 45 python3 -m fuzz run --device cuda --world-size 1 --target pre-fix --target pr-fix \
+  timeout 45 python3 -m streamfuzz run --device cuda --world-size 1 --target pre-fix --target pr-fix \
     --max-examples 300 --budget 10 --shrink-budget 6 --timeout 30 --seed "$s" --profile ci \
     --corpus "$w/corpus" --report "$w/detect-$s.json" > "$w/detect-$s.log" 2>&1
   echo "seed $s: exit $? in $(( $(date +%s) - t0 ))s; $(grep -E '^(pre-fix|pr-fix):' "$w/detect-$s.log" | tr '\n' ' ')"
 done
 pack
-timeout 75 python3 -m fuzz run --device cuda --world-size 1 --target main-gather \
+timeout 75 python3 -m streamfuzz run --device cuda --world-size 1 --target main-gather \
   --max-examples 5000 --budget 55 --seed 7 --profile ci --corpus "$w/corpus" \
   --report "$w/clean.json" > "$w/clean.log" 2>&1
 echo "main-gather: exit $?; $(grep -E '^main-gather:' "$w/clean.log")"
@@ -30,7 +30,7 @@ pack
 left=$(( 430 - ($(date +%s) - start) ))
 echo "bench gets ${left}s"
 if [ "$left" -gt 40 ]; then
-  timeout "$left" python3 -m fuzz bench --device cuda --cuda-world-size 1 --examples 100 \
+  timeout "$left" python3 -m streamfuzz bench --device cuda --cuda-world-size 1 --examples 100 \
     --oracle-examples 20 --detect-examples 100 --random-examples 50 --seeds 3 \
     --ff-examples 500 --ff-budget 10 --shrink-budget 5 --timeout 30 --out "$w/bench" \
     > "$w/bench.log" 2>&1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cold start on a GPU, in one bounded command (the steps' timeouts add up to 520 s with
 # 3 seeds): the GPU tests first (so that the code measured is the code that passes them),
-# then `python -m fuzz run` from process start to its first failure, with rank 0's start
+# then `python -m streamfuzz run` from process start to its first failure, with rank 0's start
 # phases, for pre-fix and pr-fix, early CUDA ranks on, context only and off
 # (STREAMFUZZ_EARLY_CUDA=1, context, 0), alternating; then bench/start_pieces.py, which
 # splits a start further (bench/cold_start.py too).

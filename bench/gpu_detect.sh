@@ -8,13 +8,13 @@ mkdir -p "$out/work"
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 for s in $seeds; do
   for t in pre-fix pr-fix; do
-    timeout 150 python3 -m fuzz run --device cuda --world-size 1 --target "$t" \
+    timeout 150 python3 -m streamfuzz run --device cuda --world-size 1 --target "$t" \
       --max-examples 1000 --seed "$s" --profile ci --corpus "$out/work/corpus" \
       --report "$out/work/r-$t-$s.json" > "$out/work/log-$t-$s.txt" 2>&1
     echo "$t seed $s rc=$?: $(grep -E 'FOUND|clean over' "$out/work/log-$t-$s.txt" | head -1)"
   done
 done
-timeout 300 python3 -m fuzz run --device cuda --world-size 1 --target main-gather \
+timeout 300 python3 -m streamfuzz run --device cuda --world-size 1 --target main-gather \
   --max-examples "$clean" --seed 7 --profile ci --corpus "$out/work/corpus" \
   --report "$out/work/r-main-gather.json" 2>&1 | tee "$out/work/log-main-gather.txt" | tail -3
 tar czf "$out/detect.tgz" -C "$out/work" .

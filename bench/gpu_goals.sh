@@ -23,7 +23,7 @@ say "nccl_trace: exit $?"; cat "$w/nccl-trace.log" >> "$out/summary.txt"
 
 bench() {  # bench DEVICE OUT SECONDS EXTRA...: main-gather, 5 seeds of 200 examples
   local device=$1 dir=$2 limit=$3; shift 3
-  timeout "$limit" "$py" -m fuzz bench --device "$device" --target main-gather --examples 200 \
+  timeout "$limit" "$py" -m streamfuzz bench --device "$device" --target main-gather --examples 200 \
       --seeds 5 --oracle-examples 20 --detect-examples 10 --random-examples 5 \
       --ff-examples 1000 --ff-budget 20 --shrink-budget 10 --timeout 30 --no-waiting \
       --out "$w/$dir" "$@" > "$w/$dir.log" 2>&1

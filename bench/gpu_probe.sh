@@ -18,7 +18,7 @@ watch_tests() {  # the test processes left after 90 s, and what each one is doin
     { echo "=== $(( $(date +%s) - start ))s"
       ps -eo pid,ppid,etime,pcpu,args | grep -E 'pytest|fuzz' | grep -v -E 'grep|ps -eo'
       if [ -n "$spy" ]; then
-        for p in $(pgrep -f -- '-m pytest|fuzz.zygote|fuzz.rank_main'); do
+        for p in $(pgrep -f -- '-m pytest|streamfuzz.fuzz.zygote|streamfuzz.fuzz.rank_main'); do
           echo "--- $p"; timeout 10 "$spy" dump --pid "$p" 2>&1 | head -60
         done
       fi

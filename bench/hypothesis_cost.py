@@ -2,7 +2,7 @@
 
 The driver's loop with a body that does nothing: ``@given`` over the
 protocol's scenarios (world size 1), the ``ci`` profile, the generate phase
-only, under ``profiles.seed_only()``, as ``python -m fuzz bench`` runs it.
+only, under ``profiles.seed_only()``, as ``python -m streamfuzz bench`` runs it.
 Seeds 0..K-1, in interleaved rounds with the collector's default thresholds
 and with the driver's (``profiles.rare_collections()``); per mode the medians
 over rounds of wall and CPU ms per example, and the collector's own time per
@@ -31,8 +31,8 @@ import _script  # bench/_script.py, beside this script
 import hypothesis
 from hypothesis import Phase, given, seed, settings
 
-from fuzz import profiles
-from strategies import scenarios
+from streamfuzz.fuzz import profiles
+from streamfuzz.strategies import scenarios
 
 MODES = ("default gc", "driver gc")
 

@@ -92,6 +92,15 @@ def modules(root: Path) -> dict[str, Path]:
     return out
 
 
+def _as_laid_out(name: str) -> str:
+    """An import's name as the tree's folders are laid out: ``streamfuzz.fuzz.x``
+    (the folders' installed name) is ``fuzz.x``, as older trees imported it."""
+    head, _, rest = name.partition(".")
+    if head == "streamfuzz" and rest.split(".")[0] in ("fuzz", "strategies"):
+        return rest
+    return name
+
+
 def arrows(root: Path) -> set[tuple[str, str]]:
     mods = modules(root)
     out: set[tuple[str, str]] = set()
@@ -100,14 +109,14 @@ def arrows(root: Path) -> set[tuple[str, str]]:
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
+                targets = [_as_laid_out(a.name) for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = name.split(".") if is_pkg else name.split(".")[:-1]
                     base = base[:len(base) - node.level + 1]
                     mod = ".".join(base + ([node.module] if node.module else []))
                 else:
-                    mod = node.module or ""
+                    mod = _as_laid_out(node.module or "")
                 targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod
                            for a in node.names]
             for t in targets:

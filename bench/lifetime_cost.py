@@ -1,13 +1,13 @@
 """What the lifetime oracle costs per example, on this machine's device: a micro-bench.
 
 One process, one rank (a one-rank process group: gloo on CPU, NCCL on CUDA),
-no driver and no pipe: the runner of ``fuzz.draft.runner`` on the same random
-scenarios (``fuzz.bench.random_scenario``), in rounds in which each scenario
+no driver and no pipe: the runner of ``streamfuzz.fuzz.draft.runner`` on the same random
+scenarios (``streamfuzz.fuzz.bench.random_scenario``), in rounds in which each scenario
 runs with the value and reuse oracles and with every oracle, one after the
 other (``_paired_round``). The lifetime oracle's cost is the difference, per
 round; the median of the rounds is reported. On CPU the
 lifetime oracle is the simulation's listener, on CUDA the adapter of
-``fuzz.oracles.lifetime_cuda``, so running it on both gives the CUDA cost
+``streamfuzz.fuzz.oracles.lifetime_cuda``, so running it on both gives the CUDA cost
 against the CPU cost for the same scenarios. It measures the tree it runs
 from: run it before and after a change.
 
@@ -41,13 +41,13 @@ import _script  # bench/_script.py, beside this script
 import torch
 import torch.distributed as dist
 
-from fuzz import targets
-from fuzz.bench import random_scenario
-from fuzz.draft.runner import run_on_rank
-from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.oracles import lifetime
-from fuzz.protocol import RankEnv
-from fuzz.streams import CudaStreams, SimStreams
+from streamfuzz.fuzz import targets
+from streamfuzz.fuzz.bench import random_scenario
+from streamfuzz.fuzz.draft.runner import run_on_rank
+from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
+from streamfuzz.fuzz.oracles import lifetime
+from streamfuzz.fuzz.protocol import RankEnv
+from streamfuzz.fuzz.streams import CudaStreams, SimStreams
 
 MODES = {"value+reuse": frozenset({Oracle.VALUE, Oracle.REUSE}), "all": frozenset(Oracle)}
 
@@ -108,7 +108,7 @@ def _counting(counts: Counter) -> Iterator[None]:
     wrap(lifetime.TensorTracker, "poll", "polls")
     wrap(lifetime.LifetimeModel, "allocate", "storages")
     if torch.cuda.is_available():
-        from fuzz.oracles import lifetime_cuda
+        from streamfuzz.fuzz.oracles import lifetime_cuda
 
         for name in ("_on_event_record", "_on_event_wait", "_on_event_sync", "_on_stream_sync",
                      "_on_device_sync", "_on_record_stream"):

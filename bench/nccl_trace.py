@@ -1,6 +1,6 @@
 """The GPU trace callbacks a c10d op's launch makes, in order, on a one-rank NCCL
 group: what the CUDA lifetime oracle reads NCCL's stream from
-(``fuzz.oracles.lifetime_cuda``). Prints one line per callback, streams and
+(``streamfuzz.fuzz.oracles.lifetime_cuda``). Prints one line per callback, streams and
 events by name. Needs a GPU; for ``bench/gpu_goals.sh``."""
 
 from __future__ import annotations

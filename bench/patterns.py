@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from examples.my_handler import MyHandler
-from fuzz.targets import Batch, TargetContext
+from streamfuzz.fuzz.targets import Batch, TargetContext
 
 _SENT = ("sampled_tokens", "num_sampled", "num_rejected")
 
@@ -189,10 +189,10 @@ def _target(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fuzz import bench, driver
-    from fuzz.host import probe_gpus
-    from fuzz.options import DEFAULT
-    from fuzz.ranks import RankPool
+    from streamfuzz.fuzz import bench, driver
+    from streamfuzz.fuzz.host import probe_gpus
+    from streamfuzz.fuzz.options import DEFAULT
+    from streamfuzz.fuzz.ranks import RankPool
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"),

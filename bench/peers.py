@@ -113,7 +113,7 @@ def drawn(protocol: Any, n: int, seed: int) -> list[Any]:
 
 def corpus_scenarios(corpus: Path, name: str, protocol: Any) -> list[tuple[str, Any]]:
     """The target's corpus entries of its protocol, as scenarios of world size 1."""
-    from fuzz import corpus as corpus_mod
+    from streamfuzz.fuzz import corpus as corpus_mod
 
     folder = corpus / corpus_mod.target_dir(name)
     out = []
@@ -127,7 +127,7 @@ def corpus_scenarios(corpus: Path, name: str, protocol: Any) -> list[tuple[str, 
 def upstream_names() -> tuple[list[str], list[str]]:
     """vLLM's targets for every version found (cache, ``STREAMFUZZ_UPSTREAM``, an
     installed vllm), and notes on what was not found or not usable."""
-    from fuzz import targets, upstream
+    from streamfuzz.fuzz import targets, upstream
 
     sources = [p for p in os.environ.get(upstream.ENV_PATHS, "").split(os.pathsep) if p]
     cache = upstream.cache_dir()
@@ -162,7 +162,7 @@ def upstream_names() -> tuple[list[str], list[str]]:
 
 def truth(name: str, protocol: Any, corpus_entries: int) -> tuple[str, str]:
     """What the target is known to be at world size 1, and why."""
-    from fuzz import targets
+    from streamfuzz.fuzz import targets
 
     if name in targets.CORRECT or name == targets.UPSTREAM_FIXED:
         return "correct", "correct"
@@ -179,8 +179,8 @@ def plan(names: list[str] | None, corpus: Path, examples: int,
          seed: int) -> tuple[list[Target], list[str]]:
     """The targets in the order they run: each protocol's versions, vLLM's,
     then the variants and mutants (the budget reaches the first ones first)."""
-    from fuzz import protocol as protocols
-    from fuzz import targets
+    from streamfuzz.fuzz import protocol as protocols
+    from streamfuzz.fuzz import targets
 
     notes: list[str] = []
     if names is None:
@@ -238,9 +238,9 @@ def worker(job_file: str) -> NoReturn:
         _sanitizer.enable_cuda_sanitizer()
     import torch
 
-    from fuzz import protocol as protocols
-    from fuzz import targets
-    from fuzz.streams import CudaStreams, SimStreams
+    from streamfuzz.fuzz import protocol as protocols
+    from streamfuzz.fuzz import targets
+    from streamfuzz.fuzz.streams import CudaStreams, SimStreams
 
     start = time.perf_counter()
     device, group, gates, gate_kind = _script.one_rank_group(
@@ -251,7 +251,7 @@ def worker(job_file: str) -> NoReturn:
     factory = targets.load(job["target"])
 
     def env(with_gates: bool) -> Any:
-        from fuzz.protocol import RankEnv
+        from streamfuzz.fuzz.protocol import RankEnv
 
         streams = (CudaStreams(device, gates if with_gates else None)
                    if device.type == "cuda" else SimStreams())
@@ -276,9 +276,9 @@ def worker(job_file: str) -> NoReturn:
 def _warm(protocol: Any, scenario: Any, env: Any, gated: bool) -> None:
     """The correct version once per option set, untimed: first launches of the
     kernels (each would otherwise hold a gate to its bound) and imports."""
-    from fuzz import targets
-    from fuzz.dispatch_mode import warm
-    from fuzz.options import Hold, Oracle, RunOptions
+    from streamfuzz.fuzz import targets
+    from streamfuzz.fuzz.dispatch_mode import warm
+    from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
 
     correct = targets.load(protocol.correct)
     warm(env(False).device)
@@ -293,7 +293,7 @@ def _warm(protocol: Any, scenario: Any, env: Any, gated: bool) -> None:
 def _loop(checker: str, scenarios: list[tuple[str, Any]], factory: Any, protocol: Any,
           env: Any, reps: int, deadline: float) -> dict[str, Any]:
     """One checker over the scenarios (each ``reps`` times for ``stress``)."""
-    from fuzz.options import Hold, Oracle, RunOptions
+    from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
 
     run, values = protocol.part("run"), protocol.part("values")
     gated = checker == "streamfuzz"
@@ -541,14 +541,14 @@ class Bench:
             self._write()
 
     def _write(self) -> None:
-        from fuzz.corpus import write_json_atomic, write_text_atomic
+        from streamfuzz.fuzz.corpus import write_json_atomic, write_text_atomic
 
         write_json_atomic(self.args.out / "peers.json", self.report)
         write_text_atomic(self.args.out / "peers.md", markdown(self.report) + "\n")
 
 
 def _stem(name: str) -> str:
-    from fuzz.corpus import target_dir
+    from streamfuzz.fuzz.corpus import target_dir
 
     return target_dir(name)
 
@@ -696,7 +696,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace | str:
         return f"unknown checker {bad[0] if bad else '(none)'}: use {', '.join(CHECKERS)}"
     if args.targets is not None:
         args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-        from fuzz import targets
+        from streamfuzz.fuzz import targets
 
         try:
             for name in args.targets:

@@ -1,6 +1,6 @@
 """Probe: does a crafted pre-fix scenario corrupt the sent drafts on this GPU?
 
-Spins only (``hold: spin``); ``python -m fuzz bench`` measures gates against spins.
+Spins only (``hold: spin``); ``python -m streamfuzz bench`` measures gates against spins.
 """
 import os
 import sys
@@ -8,13 +8,13 @@ import sys
 import torch
 import torch.distributed as dist
 
-import fuzz.draft.runner as runner_module
-from fuzz import targets
-from fuzz.draft import value
-from fuzz.draft.runner import run_on_rank
-from fuzz.draft.scenario import Churn, Delay, Scenario, Step
-from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.rank_main import _env
+import streamfuzz.fuzz.draft.runner as runner_module
+from streamfuzz.fuzz import targets
+from streamfuzz.fuzz.draft import value
+from streamfuzz.fuzz.draft.runner import run_on_rank
+from streamfuzz.fuzz.draft.scenario import Churn, Delay, Scenario, Step
+from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
+from streamfuzz.fuzz.rank_main import _env
 
 _OPTIONS = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.SPIN)
 

@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--primitives", type=int, default=0, metavar="N",
                     help="instead: N iterations of each CUDA primitive an example uses")
     args = ap.parse_args()
-    from fuzz.host import free_port, rss_bytes
+    from streamfuzz.fuzz.host import free_port, rss_bytes
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
@@ -68,10 +68,10 @@ def main() -> None:
 
     import torch
 
-    from fuzz import draft as draft_protocol
-    from fuzz import rank_main, targets
-    from fuzz.bench import random_scenario
-    from fuzz.options import RunOptions
+    from streamfuzz.fuzz import draft as draft_protocol
+    from streamfuzz.fuzz import rank_main, targets
+    from streamfuzz.fuzz.bench import random_scenario
+    from streamfuzz.fuzz.options import RunOptions
 
     if args.pageable:  # the runner's own staging path, minus the pinning
         torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]

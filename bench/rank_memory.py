@@ -18,9 +18,9 @@ import json
 import random
 import time
 
-from fuzz.bench import random_scenario
-from fuzz.options import RunOptions
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz.bench import random_scenario
+from streamfuzz.fuzz.options import RunOptions
+from streamfuzz.fuzz.ranks import RankPool
 
 SETS = {
     "all+gates": RunOptions(oracles=["value", "lifetime", "reuse"], hold="gate"),

@@ -1,6 +1,6 @@
 """Where a running campaign's processes spend their CPU: py-spy on the driver and on each rank.
 
-Starts ``python -m fuzz run`` on one target (its own corpus, in ``--out``), waits
+Starts ``python -m streamfuzz run`` on one target (its own corpus, in ``--out``), waits
 until its ranks are up and a few seconds of examples have run, then samples
 the driver and every rank with py-spy (``--nonblocking``: the processes are
 never paused) for ``--seconds``, and stops the campaign with a Ctrl-C. Native
@@ -63,9 +63,9 @@ def _ranks(driver: int) -> list[int]:
     """The driver's rank processes: the zygote's children, or spawned ones."""
     out = []
     for child in _children(driver):
-        if "fuzz.zygote" in _cmdline(child):
+        if "streamfuzz.fuzz.zygote" in _cmdline(child):
             out += _children(child)
-        elif "fuzz.rank_main" in _cmdline(child):
+        elif "streamfuzz.fuzz.rank_main" in _cmdline(child):
             out.append(child)
     return sorted(out)
 
@@ -115,7 +115,7 @@ def main() -> int:
     world = args.world_size or (2 if device == "cpu" else 1)
     args.out.mkdir(parents=True, exist_ok=True)
     budget = _READY_S + args.warm + args.seconds + 30
-    cmd = [sys.executable, "-m", "fuzz", "run", "--target", args.target, "--device", device,
+    cmd = [sys.executable, "-m", "streamfuzz", "run", "--target", args.target, "--device", device,
            "--world-size", str(world), "--max-examples", "1000000", "--budget", str(budget),
            "--seed", "0", "--profile", "ci", "--corpus", str(args.out / "corpus")]
     with open(args.out / "campaign.log", "wb") as log:

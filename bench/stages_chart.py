@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fuzz import stages_report
+from streamfuzz.fuzz import stages_report
 
 
 def main() -> None:

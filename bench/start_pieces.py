@@ -3,7 +3,7 @@ interpreter: the CUDA context, the default NCCL group bound to the device, the
 target's own group, the first broadcast. Then the same under NCCL settings that
 skip work a one-host rank does not need, and a CUDA context started beside
 ``import torch`` (a thread calling the driver while the import runs), then NCCL's
-start beside it too, as an early rank makes them (``fuzz.zygote.early``), against
+start beside it too, as an early rank makes them (``streamfuzz.fuzz.zygote.early``), against
 both started after it. Writes NCCL's debug log of a start without and with them
 beside the import. Needs a GPU; for the cold-start goal of ``bench/README.md``.
 
@@ -25,9 +25,9 @@ _PIECES = r"""
 import json, os, sys, time
 t = {"process": time.time()}
 took = {}
-if EARLY:  # as an early rank makes it (fuzz.zygote.early)
+if EARLY:  # as an early rank makes it (streamfuzz.fuzz.zygote.early)
     import threading
-    from fuzz.zygote.early import _make_context, _start_nccl
+    from streamfuzz.fuzz.zygote.early import _make_context, _start_nccl
     imported = threading.Event()
     def _beside():
         took["context"] = _make_context(0)

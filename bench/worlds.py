@@ -72,7 +72,7 @@ class _GpuSampler:
 
 def _fuzz(args: list[str], env: dict[str, str] | None = None,
           timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fuzz", *args], cwd=_ROOT, text=True,
+    return subprocess.run([sys.executable, "-m", "streamfuzz", *args], cwd=_ROOT, text=True,
                           capture_output=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
@@ -119,8 +119,8 @@ def _detection(kind: str, n: int) -> dict[str, Any]:
     code = f"""
 import json, os
 os.environ["STREAMFUZZ_GATES"] = {kind!r}
-from fuzz.bench import crafted, detection
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz.bench import crafted, detection
+from streamfuzz.fuzz.ranks import RankPool
 with RankPool(1, "cuda", timeout=60.0) as pool:
     out = {{"gates": pool.info[0].gates}}
     for target, bug in (("pre-fix", "reuse"), ("pr-fix", "war")):

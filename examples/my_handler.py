@@ -6,7 +6,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fuzz.targets import Batch, TargetContext
+from streamfuzz.fuzz.targets import Batch, TargetContext
 
 
 class MyHandler:

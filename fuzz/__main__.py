@@ -1,18 +1,18 @@
-"""``python -m fuzz``: the command line, with a crash of the tool itself (even
+"""``python -m streamfuzz``: the command line, with a crash of the tool itself (even
 one while importing it, such as a missing package) kept apart from findings."""
 
 import sys
 import traceback
 
-from fuzz.errors import EXIT_CRASH
+from streamfuzz.fuzz.errors import EXIT_CRASH
 
 
 def main() -> int:
     try:
-        from fuzz import zygote
+        from streamfuzz.fuzz import zygote
 
         zygote.prestart(sys.argv[1:])  # CPU ranks' torch import, beside ours
-        from fuzz.cli import main as cli_main
+        from streamfuzz.fuzz.cli import main as cli_main
     except KeyboardInterrupt:  # Ctrl-C while importing: as after, not a traceback
         print("streamfuzz: interrupted", file=sys.stderr)
         return 130

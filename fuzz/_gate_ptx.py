@@ -1,6 +1,6 @@
 """The gate kernel as PTX, loaded and launched through the CUDA driver API.
 
-The same kernel as ``fuzz._gate_kernel`` (one thread polls the flag with
+The same kernel as ``streamfuzz.fuzz._gate_kernel`` (one thread polls the flag with
 volatile loads until it is set or the bound runs out, then writes 1 or 2 into
 the word after it), without Triton: the driver turns PTX into the device's
 code in milliseconds, where Triton's first compile in a process (its cache

@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from fuzz.tensors import HOST
+from streamfuzz.fuzz.tensors import HOST
 
 
 def describe(reads: list[torch.Tensor], writes: list[torch.Tensor], label: str,
              stream: Any = None) -> None:
     """Tell the active checker, if any, about opaque work enqueued now on
     ``stream`` (None: the current stream; ``"host"``: the host itself)."""
-    from fuzz import streams
+    from streamfuzz.fuzz import streams
 
     on_host = isinstance(stream, str)  # "host": opaque() lets no other string through
     sim = streams.running()
@@ -31,6 +31,7 @@ def describe(reads: list[torch.Tensor], writes: list[torch.Tensor], label: str,
         sim.emit("opaque", reads, writes, label,
                  HOST if on_host else stream if stream is not None else sim.current_stream())
         return
-    lifetime_cuda = sys.modules.get("fuzz.oracles.lifetime_cuda")  # imported where it runs
+    # Imported where it runs.
+    lifetime_cuda = sys.modules.get("streamfuzz.fuzz.oracles.lifetime_cuda")
     if lifetime_cuda is not None and lifetime_cuda._active is not None:
         lifetime_cuda._active.describe(reads, writes, label, HOST if on_host else stream)

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz.coverage import Coverage
-from fuzz.stop import StopReason
-from fuzz.verdict import Failure
+from streamfuzz.fuzz.coverage import Coverage
+from streamfuzz.fuzz.stop import StopReason
+from streamfuzz.fuzz.verdict import Failure
 
 Scenario = Any
-"""Any protocol's scenario type (``fuzz.protocol``)."""
+"""Any protocol's scenario type (``streamfuzz.fuzz.protocol``)."""
 
 
 @dataclass
@@ -30,13 +30,13 @@ class CampaignResult:
     started this process measures from the process's start to it."""
     failures: int = 0
     reason: StopReason | None = None
-    """Why the run ended (``fuzz.stop``); None while it runs."""
+    """Why the run ended (``streamfuzz.fuzz.stop``); None while it runs."""
     held: list[str] = field(default_factory=list)
     gate_timeouts: int = 0
     """Examples a gate ran out its bound in: the program waited for gated work
     in a way the gates could not see (a bug of streamfuzz's on correct code)."""
     coverage: Coverage | None = None
-    """What the examples judged called on the ranks (``fuzz.coverage``)."""
+    """What the examples judged called on the ranks (``streamfuzz.fuzz.coverage``)."""
 
     def end(self, reason: StopReason) -> None:
         """Record why the run ended: the first reason stands, but for Ctrl-C."""

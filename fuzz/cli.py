@@ -1,4 +1,4 @@
-"""``python -m fuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate, scan.
+"""``python -m streamfuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate, scan.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config,
@@ -17,15 +17,15 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fuzz.commands import say_error
-from fuzz.commands.bench import bench_command
-from fuzz.commands.checks import pick_device, pick_world_size
-from fuzz.commands.grammar import parser
-from fuzz.commands.mutate import mutate_command
-from fuzz.commands.replay import replay_command
-from fuzz.commands.run import run_command
-from fuzz.commands.soak import soak_command
-from fuzz.errors import EXIT_CRASH, BadInput
+from streamfuzz.fuzz.commands import say_error
+from streamfuzz.fuzz.commands.bench import bench_command
+from streamfuzz.fuzz.commands.checks import pick_device, pick_world_size
+from streamfuzz.fuzz.commands.grammar import parser
+from streamfuzz.fuzz.commands.mutate import mutate_command
+from streamfuzz.fuzz.commands.replay import replay_command
+from streamfuzz.fuzz.commands.run import run_command
+from streamfuzz.fuzz.commands.soak import soak_command
+from streamfuzz.fuzz.errors import EXIT_CRASH, BadInput
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,7 +70,7 @@ def _command(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     if getattr(args, "world_of", None) is not None:
-        from fuzz.worlds import end_with_parent
+        from streamfuzz.fuzz.worlds import end_with_parent
 
         end_with_parent()
     if args.command == "run":
@@ -78,7 +78,7 @@ def _command(argv: Sequence[str] | None) -> int:
     if args.command == "bench":
         return bench_command(args)
     if args.command == "matrix":
-        from fuzz import matrix
+        from streamfuzz.fuzz import matrix
 
         device, gpus = pick_device(args.device)
         return matrix.main(args, device, pick_world_size(device, gpus, None))
@@ -87,7 +87,7 @@ def _command(argv: Sequence[str] | None) -> int:
     if args.command == "mutate":
         return mutate_command(args)
     if args.command == "scan":
-        from fuzz.scan.command import main as scan
+        from streamfuzz.fuzz.scan.command import main as scan
 
         return scan(args)
     return replay_command(args)

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fuzz import protocol as protocols
-from fuzz.errors import BadInput
-from fuzz.protocol.scenario import ScenarioError
-from fuzz.targets.names import file_name
-from fuzz.verdict import KINDS
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.errors import BadInput
+from streamfuzz.fuzz.protocol.scenario import ScenarioError
+from streamfuzz.fuzz.targets.names import file_name
+from streamfuzz.fuzz.verdict import KINDS
 
 SCHEMA = 1
 
@@ -42,7 +42,7 @@ class Entry:
     kind: str
     message: str
     scenario: Any
-    """The scenario of ``protocol`` (``fuzz.protocol``)."""
+    """The scenario of ``protocol`` (``streamfuzz.fuzz.protocol``)."""
     found_on: dict[str, Any] = field(default_factory=dict)
     flaky: bool = False
     path: Path | None = None
@@ -60,7 +60,7 @@ class Entry:
 
 
 target_dir = file_name
-"""A file name for anything named after a target (``fuzz.targets.names.file_name``)."""
+"""A file name for anything named after a target (``streamfuzz.fuzz.targets.names.file_name``)."""
 
 
 def save(corpus: Path, entry: Entry) -> Path:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzz.protocol import Protocol
+from streamfuzz.fuzz.protocol import Protocol
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import signal
 
-from fuzz.sites import display_path
+from streamfuzz.fuzz.sites import display_path
 
 # Lines of a dying process that say nothing about why: C++ and Python frames,
 # addresses, separators.

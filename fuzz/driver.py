@@ -25,18 +25,18 @@ from hypothesis import Phase, given
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from fuzz import corpus, profiles, stages, targets
-from fuzz import protocol as protocols
-from fuzz.campaign import CampaignResult
-from fuzz.coverage import Coverage
-from fuzz.errors import FuzzError
-from fuzz.options import DEFAULT, RunOptions
-from fuzz.ranks import Outcome, RankPool, Ticket
-from fuzz.stop import StopReason
-from fuzz.verdict import Failure, Verdict
+from streamfuzz.fuzz import corpus, profiles, stages, targets
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.campaign import CampaignResult
+from streamfuzz.fuzz.coverage import Coverage
+from streamfuzz.fuzz.errors import FuzzError
+from streamfuzz.fuzz.options import DEFAULT, RunOptions
+from streamfuzz.fuzz.ranks import Outcome, RankPool, Ticket
+from streamfuzz.fuzz.stop import StopReason
+from streamfuzz.fuzz.verdict import Failure, Verdict
 
 Scenario = Any
-"""Any protocol's scenario type (``fuzz.protocol``)."""
+"""Any protocol's scenario type (``streamfuzz.fuzz.protocol``)."""
 
 Progress = Callable[[int, float, int], None]
 OnExample = Callable[[tuple[Scenario, ...]], None]
@@ -189,7 +189,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
          claim: Callable[[], bool] | None = None) -> CampaignResult:
     """Fuzz one target until ``max_examples``, ``budget_s`` or a shrunk failure.
 
-    ``options`` go to every rank unchanged (see ``fuzz.draft.runner``). With
+    ``options`` go to every rank unchanged (see ``streamfuzz.fuzz.draft.runner``). With
     ``stop_on_failure`` False failures are counted in ``failures`` and the run
     goes on (the benchmark measures throughput that way). ``shrink_budget_s``
     bounds shrinking: past it no more examples run, the smallest failure so far

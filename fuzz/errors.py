@@ -7,7 +7,7 @@ command line prints it and exits 2 before any work is done. Every other
 ``FuzzError`` is a signal between streamfuzz's own parts (no gates here, a
 zygote that cannot fork, a feature the simulation lacks) that its caller
 handles. Only the ``KeyboardInterrupt`` subclasses that end a run early
-(``fuzz.driver``) stay outside it, so that Ctrl-C handling sees them as
+(``streamfuzz.fuzz.driver``) stay outside it, so that Ctrl-C handling sees them as
 what they are. Each subclass keeps the built-in base it had (``ValueError``,
 ``RuntimeError``), so code that caught those still does.
 """

@@ -34,10 +34,11 @@ def _package_dirs(*names: str) -> tuple[str, ...]:
     return tuple(dirs)
 
 
-# Never the user's frames: torch, this checker and a checked block's own code.
+# Never the user's frames: torch, this checker and a checked block's own code
+# (the modules of the streamfuzz package itself, by file: installed, its folder
+# also holds streamfuzz.fuzz, whose built-in targets are code a finding names).
 _SKIP_DIRS = (str(Path(torch.__file__).parent), str(_FUZZ.resolve() / "oracles"),
-              str(_FUZZ.resolve() / "sim") + os.sep,
-              *_package_dirs("streamfuzz"))
+              str(_FUZZ.resolve() / "sim") + os.sep)
 # Test runners around a checked block: everything outward of them is theirs too,
 # and a user's test file, which they call, is user code.
 _RUNNER_DIRS = _package_dirs("hypothesis", "_pytest", "pytest", "pluggy", "xdist", "execnet")
@@ -45,9 +46,10 @@ _RUNNER_DIRS = _package_dirs("hypothesis", "_pytest", "pytest", "pluggy", "xdist
 # package's by path, so that a user's own streams.py or threads.py stays theirs.
 _SKIP_FILES = ("_python_dispatch.py", "distributed_c10d.py", "c10d_logger.py",
                "_gpu_trace.py")
+_API = Path(str(sys.modules["streamfuzz"].__file__)).parent
 _SKIP_PATHS = frozenset(
-    p for f in (contextlib.__file__, threading.__file__, _FUZZ / "streams.py",
-                _FUZZ / "protocol" / "runner.py")
+    p for f in (Path(contextlib.__file__), Path(threading.__file__), _FUZZ / "streams.py",
+                _FUZZ / "protocol" / "runner.py", *_API.glob("*.py"))
     for p in (str(f), str(Path(f).resolve())))
 # A mode's hook is the harness watching an op, never the code that issued it.
 _MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})

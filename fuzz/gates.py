@@ -11,7 +11,8 @@ Every gate is bounded (a wall-clock bound via ``%globaltimer``, or a polling
 bound where Triton lacks the timer): a gate nobody opens — say the opening
 stream itself waits on the held one — times out instead of hanging the run,
 and reports that it did. The kernel is PTX loaded through the driver API
-(``fuzz._gate_ptx``: no compile to wait for), else Triton's (``fuzz._gate_kernel``);
+(``streamfuzz.fuzz._gate_ptx``: no compile to wait for), else Triton's
+(``streamfuzz.fuzz._gate_kernel``);
 ``Gates.create`` raises ``GateUnavailable`` where neither passes its
 self-test, and callers fall back to spins.
 
@@ -62,14 +63,14 @@ from typing import Any
 
 import torch
 
-from fuzz.dispatch_mode import unobserved
-from fuzz.errors import FuzzError
-from fuzz.frames import user_code
+from streamfuzz.fuzz.dispatch_mode import unobserved
+from streamfuzz.fuzz.errors import FuzzError
+from streamfuzz.fuzz.frames import user_code
 
 DEFAULT_BOUND_MS = 200.0
 KINDS = ("wait", "ptx", "triton", "triton-polls")
 """The gates, in the order they are tried: the driver's stream wait
-(``fuzz._gate_wait``: nothing runs on the GPU while held), then the kernels."""
+(``streamfuzz.fuzz._gate_wait``: nothing runs on the GPU while held), then the kernels."""
 KINDS_ENV = "STREAMFUZZ_GATES"
 """Where set (``ptx,triton``), the kinds to try instead: a benchmark compares them."""
 _SLOTS = 1024
@@ -417,7 +418,7 @@ def _kernels(device: torch.device, kinds: frozenset[str],
     load says why in ``errors``."""
     if "wait" in kinds:
         try:
-            from fuzz import _gate_wait
+            from streamfuzz.fuzz import _gate_wait
 
             with torch.cuda.device(device):
                 torch.empty(1, device=device)  # the device's context, current on this thread
@@ -429,7 +430,7 @@ def _kernels(device: torch.device, kinds: frozenset[str],
     ptx = None
     if "ptx" in kinds:
         try:
-            from fuzz import _gate_ptx
+            from streamfuzz.fuzz import _gate_ptx
 
             with torch.cuda.device(device):
                 torch.empty(1, device=device)  # the device's context, current on this thread
@@ -441,7 +442,7 @@ def _kernels(device: torch.device, kinds: frozenset[str],
     if not kinds & {"triton", "triton-polls"}:
         return
     try:
-        from fuzz import _gate_kernel as k
+        from streamfuzz.fuzz import _gate_kernel as k
     except ImportError as exc:
         errors.append(f"triton: not importable ({exc})")
         return

@@ -1,8 +1,8 @@
 """Facts about this machine that the driver needs before and beside its ranks:
 how many GPUs there are (without loading CUDA here), how many CPU ranks fit,
-this process's resident memory, a free local port, a ``host:port``, where
-the project lives; and what every process the driver starts shares with it:
-it dies with its parent, and an early rank's start is told in ``EARLY_START_ENV``."""
+this process's resident memory, a free local port, a ``host:port``; and what
+every process the driver starts shares with it: it dies with its parent, and an
+early rank's start is told in ``EARLY_START_ENV``."""
 
 from __future__ import annotations
 
@@ -12,12 +12,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-"""The directory that holds the ``fuzz`` package: put on a spawned rank's
-path, and cut from the frames a finding names."""
-
 
 EARLY_START_ENV = "STREAMFUZZ_EARLY_START"
 """Set in an early rank: JSON, seconds each piece it started beside its imports
@@ -28,7 +22,7 @@ _first_counter: Callable[[], int | None] | None = None
 
 def count_gpus_with(counter: Callable[[], int | None]) -> None:
     """Have ``probe_gpus`` ask ``counter`` first: a process that has imported
-    torch already (the zygote ``python -m fuzz run`` starts early) counts at no
+    torch already (the zygote ``python -m streamfuzz run`` starts early) counts at no
     cost; None from it means that a throwaway process counts instead."""
     global _first_counter
     _first_counter = counter

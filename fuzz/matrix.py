@@ -1,4 +1,4 @@
-"""``python -m fuzz matrix``: every built-in target against every oracle.
+"""``python -m streamfuzz matrix``: every built-in target against every oracle.
 
 A cell is one target fuzzed by one set of oracles (a column) over seeds
 0..K-1 with the ``ci`` profile (no database, so the seed alone decides). It shows whether the bug
@@ -21,10 +21,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzz import driver, profiles, targets
-from fuzz import protocol as protocols
-from fuzz.options import Oracle, RunOptions
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import driver, profiles, targets
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.ranks import RankPool
 
 DEFAULT_COLUMNS = (frozenset({Oracle.LIFETIME}), frozenset({Oracle.VALUE}))
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fuzz.errors import FuzzError
-from fuzz.options import RunOptions
-from fuzz.verdict import Failure
+from streamfuzz.fuzz.errors import FuzzError
+from streamfuzz.fuzz.options import RunOptions
+from streamfuzz.fuzz.verdict import Failure
 
 
 class UnknownMessageError(FuzzError, RuntimeError):
@@ -124,7 +124,7 @@ class StatsReply:
     rank: int
     mem: Memory
     stages: dict[str, float] = field(default_factory=dict)
-    """Seconds per stage so far (``fuzz.stages``; empty unless counting is on)."""
+    """Seconds per stage so far (``streamfuzz.fuzz.stages``; empty unless counting is on)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``mutate``: delete each synchronization of a target, fuzz, and say which were missed.
 
-One mutant per sync site (``fuzz.sync_sites``), loaded on the ranks by name
-(``fuzz.targets.mutated``). The original target is fuzzed first with the same
+One mutant per sync site (``streamfuzz.fuzz.sync_sites``), loaded on the ranks by name
+(``streamfuzz.fuzz.targets.mutated``). The original target is fuzzed first with the same
 seed and example bound: a target that fails already says nothing about its
 syncs. Then the mutants are fuzzed in parallel, each worker on its own rank
 pool. A mutant is ``caught`` when the fuzzer finds a failure, ``survived``
@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz import driver, profiles, sync_sites
-from fuzz.errors import FuzzError
-from fuzz.options import RunOptions
-from fuzz.ranks import RankPool
-from fuzz.sync_sites import Site
-from fuzz.targets import mutated
+from streamfuzz.fuzz import driver, profiles, sync_sites
+from streamfuzz.fuzz.errors import FuzzError
+from streamfuzz.fuzz.options import RunOptions
+from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.sync_sites import Site
+from streamfuzz.fuzz.targets import mutated
 
 Log = Callable[[str], None]
 
@@ -244,7 +244,7 @@ def _why(report: Report, row: Row, twin: int | None) -> str:
     if twin is not None:
         return (f"redundant under this protocol: line {twin} makes the same call with "
                 "nothing between that this one could order")
-    gpu = (f"`python -m fuzz mutate --target {report.target} --device cuda --oracle all "
+    gpu = (f"`python -m streamfuzz mutate --target {report.target} --device cuda --oracle all "
            f"--site {row.site.line}` (gates; value, lifetime and reuse oracles)")
     if row.reached is False:
         return (f"cannot tell: no example ran this line in {row.examples} (a branch the "

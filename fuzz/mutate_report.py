@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fuzz import corpus
-from fuzz.mutate import Report, Row
+from streamfuzz.fuzz import corpus
+from streamfuzz.fuzz.mutate import Report, Row
 
 _HEADER = ("site", "call", "verdict", "kind", "examples to 1st failure", "shrunk message")
 

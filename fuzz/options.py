@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from fuzz.errors import BadInput
+from streamfuzz.fuzz.errors import BadInput
 
 
 class Oracle(str, Enum):

@@ -1,4 +1,4 @@
-"""Entry point of one rank process: ``python -m fuzz.rank_main``.
+"""Entry point of one rank process: ``python -m streamfuzz.fuzz.rank_main``.
 
 It joins ``torch.distributed`` through env:// (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, LOCAL_RANK: what ``torchrun`` sets, or what the driver sets when
@@ -33,20 +33,30 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from fuzz import collectives, dispatch_mode, messages, stages, targets
-from fuzz import protocol as protocols
-from fuzz.draft.context import TargetContext
-from fuzz.draft.runner import run_scenario
-from fuzz.draft.scenario import CHURN_DTYPES, Scenario
-from fuzz.errors import FuzzError
-from fuzz.gates import Gates, GateUnavailable
-from fuzz.host import EARLY_START_ENV, die_with_parent, rss_bytes
-from fuzz.messages import Done, Hello, Memory, Raised, RankInfo, Run, Stats, StatsReply, Stop
-from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.protocol import RankEnv
-from fuzz.sim import gloo_threads
-from fuzz.sites import display_path
-from fuzz.streams import CudaStreams, SimStreams
+from streamfuzz.fuzz import collectives, dispatch_mode, messages, stages, targets
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.draft.context import TargetContext
+from streamfuzz.fuzz.draft.runner import run_scenario
+from streamfuzz.fuzz.draft.scenario import CHURN_DTYPES, Scenario
+from streamfuzz.fuzz.errors import FuzzError
+from streamfuzz.fuzz.gates import Gates, GateUnavailable
+from streamfuzz.fuzz.host import EARLY_START_ENV, die_with_parent, rss_bytes
+from streamfuzz.fuzz.messages import (
+    Done,
+    Hello,
+    Memory,
+    Raised,
+    RankInfo,
+    Run,
+    Stats,
+    StatsReply,
+    Stop,
+)
+from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
+from streamfuzz.fuzz.protocol import RankEnv
+from streamfuzz.fuzz.sim import gloo_threads
+from streamfuzz.fuzz.sites import display_path
+from streamfuzz.fuzz.streams import CudaStreams, SimStreams
 
 
 def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
@@ -276,7 +286,7 @@ def _handshake(sock: socket.socket, authkey: bytes, address: str,
         conn.close()
         raise HandshakeError(f"{address} took the connection but gave no streamfuzz "
                              f"handshake within {seconds:g}s: is STREAMFUZZ_DRIVER the "
-                             "address of `python -m fuzz soak --listen`?") from None
+                             "address of `python -m streamfuzz soak --listen`?") from None
     except (AssertionError, EOFError, OSError) as exc:
         conn.close()
         raise HandshakeError(f"{address} is not a streamfuzz driver (the handshake "
@@ -456,7 +466,7 @@ def main() -> int:
     address = os.environ.get("STREAMFUZZ_DRIVER")
     if not address:
         print("streamfuzz rank: STREAMFUZZ_DRIVER=host:port is not set; start ranks through "
-              "`python -m fuzz run` or pass it to torchrun's environment", file=sys.stderr)
+              "`python -m streamfuzz run` or pass it to torchrun's environment", file=sys.stderr)
         return 2
     die_with_parent()
     _dump_stacks_on_signal()

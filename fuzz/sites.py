@@ -15,7 +15,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-_PROJECT = str(Path(__file__).resolve().parent.parent)
+from streamfuzz.fuzz import ROOT
 
 
 @lru_cache(maxsize=4096)
@@ -27,7 +27,7 @@ def display_path(path: str) -> str:
         return path
     roots = [p.rstrip(os.sep) for p in sys.path if p and os.path.isabs(p)]
     installed = [p for p in roots if os.path.basename(p) in ("site-packages", "dist-packages")]
-    for group in (installed, [_PROJECT, os.getcwd()], roots):
+    for group in (installed, [ROOT, os.getcwd()], roots):
         inside = [r for r in group if path.startswith(r + os.sep)]
         if inside:
             return os.path.relpath(path, max(inside, key=len))

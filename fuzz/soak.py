@@ -38,19 +38,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz import corpus, driver, profiles
-from fuzz import protocol as protocols
-from fuzz.corpus import write_json_atomic
-from fuzz.host import rss_bytes
-from fuzz.messages import Memory
-from fuzz.options import DEFAULT, RunOptions
-from fuzz.protocol.scenario import ScenarioError
-from fuzz.ranks import RankPool
-from fuzz.stop import StopReason
-from fuzz.verdict import Failure, Verdict
+from streamfuzz.fuzz import corpus, driver, profiles
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.corpus import write_json_atomic
+from streamfuzz.fuzz.host import rss_bytes
+from streamfuzz.fuzz.messages import Memory
+from streamfuzz.fuzz.options import DEFAULT, RunOptions
+from streamfuzz.fuzz.protocol.scenario import ScenarioError
+from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.stop import StopReason
+from streamfuzz.fuzz.verdict import Failure, Verdict
 
 Scenario = Any
-"""Any protocol's scenario type (``fuzz.protocol``)."""
+"""Any protocol's scenario type (``streamfuzz.fuzz.protocol``)."""
 
 STATE_SCHEMA = 1
 _MIB = 2**20
@@ -101,10 +101,11 @@ class SoakConfig:
     profile: str = "default"
     replay_failures: bool = True
     strategy: Any = None
-    """Scenarios to draw (default: ``fuzz.draft.strategies.scenarios`` for the pool's world)."""
+    """Scenarios to draw (default: ``streamfuzz.fuzz.draft.strategies.scenarios`` for the
+    pool's world)."""
     extra: dict[str, Any] = field(default_factory=dict)
     claims: Any = None
-    """Where this campaign is one of parallel worlds: their ``fuzz.worlds.Claims``."""
+    """Where this campaign is one of parallel worlds: their ``streamfuzz.fuzz.worlds.Claims``."""
 
 
 class Soak:
@@ -499,7 +500,7 @@ class Soak:
             self._log.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text + "\n")
 
     def _report(self) -> dict[str, Any]:
-        from fuzz import soak_report
+        from streamfuzz.fuzz import soak_report
 
         return soak_report.write(self.out, self.state, read_samples(self.stats_path),
                                  config=self._config(), stop_reason=self.stop_reason)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fuzz.corpus import write_atomic, write_json_atomic, write_text_atomic
+from streamfuzz.fuzz.corpus import write_atomic, write_json_atomic, write_text_atomic
 
 _MIB = 2**20
 GROWTH_LIMIT = 0.10

@@ -2,7 +2,7 @@
 
 A stage entered inside another pauses it, so each process's stages add up to
 its wall time from ``enable`` on, and a bar chart can stack them. Off unless
-enabled: a hot path then calls a function that does nothing. ``python -m fuzz
+enabled: a hot path then calls a function that does nothing. ``python -m streamfuzz
 bench`` enables them in its own process and, through ``ENV``, in the ranks it
 starts, and reads the ranks' sums from their stats replies.
 

@@ -1,6 +1,6 @@
 """The benchmark's stage breakdown as a markdown table and a stacked bar chart.
 
-Input: ``fuzz.bench.breakdown`` results (milliseconds per example, per stage,
+Input: ``streamfuzz.fuzz.bench.breakdown`` results (milliseconds per example, per stage,
 for the driver and each rank). Every process's bar is as tall as the wall
 time per example: what a process does not spend in its other stages it
 spends waiting (the driver for the ranks, a rank for the driver).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fuzz import corpus, stages
+from streamfuzz.fuzz import corpus, stages
 
 STAGES = (stages.HYPOTHESIS, stages.DRIVER, stages.MESSAGES, stages.VALUE, stages.RUNNER,
           stages.SIMULATION, stages.COLLECTIVES, stages.LIFETIME, stages.REUSE,

@@ -1,6 +1,6 @@
 """The streams of a run: real CUDA streams, or simulated ones on CPU.
 
-A target uses them through plain torch.cuda (on CPU, ``fuzz.sim.cuda_on_cpu``
+A target uses them through plain torch.cuda (on CPU, ``streamfuzz.fuzz.sim.cuda_on_cpu``
 puts torch.cuda on the simulated streams for the length of an example) or,
 as older targets do, through ``ctx.streams``: ``Stream()``, ``stream(s)``,
 ``current_stream()``, ``Event()`` and ``synchronize()`` with torch.cuda's
@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from fuzz import stages
-from fuzz.sim import cuda_on_cpu, stream_types, threads
-from fuzz.sim.cuda_on_cpu import storage_key
-from fuzz.sim.dispatch import Handle, Receiving, SimDispatch
-from fuzz.sim.stream_names import Names, site_name
-from fuzz.sim.stream_types import NoSimulation, SimEvent, SimStream, running
-from fuzz.tensors import tensors_in
+from streamfuzz.fuzz import stages
+from streamfuzz.fuzz.sim import cuda_on_cpu, stream_types, threads
+from streamfuzz.fuzz.sim.cuda_on_cpu import storage_key
+from streamfuzz.fuzz.sim.dispatch import Handle, Receiving, SimDispatch
+from streamfuzz.fuzz.sim.stream_names import Names, site_name
+from streamfuzz.fuzz.sim.stream_types import NoSimulation, SimEvent, SimStream, running
+from streamfuzz.fuzz.tensors import tensors_in
 
 __all__ = ["CudaStreams", "NoSimulation", "SimEvent", "SimStream", "SimStreams", "running"]
 
@@ -40,7 +40,7 @@ from a pool, so a handle made again takes the newer stream's name."""
 class CudaStreams:
     """torch.cuda's stream API bound to one device, plus harness-only helpers.
 
-    ``gates`` is the rank's gate pool (``fuzz.gates.Gates``), or None where
+    ``gates`` is the rank's gate pool (``streamfuzz.fuzz.gates.Gates``), or None where
     gates are unavailable; ``hold`` then returns None and callers spin.
     """
 
@@ -183,16 +183,18 @@ class SimStreams:
         self.listeners: list[Listener] = []
         self._by_id = {0: self.main}
         self.sending: list[Any] = []
-        """Broadcasts this rank is the root of, still being sent (``fuzz.sim.dispatch``)."""
+        """Broadcasts this rank is the root of, still being sent
+        (``streamfuzz.fuzz.sim.dispatch``)."""
         self.receiving: list[Receiving] = []
-        """Broadcasts this rank receives, still arriving (``fuzz.sim.dispatch``): each
+        """Broadcasts this rank receives, still arriving (``streamfuzz.fuzz.sim.dispatch``): each
         lands in the program's tensors before anything touches them."""
         self._arriving: set[int | None] = set()
         """The storages ``receiving`` lands in."""
         self.handles: list[Handle] = []
-        """The work handles of async calls handed to the program (``fuzz.sim.dispatch.Handle``),
-        kept for the example: C++ holds them only through their boxed form, and
-        the program must get these objects back, not a bare ``Work``."""
+        """The work handles of async calls handed to the program
+        (``streamfuzz.fuzz.sim.dispatch.Handle``), kept for the example: C++ holds them
+        only through their boxed form, and the program must get these objects
+        back, not a bare ``Work``."""
         self.memory = cuda_on_cpu.Memory()
         self._polls_unfinished = 0
         self.unfinished: Callable[[Any], bool] | None = None

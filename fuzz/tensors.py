@@ -13,7 +13,7 @@ import torch
 HOST = "host"
 """The host's key among the parties (streams are keyed by their ids or handles)."""
 DEVICE, PINNED, PAGEABLE = "device", "pinned", "pageable"
-"""What memory a tensor's storage is (see ``fuzz.oracles.lifetime``)."""
+"""What memory a tensor's storage is (see ``streamfuzz.fuzz.oracles.lifetime``)."""
 
 
 def tensors_in(x: Any) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ class Verdict:
     failures: list[Failure] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     calls: dict[int, dict[str, int]] = field(default_factory=dict)
-    """Per rank that answered, what its runner called (``fuzz.coverage``)."""
+    """Per rank that answered, what its runner called (``streamfuzz.fuzz.coverage``)."""
 
     @property
     def ok(self) -> bool:

@@ -5,14 +5,14 @@ has. N worlds are N child processes of the same command (``--worlds 1``),
 each with its own seed, sharing the example database and the corpus, as
 libFuzzer's ``-jobs`` and HypoFuzz's workers do. Worlds of one GPU take turns
 on it, so they scale as far as each world leaves it idle: a gate holds its
-stream in the GPU's front end and runs nothing (``fuzz._gate_wait``).
+stream in the GPU's front end and runs nothing (``streamfuzz.fuzz._gate_wait``).
 
 Each target's finding is claimed once (``Claims``): the world that claims it
 shrinks and saves it, the others stop that target and go on to the next, so
 one bug found by every world at its first example is shrunk and saved once.
 The controller prefixes each world's lines with ``[wN]``, forwards Ctrl-C and
 SIGTERM to every world (each saves what it found and writes its report), and
-merges the reports (``fuzz.worlds_report``).
+merges the reports (``streamfuzz.fuzz.worlds_report``).
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from fuzz.host import cpu_world_limit
-from fuzz.stop import StopReason
+from streamfuzz.fuzz.host import cpu_world_limit
+from streamfuzz.fuzz.stop import StopReason
 
 GPU_WORLDS_CAP = 8
 """Worlds on one set of GPUs at most, by default: past it the GPU, not the
 cores, bounds the total (bench/README.md has the curve)."""
 
-_PACKAGE = __name__.rpartition(".")[0]
-"""The command's package, as ``python -m`` runs it."""
+_PACKAGE = __name__.partition(".")[0]
+"""The command's package (``streamfuzz``), as ``python -m`` runs it: each world
+starts as a user's ``python -m streamfuzz`` would."""
 
 
 def default_worlds(device: str, world_size: int) -> tuple[int, str]:
@@ -258,8 +259,8 @@ def end_with_parent() -> None:
 def run_worlds(args: Any, count: int, device: str, world_size: int) -> int:
     """``fuzz run`` by ``count`` worlds: each gets its share of ``--max-examples``,
     and its own seed where one is given; the exit status is the run's."""
-    from fuzz import worlds_report
-    from fuzz.corpus import write_json_atomic
+    from streamfuzz.fuzz import worlds_report
+    from streamfuzz.fuzz.corpus import write_json_atomic
 
     share = -(-args.max_examples // count)
 
@@ -288,7 +289,7 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
     """``fuzz soak`` by ``count`` worlds, each in ``OUT/world-N`` (a campaign
     started again with the same ``--out`` resumes each), sharing the database
     and the corpus; the merged report is ``OUT/report.*``."""
-    from fuzz import worlds_report
+    from streamfuzz.fuzz import worlds_report
 
     out = Path(args.out)
     database = Path(args.database) if args.database else out / "hypothesis-db"
@@ -335,6 +336,6 @@ def _status(exits: list[int], signals: list[int], found: bool) -> int:
 
 def _discard_early_ranks() -> None:
     """The ranks a ``run`` starts early are the worlds' to start: none here."""
-    from fuzz import zygote
+    from streamfuzz.fuzz import zygote
 
     zygote.discard()

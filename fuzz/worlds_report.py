@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fuzz import soak_report
-from fuzz.corpus import write_atomic, write_json_atomic, write_text_atomic
-from fuzz.coverage import Coverage
+from streamfuzz.fuzz import soak_report
+from streamfuzz.fuzz.corpus import write_atomic, write_json_atomic, write_text_atomic
+from streamfuzz.fuzz.coverage import Coverage
 
 
 def _rate(examples: float, seconds: float) -> float:
@@ -105,7 +105,7 @@ def _merge_coverage(target: str, parts: list[dict[str, Any] | None],
     parts_ = [p for p in parts if p]
     if not parts_:
         return None
-    from fuzz import protocol as protocols
+    from streamfuzz.fuzz import protocol as protocols
 
     try:
         protocol = protocols.of_target(target)
@@ -246,7 +246,7 @@ def _plot(path: Path, world_dirs: list[Path], rep: dict[str, Any]) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    from fuzz.soak import read_samples
+    from streamfuzz.fuzz.soak import read_samples
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     for i, d in enumerate(world_dirs):

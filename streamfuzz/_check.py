@@ -14,9 +14,12 @@ from typing import Any
 
 import torch
 
-from fuzz.errors import CheckArgumentError, FuzzError, NestedCheckError
-from fuzz.verdict import Failure
 from streamfuzz import _group
+from streamfuzz._explain import hide_own_lines
+from streamfuzz.fuzz.errors import CheckArgumentError, FuzzError, NestedCheckError
+from streamfuzz.fuzz.verdict import Failure
+
+hide_own_lines()  # before any block can fail inside a Hypothesis test
 
 DEVICES = ("cpu", "cuda", "auto")
 """``cpu`` simulates CUDA streams (no GPU needed); ``cuda`` uses real streams;
@@ -36,7 +39,7 @@ _active: Check | None = None
 
 class StreamfuzzError(FuzzError):
     """A checked block broke a stream rule; ``findings`` says how, one ``Failure`` each.
-    Under ``fuzz.errors.FuzzError``, the root of what streamfuzz raises."""
+    Under ``streamfuzz.fuzz.errors.FuzzError``, the root of what streamfuzz raises."""
 
     __module__ = "streamfuzz"  # as users import it
 
@@ -148,7 +151,7 @@ class Check:
         try:
             found = []
             if checker is not None:
-                from fuzz.oracles.lifetime import frames_here
+                from streamfuzz.fuzz.oracles.lifetime import frames_here
 
                 checker.poll(frames_here() or self._end_frames)
                 found = checker.finish()
@@ -187,8 +190,8 @@ def checked(device: str | None = None, oracles: Iterable[str] | None = None,
 def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
     """Streams for the block and, when ``check``, the lifetime checker watching them."""
     if device == "cuda":
-        from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
-        from fuzz.streams import CudaStreams
+        from streamfuzz.fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
+        from streamfuzz.fuzz.streams import CudaStreams
 
         streams = CudaStreams(torch.device("cuda", torch.cuda.current_device()))
         checker = None
@@ -201,9 +204,9 @@ def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
             if checker is not None:
                 checker.detach()
         return
-    from fuzz.oracles.lifetime import LifetimeChecker
-    from fuzz.sim.cuda_on_cpu import Simulation
-    from fuzz.streams import SimStreams
+    from streamfuzz.fuzz.oracles.lifetime import LifetimeChecker
+    from streamfuzz.fuzz.sim.cuda_on_cpu import Simulation
+    from streamfuzz.fuzz.streams import SimStreams
 
     sim = SimStreams(Simulation('under streamfuzz.checked(device="cpu")',
                                 'run the block under checked(device="cuda") on a GPU'))

@@ -9,10 +9,22 @@ offers no setting for it: its file filter is wrapped, where it exists.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from pathlib import Path
 
-_OURS = tuple(str(Path(__file__).resolve().parent.parent / name) + "/"
-              for name in ("fuzz", "streamfuzz", "strategies"))
+
+def _folders() -> tuple[str, ...]:
+    """This package's folder and those of ``streamfuzz.fuzz`` and
+    ``streamfuzz.strategies``, wherever they were found (inside it when
+    installed, beside it in a checkout)."""
+    found = [Path(__file__).resolve().parent]
+    for name in ("streamfuzz.fuzz", "streamfuzz.strategies"):
+        spec = importlib.util.find_spec(name)
+        found += [Path(d).resolve() for d in (spec and spec.submodule_search_locations or ())]
+    return tuple(str(p) + "/" for p in found)
+
+
+_OURS = _folders()
 
 
 def hide_own_lines() -> None:

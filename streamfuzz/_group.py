@@ -4,7 +4,7 @@ A test process (a pytest-xdist worker too) is one rank of a world of one.
 The store listens on a port the OS picks (port 0), so concurrent workers
 never race for one. A group the user started is used as it is; the one
 started here is destroyed when the test session ends (or the process exits).
-Multi-rank checks are the fuzzer's job (``python -m fuzz run``).
+Multi-rank checks are the fuzzer's job (``python -m streamfuzz run``).
 """
 
 from __future__ import annotations

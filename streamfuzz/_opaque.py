@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from fuzz.annotations import describe
-from fuzz.errors import BadInput
+from streamfuzz.fuzz.annotations import describe
+from streamfuzz.fuzz.errors import BadInput
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -63,7 +63,7 @@ _MARKER_KEYWORDS = ("device", "oracles", "collect", "pending_polls")
 def _options(item: pytest.Item) -> dict[str, Any] | None:
     """The marker's arguments; a bad one is a ``CheckArgumentError`` (a
     ``BadInput``), as from ``checked()`` itself."""
-    from fuzz.errors import CheckArgumentError
+    from streamfuzz.fuzz.errors import CheckArgumentError
 
     marker = item.get_closest_marker("streamfuzz")
     if marker is None:
@@ -110,7 +110,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     fn = getattr(item, "obj", None)
     if options is not None and hasattr(getattr(fn, "hypothesis", None), "inner_test"):
         if options.get("collect"):
-            from fuzz.errors import CheckArgumentError
+            from streamfuzz.fuzz.errors import CheckArgumentError
 
             raise CheckArgumentError(f"{item.nodeid}: @pytest.mark.streamfuzz(collect=True) "
                                      f"would drop every example's findings; on a Hypothesis "

@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from fuzz import profiles
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import profiles
+from streamfuzz.fuzz.ranks import RankPool
 
 # The fast tier (``make test-fast``): modules whose tests start no process, neither
-# ranks nor ``python -m fuzz`` nor pytest; in them, a test that asks for ``cpu_pool``
+# ranks nor ``python -m streamfuzz`` nor pytest; in them, a test that asks for ``cpu_pool``
 # is left out. The guard below holds the tier to it, so a test that starts one fails.
 FAST_MODULES = frozenset({
     "test_cuda_on_cpu",
@@ -83,7 +83,7 @@ def ci_settings():
 def rank_oracles(monkeypatch):
     """What the ranks ran, example by example: ``(target, {oracle names})`` per
     rank reply, as each rank reports the options it received."""
-    from fuzz.options import DEFAULT
+    from streamfuzz.fuzz.options import DEFAULT
 
     seen: list[tuple[str, frozenset[str]]] = []
     sent: dict[int, str] = {}

@@ -1,6 +1,6 @@
 """Handlers written the way engine code is: plain torch.cuda, no ``ctx.streams``.
 
-Self-contained (nothing from ``fuzz.draft.targets.pp_draft``), so the tests prove
+Self-contained (nothing from ``streamfuzz.fuzz.draft.targets.pp_draft``), so the tests prove
 that unmodified torch.cuda code runs on the CPU simulation.
 """
 

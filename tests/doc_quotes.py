@@ -102,7 +102,7 @@ class Quote:
 
 
 def _mutate(target: str, *more: str) -> tuple[str, ...]:
-    return ("-m", "fuzz", "mutate", "--target", target, "--out", "{tmp}/out", *more)
+    return ("-m", "streamfuzz", "mutate", "--target", target, "--out", "{tmp}/out", *more)
 
 
 WEIGHT_SYNC = "examples/my_weight_sync.py:make_handler"
@@ -111,12 +111,12 @@ WEIGHT_SYNC_MUTATE = _mutate(WEIGHT_SYNC, "--max-examples", "40")
 them); tests/test_docs.py checks their verdicts too."""
 
 QUOTES: dict[str, Quote] = {
-    "run-three": Quote(("-m", "fuzz", "run", "--device", "cpu", "--seed", "0"), _stdout),
+    "run-three": Quote(("-m", "streamfuzz", "run", "--device", "cpu", "--seed", "0"), _stdout),
     "host-read-unsynced": Quote(
-        ("-m", "fuzz", "run", "--target", "host-read-unsynced", "--device", "cpu",
+        ("-m", "streamfuzz", "run", "--target", "host-read-unsynced", "--device", "cpu",
          "--oracle", "lifetime", "--seed", "0"), _finding("host-read-unsynced")),
     "weight-sync-unordered": Quote(
-        ("-m", "fuzz", "run", "--target", "weight-sync-unordered", "--device", "cpu",
+        ("-m", "streamfuzz", "run", "--target", "weight-sync-unordered", "--device", "cpu",
          "--world-size", "2", "--oracle", "lifetime", "--seed", "0"),
         _finding("weight-sync-unordered")),
     "check-overlap": Quote(
@@ -137,7 +137,7 @@ def produce(name: str) -> str:
 
 
 def has_wheel(version: str) -> bool:
-    from fuzz import upstream
+    from streamfuzz.fuzz import upstream
 
     return any(upstream.cache_dir().glob(f"vllm-{version}-*.whl"))
 

@@ -1,4 +1,4 @@
-"""Helpers that several test modules share: the project's root, ``python -m fuzz``
+"""Helpers that several test modules share: the project's root, ``python -m streamfuzz``
 in a fresh process, and small fixtures of data."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,8 +21,8 @@ def env_with_path(*dirs: Path | str) -> dict[str, str]:
 
 def fuzz_cli(*args: object, cwd: Path | str = ROOT, env: dict[str, str] | None = None,
              timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python -m fuzz ARGS`` in a fresh process, its output captured as text."""
-    return subprocess.run([sys.executable, "-m", "fuzz", *map(str, args)], cwd=cwd,
+    """``python -m streamfuzz ARGS`` in a fresh process, its output captured as text."""
+    return subprocess.run([sys.executable, "-m", "streamfuzz", *map(str, args)], cwd=cwd,
                           env=env_with_path() if env is None else env, capture_output=True,
                           text=True, timeout=timeout)
 

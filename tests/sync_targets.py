@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from fuzz.draft.targets.pp_draft import MainGather
-from fuzz.targets import Batch, TargetContext
+from streamfuzz.fuzz.draft.targets.pp_draft import MainGather
+from streamfuzz.fuzz.targets import Batch, TargetContext
 
 
 class OneWait(MainGather):

@@ -6,13 +6,13 @@ import random
 import pytest
 import torch
 
-from fuzz import bench
-from fuzz.draft.runner import run_scenario
-from fuzz.draft.scenario import DEFAULT_SPIN, Delay, Scenario, Step
-from fuzz.gates import Gates, GateUnavailable
-from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.streams import SimStreams
-from fuzz.targets import TargetContext
+from streamfuzz.fuzz import bench
+from streamfuzz.fuzz.draft.runner import run_scenario
+from streamfuzz.fuzz.draft.scenario import DEFAULT_SPIN, Delay, Scenario, Step
+from streamfuzz.fuzz.gates import Gates, GateUnavailable
+from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
+from streamfuzz.fuzz.streams import SimStreams
+from streamfuzz.fuzz.targets import TargetContext
 
 COLUMNS = ["target", "fuzzer ex/s", "waiting ex/s", "loop ex/s", "fuzzer/loop", "held by",
            "value oracle ms/ex",
@@ -93,7 +93,7 @@ class _SpinOnly(SimStreams):
 
 
 def _factory(ctx):
-    from fuzz.draft.targets.pp_draft import MainGather
+    from streamfuzz.fuzz.draft.targets.pp_draft import MainGather
 
     return MainGather(ctx)
 
@@ -119,7 +119,7 @@ def test_gate_delays_fall_back_to_spins_where_gates_are_unavailable():
 
 
 def test_no_waiting_leaves_the_waiting_run_out(monkeypatch, cpu_pool):
-    from fuzz import driver
+    from streamfuzz.fuzz import driver
 
     pipelines = []
     real = driver.fuzz
@@ -139,7 +139,7 @@ def test_no_waiting_leaves_the_waiting_run_out(monkeypatch, cpu_pool):
 
 
 def test_reserved_memory_is_rank_0s_in_mib_and_none_where_unknown():
-    from fuzz.messages import Memory
+    from streamfuzz.fuzz.messages import Memory
 
     class _Pool:
         device = "cuda"  # off CUDA the ranks are not asked

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 import streamfuzz
-from fuzz.errors import BadInput, FuzzError
 from streamfuzz import _group
+from streamfuzz.fuzz.errors import BadInput, FuzzError
 from tests.helpers import ROOT
 
 # Plain torch.cuda code with the pre-PR bug, written as an engine's test would.
@@ -143,7 +143,7 @@ def test_bad_marker_and_fixture_arguments_are_bad_input(tmp_path):
     """)
     assert "1 passed, 3 errors" in out.stdout, out.stdout
     errors = [ln for ln in out.stdout.splitlines() if ln.startswith("E ")]
-    assert len(errors) == 3 and all("fuzz.errors.CheckArgumentError: " in ln
+    assert len(errors) == 3 and all("streamfuzz.fuzz.errors.CheckArgumentError: " in ln
                                     for ln in errors), errors
     assert any("takes keyword arguments only" in ln for ln in errors)
     assert any("takes no devise" in ln for ln in errors)

@@ -106,7 +106,7 @@ def test_matrix_prints_cells_and_fails_on_a_miss():
 
 def test_matrix_judges_user_targets_by_what_they_declare(tmp_path):
     (tmp_path / "twins.py").write_text(textwrap.dedent("""
-        from fuzz.draft.targets.pp_draft import MainGather, PreFix
+        from streamfuzz.fuzz.draft.targets.pp_draft import MainGather, PreFix
 
         def make_fixed(ctx):
             return MainGather(ctx)
@@ -229,7 +229,7 @@ def test_a_factory_that_raises_on_some_scenarios_only_is_a_finding(tmp_path):
 
 
 def test_every_option_of_every_command_says_what_it_does_and_its_default():
-    from fuzz.commands.grammar import parser as grammar
+    from streamfuzz.fuzz.commands.grammar import parser as grammar
 
     parser = grammar()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -246,7 +246,7 @@ def test_every_option_of_every_command_says_what_it_does_and_its_default():
 
 
 def test_run_help_lists_every_built_in_target_and_family():
-    from fuzz import protocol as protocols
+    from streamfuzz.fuzz import protocol as protocols
 
     text = " ".join(_cli("run", "--help").stdout.split()).replace("- ", "-")
     listed = text.split("built-in targets:")[1]
@@ -270,7 +270,8 @@ def test_the_target_option_has_one_name_and_the_old_one_warns(tmp_path):
 def test_replay_of_a_fixed_user_entry_says_what_to_do(tmp_path):
     src = json.loads(next(ROOT.glob("corpus/pre-fix/*.json")).read_text())
     entry = tmp_path / "fixed.json"
-    entry.write_text(json.dumps(dict(src, target="fuzz.draft.targets.pp_draft:main_gather")))
+    fixed = "streamfuzz.fuzz.draft.targets.pp_draft:main_gather"
+    entry.write_text(json.dumps(dict(src, target=fixed)))
     out = _cli("replay", entry, "--device", "cpu")
     assert out.returncode == 1, out.stderr
     assert "PASSES: the bug no longer reproduces there. If you fixed it, delete" in out.stdout

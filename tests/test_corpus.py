@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from fuzz import corpus
-from fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz import corpus
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
 from tests.helpers import ROOT
 
 
@@ -70,7 +70,7 @@ def _umask():
 
 def test_a_writer_killed_mid_write_leaves_a_temp_file_the_next_save_sweeps(tmp_path):
     # A real kill between the temporary file's write and its rename.
-    code = ("import os, signal, sys; from pathlib import Path; from fuzz import corpus; "
+    code = ("import os, signal, sys; from pathlib import Path; from streamfuzz.fuzz import corpus; "
             "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
             "corpus.write_json_atomic(Path(sys.argv[1]), {'a': 1})")
     target = tmp_path / "pre-fix" / "value-0.json"

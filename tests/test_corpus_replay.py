@@ -11,10 +11,10 @@ the same verdict. An entry found on a GPU replays only where a GPU is.
 
 import pytest
 
-from fuzz import corpus, driver, targets
-from fuzz import protocol as protocols
-from fuzz.host import probe_gpus
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import corpus, driver, targets
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.host import probe_gpus
+from streamfuzz.fuzz.ranks import RankPool
 from tests.helpers import ROOT
 
 ENTRIES = corpus.discover([ROOT / "corpus"]) if (ROOT / "corpus").is_dir() else []

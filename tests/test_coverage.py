@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from fuzz import cli, driver
-from fuzz import protocol as protocols
-from fuzz.coverage import Coverage
+from streamfuzz.fuzz import cli, driver
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.coverage import Coverage
 
 DRAFT = protocols.get("draft-broadcast")
 WEIGHTS = protocols.get("weight-sync")

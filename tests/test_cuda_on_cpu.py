@@ -4,12 +4,12 @@ patched once the example is over."""
 import pytest
 import torch
 
-from fuzz import driver, targets
-from fuzz.draft.scenario import Scenario
-from fuzz.options import Oracle, RunOptions
-from fuzz.sim import cuda_on_cpu
-from fuzz.sim.cuda_on_cpu import NotSimulated
-from fuzz.streams import SimEvent, SimStream, SimStreams
+from streamfuzz.fuzz import driver, targets
+from streamfuzz.fuzz.draft.scenario import Scenario
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.sim import cuda_on_cpu
+from streamfuzz.fuzz.sim.cuda_on_cpu import NotSimulated
+from streamfuzz.fuzz.streams import SimEvent, SimStream, SimStreams
 from tests.helpers import one_step
 
 LIFETIME = RunOptions(oracles={Oracle.LIFETIME})
@@ -202,7 +202,7 @@ def test_an_unmodified_torch_cuda_handler_finds_pre_fix_on_cpu(cpu_pool, ci_sett
 def test_targets_written_against_ctx_streams_still_work(cpu_pool):
     scn = Scenario(world_size=2, max_num_reqs=3, num_spec_steps=2,
                    steps=(one_step().steps[0],) * 2)
-    spec = "fuzz.draft.targets.pp_draft_streams:"
+    spec = "streamfuzz.fuzz.draft.targets.pp_draft_streams:"
     assert driver.evaluate(cpu_pool, spec + "pre_fix", scn, LIFETIME).first.kind == "lifetime"
     assert driver.evaluate(cpu_pool, spec + "pr_fix", scn, LIFETIME).first.kind == "race"
     assert driver.evaluate(cpu_pool, spec + "main_gather", scn,

@@ -99,7 +99,7 @@ def test_weight_sync_page_shows_the_example_target_verbatim():
 
 
 def test_weight_sync_example_target_is_clean():
-    r = doc_quotes.run("-m", "fuzz", "run", "--target", doc_quotes.WEIGHT_SYNC, "--device",
+    r = doc_quotes.run("-m", "streamfuzz", "run", "--target", doc_quotes.WEIGHT_SYNC, "--device",
                        "cpu", "--world-size", "2", "--max-examples", "40", "--seed", "0",
                        "--corpus", "{tmp}/corpus", in_root=True)
     assert r.rc == 0, r.stdout + r.stderr

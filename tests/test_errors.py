@@ -8,15 +8,14 @@ import pkgutil
 
 import pytest
 
-import fuzz
-import streamfuzz
-from fuzz import cli
-from fuzz.errors import BadInput, FuzzError
+from streamfuzz import _check, fuzz
+from streamfuzz.fuzz import cli
+from streamfuzz.fuzz.errors import BadInput, FuzzError
 
 
 def _modules():
-    yield streamfuzz._check
-    for info in pkgutil.walk_packages(fuzz.__path__, "fuzz."):
+    yield _check
+    for info in pkgutil.walk_packages(fuzz.__path__, "streamfuzz.fuzz."):
         try:
             yield importlib.import_module(info.name)
         except ImportError:  # a module for a GPU or a package this machine lacks
@@ -34,21 +33,22 @@ def test_every_exception_class_streamfuzz_defines_is_under_the_root():
             if not issubclass(cls, (FuzzError, KeyboardInterrupt)):
                 outside.append(f"{module.__name__}.{cls.__qualname__}")
     assert len(seen) >= 15, seen  # the walk found the engine's classes
-    assert not outside, f"not under fuzz.errors.FuzzError: {outside}"
+    assert not outside, f"not under streamfuzz.fuzz.errors.FuzzError: {outside}"
 
 
 def test_bad_input_the_commands_raise_keeps_its_builtin_base():
-    from fuzz.corpus import CorpusError
-    from fuzz.draft.scenario import ScenarioError
-    from fuzz.options import OptionsError
-    from fuzz.targets import TargetError
+    from streamfuzz.fuzz.corpus import CorpusError
+    from streamfuzz.fuzz.draft.scenario import ScenarioError
+    from streamfuzz.fuzz.options import OptionsError
+    from streamfuzz.fuzz.targets import TargetError
 
     for cls in (CorpusError, OptionsError, ScenarioError, TargetError):
         assert issubclass(cls, BadInput) and issubclass(cls, ValueError)
 
 
-@pytest.mark.parametrize("error", ["fuzz.protocol.scenario:ScenarioError",
-                                   "fuzz.options:OptionsError", "fuzz.protocol:ProtocolError"])
+@pytest.mark.parametrize("error", ["streamfuzz.fuzz.protocol.scenario:ScenarioError",
+                                   "streamfuzz.fuzz.options:OptionsError",
+                                   "streamfuzz.fuzz.protocol:ProtocolError"])
 def test_any_bad_input_from_a_command_is_one_line_and_exit_2(monkeypatch, capsys, error):
     module, name = error.split(":")
     cls = getattr(importlib.import_module(module), name)

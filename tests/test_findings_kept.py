@@ -15,10 +15,10 @@ import time
 
 from hypothesis import strategies as st
 
-from fuzz import cli, corpus, driver, profiles, ranks
-from fuzz.commands import run as run_cmd
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import cli, corpus, driver, profiles, ranks
+from streamfuzz.fuzz.commands import run as run_cmd
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.ranks import RankPool
 from tests.helpers import ROOT
 
 
@@ -51,7 +51,7 @@ def test_ctrl_c_while_shrinking_saves_the_failure_and_writes_the_report(
 
 
 _USER_TARGET = textwrap.dedent('''
-    from fuzz.draft.targets.pp_draft import main_gather
+    from streamfuzz.fuzz.draft.targets.pp_draft import main_gather
 
 
     def _check(batch):
@@ -83,7 +83,7 @@ _USER_TARGET = textwrap.dedent('''
 def test_a_crash_in_a_users_handler_shows_the_users_frames(tmp_path):
     (tmp_path / "user_handler.py").write_text(_USER_TARGET)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
-    out = subprocess.run([sys.executable, "-m", "fuzz", "run", "--device", "cpu",
+    out = subprocess.run([sys.executable, "-m", "streamfuzz", "run", "--device", "cpu",
                           "--target", "user_handler:make", "--seed", "0", "--profile", "ci",
                           "--corpus", "corpus"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
@@ -185,7 +185,7 @@ def test_ctrl_c_while_gpus_are_counted_reports_that_no_target_ran(tmp_path, monk
         time.sleep(5)
         return 0
 
-    from fuzz.commands import checks
+    from streamfuzz.fuzz.commands import checks
 
     monkeypatch.setattr(checks, "probe_gpus", probe)
     data = _interrupted_before_any_target(tmp_path, capsys, "auto",
@@ -212,10 +212,10 @@ def _interrupted_before_any_target(tmp_path, capsys, device, said):
 
 
 def _cli(tmp_path, hook, *args, **popen):
-    """``python -m fuzz``'s main in a fresh process, after ``hook`` (Python
+    """``python -m streamfuzz``'s main in a fresh process, after ``hook`` (Python
     source) has run in it."""
-    code = ("import os, signal, sys\nfrom fuzz import cli, driver\n"
-            f"from fuzz.commands import run as run_cmd\n{hook}\n"
+    code = ("import os, signal, sys\nfrom streamfuzz.fuzz import cli, driver\n"
+            f"from streamfuzz.fuzz.commands import run as run_cmd\n{hook}\n"
             "sys.exit(cli.main(sys.argv[1:]))")
     return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import hypothesis
 
-from fuzz.sites import display_path, source_line
+from streamfuzz.fuzz.sites import display_path, source_line
 from tests.helpers import ROOT
 
 

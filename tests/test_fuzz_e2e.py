@@ -3,10 +3,10 @@
 import pytest
 from hypothesis import strategies as st
 
-from fuzz import corpus, driver
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.ranks import RankPool
-from strategies import scenarios
+from streamfuzz.fuzz import corpus, driver
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.strategies import scenarios
 
 SHIFTED = "tests.targets:shifted_rows"
 

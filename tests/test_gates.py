@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from torch.cuda import _gpu_trace as trace
 
-from fuzz.gates import Gate, Gates, _hook, _polling, _Waits
+from streamfuzz.fuzz.gates import Gate, Gates, _hook, _polling, _Waits
 
 S1, S2, S3 = 0x10, 0x20, 0x30
 E1, E2 = 0x100, 0x200
@@ -219,7 +219,7 @@ def test_polls_of_work_behind_no_gate_change_nothing():
 def test_a_poll_through_the_checkers_own_wrapper_is_still_the_programs():
     """The lifetime checker wraps ``query`` over the gates' wrapper: the poll's
     caller is the program, not the checker's wrapper."""
-    import fuzz.oracles.lifetime_cuda as checker_module
+    import streamfuzz.fuzz.oracles.lifetime_cuda as checker_module
 
     pool = _host_pool()
     assert _hook(pool)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from fuzz.sim import gloo_threads
+from streamfuzz.fuzz.sim import gloo_threads
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="thread scheduling policies are read from Linux /proc")

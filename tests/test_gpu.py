@@ -5,12 +5,12 @@ import time
 import pytest
 import torch
 
-from fuzz import driver
-from fuzz.bench import crafted
-from fuzz.draft.scenario import Churn, Delay, Scenario, Step
-from fuzz.host import probe_gpus
-from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.bench import crafted
+from streamfuzz.fuzz.draft.scenario import Churn, Delay, Scenario, Step
+from streamfuzz.fuzz.host import probe_gpus
+from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
+from streamfuzz.fuzz.ranks import RankPool
 from tests.helpers import parent_pid
 
 GATES = RunOptions(oracles={Oracle.VALUE, Oracle.REUSE}, hold=Hold.GATE)
@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
 def gates(request):
     """Every gate test on each kind: the stream wait ranks load first, the PTX kernel and
     Triton's, which they fall back to."""
-    from fuzz.gates import Gates, GateUnavailable
+    from streamfuzz.fuzz.gates import Gates, GateUnavailable
 
     try:
         gates = Gates.create(torch.device("cuda", 0), bound_ms=200, kinds=(request.param,))
@@ -35,7 +35,7 @@ def gates(request):
         pytest.fail(f"{request.param} gates unavailable on this GPU: {exc}")
     assert gates.kind == request.param
     # Load the kernels the tests queue behind gates: a first launch under lazy
-    # module loading waits for the held gate (see fuzz.gates).
+    # module loading waits for the held gate (see streamfuzz.fuzz.gates).
     torch.cuda._sleep(1)
     torch.zeros(1, device="cuda").fill_(7).clone()
     torch.zeros(4, device="cuda").sum().item()
@@ -297,7 +297,7 @@ def test_host_syncing_handler_never_waits_out_a_gate(gpu_pool, options):
 
 
 def test_the_oracles_read_the_current_stream_as_torch_does():
-    from fuzz.dispatch_mode import _RAW_STREAM, current_stream_handle
+    from streamfuzz.fuzz.dispatch_mode import _RAW_STREAM, current_stream_handle
 
     assert _RAW_STREAM is not None  # the raw reader, not the fallback through Stream objects
     side = torch.cuda.Stream()
@@ -372,7 +372,7 @@ def test_a_race_made_in_a_thread_is_found_on_real_streams():
 
 
 def test_the_runner_stages_batches_in_registered_host_memory():
-    from fuzz.draft.runner import _Staging
+    from streamfuzz.fuzz.draft.runner import _Staging
 
     dev = torch.device("cuda", 0)
     staging = _Staging.begin(dev)
@@ -401,12 +401,12 @@ def test_a_runs_first_cuda_rank_starts_cuda_and_nccl_beside_its_imports(tmp_path
     import subprocess
     import sys
 
-    from fuzz import zygote
+    from streamfuzz.fuzz import zygote
     from tests.helpers import ROOT
 
     report = tmp_path / "r.json"
     out = subprocess.run(
-        [sys.executable, "-m", "fuzz", "run", "--device", "cuda", "--world-size", "1",
+        [sys.executable, "-m", "streamfuzz", "run", "--device", "cuda", "--world-size", "1",
          "--target", "pre-fix", "--max-examples", "20", "--seed", "0", "--profile", "ci",
          "--shrink-budget", "1", "--corpus", str(tmp_path / "corpus"), "--report", str(report)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -4,10 +4,10 @@ streams only by host syncs, never by wait_stream or events alone."""
 import pytest
 import torch
 
-from fuzz import driver
-from fuzz.options import Oracle, RunOptions
-from fuzz.oracles.lifetime import LifetimeChecker
-from fuzz.streams import SimStreams
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.oracles.lifetime import LifetimeChecker
+from streamfuzz.fuzz.streams import SimStreams
 
 
 def _run(body):
@@ -142,7 +142,7 @@ def test_the_host_party_mutants_are_found_and_name_the_host(cpu_pool, ci_setting
 def test_ops_that_read_only_metadata_are_no_access():
     # On CUDA, is_pinned is an aten op the dispatch mode sees; asking whether a
     # buffer is pinned while a stream writes it is no race.
-    from fuzz.oracles.lifetime import _op_info
+    from streamfuzz.fuzz.oracles.lifetime import _op_info
 
     for op in (torch.ops.aten.is_pinned.default, torch.ops.aten.sym_size.int,
                torch.ops.aten.view.default):
@@ -155,7 +155,7 @@ def test_ops_that_read_only_metadata_are_no_access():
 def test_a_checker_bug_is_one_finding_that_blames_streamfuzz_not_the_target(monkeypatch):
     """The model raising must not reach the code under test (it would read as
     the target's crash): the example runs on, and one finding says whose bug."""
-    from fuzz.oracles.lifetime import LifetimeModel
+    from streamfuzz.fuzz.oracles.lifetime import LifetimeModel
 
     def broken(self, *args):
         raise KeyError("no such stream")
@@ -179,7 +179,7 @@ def test_a_checker_bug_met_where_the_runner_names_or_polls_is_a_finding_not_a_cr
         monkeypatch):
     """The runner calls the checker directly too (naming its batch tensors,
     polling after the call): a bug there must not raise into the runner either."""
-    from fuzz.oracles.lifetime import TensorTracker
+    from streamfuzz.fuzz.oracles.lifetime import TensorTracker
 
     def broken(self, *args):
         raise RuntimeError("naming went wrong")

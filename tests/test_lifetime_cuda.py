@@ -4,7 +4,7 @@
 import numpy as np
 import torch
 
-from fuzz.oracles import lifetime_cuda
+from streamfuzz.fuzz.oracles import lifetime_cuda
 
 
 class _Checker:
@@ -94,7 +94,7 @@ class _Launches(lifetime_cuda.CudaLifetimeChecker):
     the model does for an async collective)."""
 
     def __init__(self) -> None:  # the model's parts only: no streams, no mode
-        from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
+        from streamfuzz.fuzz.oracles.lifetime import LifetimeModel, TensorTracker
 
         TensorTracker.__init__(self, LifetimeModel(0, {}), 0)
         self.model.stream_names[_MAIN] = "main"

@@ -3,7 +3,7 @@ must and stays quiet when the program's synchronization covers the access."""
 
 import pytest
 
-from fuzz.oracles.lifetime import LifetimeModel, frames_here
+from streamfuzz.fuzz.oracles.lifetime import LifetimeModel, frames_here
 
 MAIN, SIDE = 0, 1
 

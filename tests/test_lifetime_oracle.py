@@ -3,11 +3,11 @@ and on a GPU where one is visible."""
 
 import pytest
 
-from fuzz import driver, targets
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.host import probe_gpus
-from fuzz.options import Oracle, RunOptions
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import driver, targets
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.host import probe_gpus
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.ranks import RankPool
 
 LIFETIME = RunOptions(oracles={Oracle.LIFETIME})
 

@@ -61,7 +61,8 @@ def test_bootstrap_reuses_a_parent_venv_offline(bootstrapped):
     assert "installing what" not in out.stdout  # nothing was missing: nothing fetched
     probe = subprocess.run(
         [repo / ".venv" / "bin" / "python", "-c",
-         "import torch, hypothesis, pytest, xdist, numpy, matplotlib, fuzz; print(fuzz.__file__)"],
+         "import torch, hypothesis, pytest, xdist, numpy, matplotlib, streamfuzz.fuzz as f; "
+         "print(f.__file__)"],
         cwd="/", capture_output=True, text=True, env=_offline_env())
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()).is_relative_to(repo)

@@ -9,11 +9,11 @@ from multiprocessing.connection import Client
 
 import pytest
 
-from fuzz import messages
-from fuzz.draft import DraftObservations
-from fuzz.draft.reference import expected_applied
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.messages import (
+from streamfuzz.fuzz import messages
+from streamfuzz.fuzz.draft import DraftObservations
+from streamfuzz.fuzz.draft.reference import expected_applied
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.messages import (
     Done,
     Hello,
     Memory,
@@ -25,10 +25,10 @@ from fuzz.messages import (
     Stop,
     UnknownMessageError,
 )
-from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.ranks import RankPool, RankStartError
-from fuzz.verdict import Failure
-from fuzz.weight_sync import WeightSyncObservations
+from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
+from streamfuzz.fuzz.ranks import RankPool, RankStartError
+from streamfuzz.fuzz.verdict import Failure
+from streamfuzz.fuzz.weight_sync import WeightSyncObservations
 
 _SCN = Scenario(world_size=2, max_num_reqs=2, num_spec_steps=2, steps=(
     Step(idx_mapping=(1, 0), final=(True, False), num_sampled=(1, 0), num_rejected=(0, 1)),))
@@ -79,7 +79,7 @@ def test_an_unknown_message_names_sender_type_and_what_was_expected():
     assert text.startswith("the driver sent a builtins.tuple (('run', 1, 'pre-fix'))")
     assert "none of the messages expected here (Run, Stats, Stop)" in text
     # A message of the other direction is as unknown as a tuple.
-    with pytest.raises(UnknownMessageError, match="sent a fuzz.messages.Hello"):
+    with pytest.raises(UnknownMessageError, match="sent a streamfuzz.fuzz.messages.Hello"):
         messages.handler(handlers, Hello(_INFO), "the driver")
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from fuzz import cli, mutate, sync_sites
-from fuzz.options import MUTATE
-from fuzz.targets import mutated
+from streamfuzz.fuzz import cli, mutate, sync_sites
+from streamfuzz.fuzz.options import MUTATE
+from streamfuzz.fuzz.targets import mutated
 
 _SNIPPET = '''
 import torch
@@ -159,7 +159,7 @@ def test_a_received_tensor_read_only_by_the_runner_still_needs_its_record_stream
 
 
 def _vllm(name: str) -> None:
-    from fuzz import targets
+    from streamfuzz.fuzz import targets
 
     try:
         targets.upstream_of(name)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import cli, corpus
-from fuzz.commands import run as run_cmd
-from fuzz.options import DEFAULT, Hold, OptionsError, Oracle, RunOptions, parse_oracles
+from streamfuzz.fuzz import cli, corpus
+from streamfuzz.fuzz.commands import run as run_cmd
+from streamfuzz.fuzz.options import DEFAULT, Hold, OptionsError, Oracle, RunOptions, parse_oracles
 from tests.helpers import ROOT, fuzz_cli
 
 ALL = frozenset(o.value for o in Oracle)
@@ -135,7 +135,7 @@ def test_soak_recovery_replays_the_example_in_flight_with_the_runs_oracles(
     monkeypatch.setenv("STREAMFUZZ_TEST_HANG_ONCE", str(marker))
     args = _soak_args(out, "--target", "tests.targets:hangs_once_then_pre_fix")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "fuzz", *args, "--budget", "10m",
+    proc = subprocess.Popen([sys.executable, "-m", "streamfuzz", *args, "--budget", "10m",
                              "--timeout", "600"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -15,7 +15,7 @@ from bench.patterns import PATTERNS  # noqa: E402
 def test_every_pattern_is_clean_on_simulated_streams(tmp_path):
     targets = [a for name in PATTERNS
                for a in ("--target", f"{ROOT}/bench/patterns.py:{PATTERNS[name].__name__}")]
-    res = subprocess.run([sys.executable, "-m", "fuzz", "run", "--device", "cpu",
+    res = subprocess.run([sys.executable, "-m", "streamfuzz", "run", "--device", "cpu",
                           "--max-examples", "25", "--seed", "3", "--corpus",
                           str(tmp_path / "corpus"), *targets],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)

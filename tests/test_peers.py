@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import peers  # noqa: E402 - bench/peers.py, a script beside its helpers
 
-from fuzz import protocol as protocols  # noqa: E402
+from streamfuzz.fuzz import protocol as protocols  # noqa: E402
 
 DRAFT = protocols.get("draft-broadcast")
 WEIGHTS = protocols.get("weight-sync")

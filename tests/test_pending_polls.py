@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-from fuzz import driver
-from fuzz.draft.scenario import Delay, Scenario, Step, polls_held
-from fuzz.oracles.lifetime import LifetimeChecker
-from fuzz.streams import SimStreams
-from fuzz.weight_sync.scenario import Hold, Sync
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.draft.scenario import Delay, Scenario, Step, polls_held
+from streamfuzz.fuzz.oracles.lifetime import LifetimeChecker
+from streamfuzz.fuzz.streams import SimStreams
+from streamfuzz.fuzz.weight_sync.scenario import Hold, Sync
 
 _STEP = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(2, 1), num_rejected=(0, 1))
 

@@ -8,9 +8,9 @@ import pickle
 
 import pytest
 
-from fuzz import driver
-from fuzz import protocol as protocols
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.ranks import RankPool
 
 
 def _campaign(pool, settings, target, pipeline, tmp_path, **kw):

@@ -1,6 +1,6 @@
 """What a crash finding says: the cause, not pages of C++ backtrace."""
 
-from fuzz.crash_text import cause
+from streamfuzz.fuzz.crash_text import cause
 
 _ABORT = """\
 /src/aten/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0], thread: [0,0,0] \

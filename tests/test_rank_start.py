@@ -5,8 +5,8 @@ import socket
 
 import pytest
 
-from fuzz import driver, host
-from fuzz.ranks import RankPool, RankStartError
+from streamfuzz.fuzz import driver, host
+from streamfuzz.fuzz.ranks import RankPool, RankStartError
 from tests.test_zygote import _SCN
 
 

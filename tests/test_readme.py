@@ -1,7 +1,7 @@
 """The README's example target is the file the suite fuzzes, and it is clean."""
 
 
-from fuzz import driver
+from streamfuzz.fuzz import driver
 from tests.helpers import ROOT
 
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fuzz import gates
-from fuzz.oracles import lifetime, lifetime_cuda, reuse
+from streamfuzz.fuzz import gates
+from streamfuzz.fuzz.oracles import lifetime, lifetime_cuda, reuse
 
 
 class _Main:
@@ -81,7 +81,7 @@ def test_trace_events_reach_every_live_gate_pool_and_skip_dead_ones(monkeypatch)
 
 
 def test_both_cuda_oracles_read_the_stream_handle_of_their_own_device(monkeypatch):
-    from fuzz import dispatch_mode
+    from streamfuzz.fuzz import dispatch_mode
 
     monkeypatch.setattr(dispatch_mode, "_RAW_STREAM", lambda index: 0x7000 + index)
     assert dispatch_mode.current_stream_handle(torch.device("cuda", 3)) == 0x7003

@@ -1,9 +1,9 @@
 """On simulated streams the root of a broadcast goes on at once, and no example
 ends with one of its sends unmatched (CPU ranks, real gloo)."""
 
-from fuzz import driver
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.ranks import RankPool
 
 _STEP = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0))
 _SCENARIO = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP, _STEP))

@@ -4,11 +4,11 @@ staging, row arithmetic or churn."""
 
 import torch
 
-from fuzz.draft.runner import run_scenario
-from fuzz.draft.scenario import Churn, Scenario, Step
-from fuzz.options import Oracle, RunOptions
-from fuzz.streams import SimStreams
-from fuzz.targets import TargetContext
+from streamfuzz.fuzz.draft.runner import run_scenario
+from streamfuzz.fuzz.draft.scenario import Churn, Scenario, Step
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.streams import SimStreams
+from streamfuzz.fuzz.targets import TargetContext
 
 
 class _Idle:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.scan import scan
-from fuzz.scan.hazards import Hazard
-from fuzz.scan.sources import ScanInputError, open_source
+from streamfuzz.fuzz.scan import scan
+from streamfuzz.fuzz.scan.hazards import Hazard
+from streamfuzz.fuzz.scan.sources import ScanInputError, open_source
 from tests.helpers import ROOT
 from tests.helpers import fuzz_cli as _cli
 
@@ -352,7 +352,7 @@ def test_output_is_deterministic_across_processes(tmp_path):
     for i, seed in enumerate(("0", "12345")):
         js, md = tmp_path / f"r{i}.json", tmp_path / f"r{i}.md"
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        r = subprocess.run([sys.executable, "-m", "fuzz", "scan", str(pkg), "--json", str(js),
+        r = subprocess.run([sys.executable, "-m", "streamfuzz", "scan", str(pkg), "--json", str(js),
                             "--md", str(md), "--top", "0"], capture_output=True, text=True,
                            cwd=ROOT, timeout=300, env=env)
         assert r.returncode == 0, r.stderr
@@ -434,7 +434,7 @@ def test_harness_runs_and_finds_the_bug_its_fixed_twin_is_clean(tmp_path):
 
 
 def test_harness_stands_in_for_unimportable_imports(tmp_path):
-    from fuzz.targets.standins import load
+    from streamfuzz.fuzz.targets.standins import load
 
     src = tmp_path / "pkg"
     src.mkdir()

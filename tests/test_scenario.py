@@ -3,8 +3,8 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from fuzz.draft.scenario import Scenario, ScenarioError
-from strategies import scenarios
+from streamfuzz.fuzz.draft.scenario import Scenario, ScenarioError
+from streamfuzz.strategies import scenarios
 
 
 @settings(max_examples=100, deadline=None)

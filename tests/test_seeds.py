@@ -14,8 +14,8 @@ import hashlib, json, sys
 from pathlib import Path
 if sys.argv[2]:
     __import__(sys.argv[2])
-from fuzz import driver, profiles
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import driver, profiles
+from streamfuzz.fuzz.ranks import RankPool
 out = {}
 with RankPool(2, "cpu", timeout=60) as pool:
     for target in ("main-gather", "tests.targets:shifted_rows"):

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from fuzz import driver
-from fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
 
 _STEP = Step(idx_mapping=(1, 0), final=(True, True), num_sampled=(2, 1), num_rejected=(0, 1))
 _SCENARIO = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP, _STEP), pipeline_depth=1)

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import streamfuzz
-from fuzz import driver
-from fuzz.options import Oracle, RunOptions
-from fuzz.sim.cuda_on_cpu import NotSimulated
-from fuzz.streams import NoSimulation, SimStreams
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.sim.cuda_on_cpu import NotSimulated
+from streamfuzz.fuzz.streams import NoSimulation, SimStreams
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, GPU])]
@@ -324,9 +324,9 @@ class _HandleOnly:
 
 def test_on_cuda_a_stream_is_named_by_its_site_or_the_user(monkeypatch):
     """The CUDA adapter's names, without a GPU: the same rule as on CPU."""
-    from fuzz.oracles.lifetime import LifetimeModel, TensorTracker
-    from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
-    from fuzz.streams import CudaStreams
+    from streamfuzz.fuzz.oracles.lifetime import LifetimeModel, TensorTracker
+    from streamfuzz.fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
+    from streamfuzz.fuzz.streams import CudaStreams
 
     monkeypatch.setattr(torch.cuda, "Stream", _HandleOnly)
     streams = CudaStreams(torch.device("cuda", 0))

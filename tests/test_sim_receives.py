@@ -1,9 +1,9 @@
 """On simulated streams a receiving rank goes on past its broadcast calls, and
 what it receives lands before anything reads it (CPU ranks, real gloo)."""
 
-from fuzz import driver
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.ranks import RankPool
 
 _STEP = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0))
 _SCENARIO = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP, _STEP))

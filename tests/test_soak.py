@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from fuzz import corpus, rank_main, soak_report
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.ranks import RankPool
-from fuzz.soak import Soak, SoakConfig, parse_budget, read_samples
+from streamfuzz.fuzz import corpus, rank_main, soak_report
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.soak import Soak, SoakConfig, parse_budget, read_samples
 from tests.helpers import ROOT
 
 PY = sys.executable
@@ -43,7 +43,7 @@ def _env():
 
 
 def _soak_cli(*args):
-    return [PY, "-m", "fuzz", "soak", "--device", "cpu", *map(str, args)]
+    return [PY, "-m", "streamfuzz", "soak", "--device", "cpu", *map(str, args)]
 
 
 def _no_partial_files(*dirs):
@@ -283,7 +283,7 @@ def _torchrun(port, authkey):
     env = dict(_env(), STREAMFUZZ_DRIVER=f"127.0.0.1:{port}", STREAMFUZZ_AUTHKEY=authkey,
                STREAMFUZZ_DEVICE="cpu")
     return subprocess.Popen([PY, "-c", _TORCHRUN, "--standalone", "--nproc-per-node", "2",
-                             "-m", "fuzz.rank_main"], cwd=ROOT, env=env,
+                             "-m", "streamfuzz.fuzz.rank_main"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -391,7 +391,8 @@ def test_external_ranks_stuck_in_an_example_end_once_told_to_stop(tmp_path, sigi
     env.pop("STREAMFUZZ_STACKS", None)
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     stacks = tmp_path / "rank0.stacks"
-    ranks = [subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, stdout=log.open("w"),
+    ranks = [subprocess.Popen([PY, "-m", "streamfuzz.fuzz.rank_main"], cwd=ROOT,
+                              stdout=log.open("w"),
                               stderr=subprocess.STDOUT,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r),
                                        **({"STREAMFUZZ_STACKS": str(stacks)} if r == 0
@@ -470,7 +471,7 @@ def _lone_external_rank(driver: str, authkey: str, **env: str) -> subprocess.Pop
                STREAMFUZZ_DEVICE="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", **env)
     env.pop("STREAMFUZZ_PARENT", None)
-    return subprocess.Popen([PY, "-m", "fuzz.rank_main"], cwd=ROOT, env=env,
+    return subprocess.Popen([PY, "-m", "streamfuzz.fuzz.rank_main"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from fuzz.oracles import spans
+from streamfuzz.fuzz.oracles import spans
 
 
 def _span(view, base):

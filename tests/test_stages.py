@@ -2,7 +2,7 @@
 
 import pytest
 
-from fuzz import stages
+from streamfuzz.fuzz import stages
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_gpu_time_is_the_span_to_the_last_streams_end(clock, monkeypatch):
     start event to the latest end event over the main and the target's streams."""
     import torch
 
-    from fuzz.streams import _GpuSpan
+    from streamfuzz.fuzz.streams import _GpuSpan
 
     recorded = []
 
@@ -108,7 +108,7 @@ def test_gpu_time_is_the_span_to_the_last_streams_end(clock, monkeypatch):
 def test_gpu_time_is_left_out_when_events_fail(clock, monkeypatch):
     import torch
 
-    from fuzz.streams import _GpuSpan
+    from streamfuzz.fuzz.streams import _GpuSpan
 
     def broken(**_):
         raise RuntimeError("no CUDA here")

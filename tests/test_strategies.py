@@ -9,9 +9,9 @@ from math import comb
 import pytest
 from hypothesis import Phase, find, given, seed, settings
 
-from fuzz import profiles
-from fuzz.draft.strategies.batches import _combination
-from strategies import scenarios
+from streamfuzz.fuzz import profiles
+from streamfuzz.fuzz.draft.strategies.batches import _combination
+from streamfuzz.strategies import scenarios
 
 
 def test_every_subset_has_exactly_one_rank():

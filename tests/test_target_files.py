@@ -2,8 +2,8 @@
 
 import pytest
 
-from fuzz import corpus, driver, targets
-from fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz import corpus, driver, targets
+from streamfuzz.fuzz.options import Oracle, RunOptions
 from tests.helpers import one_step
 
 _HANDLER = '''

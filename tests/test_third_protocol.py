@@ -1,5 +1,5 @@
 """Adding a protocol is its own modules plus one line: a toy third protocol
-(``tests/toy_protocol``), written only against ``fuzz.protocol``, runs through
+(``tests/toy_protocol``), written only against ``streamfuzz.fuzz.protocol``, runs through
 the whole engine: the registry, the commands' built-ins, the ranks, the run
 skeleton and its oracles, the value check, the corpus."""
 
@@ -8,9 +8,9 @@ import json
 import hypothesis
 import pytest
 
-from fuzz import corpus, driver, protocol, targets
-from fuzz.options import Oracle, RunOptions
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import corpus, driver, protocol, targets
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.ranks import RankPool
 
 SPEC = "tests.toy_protocol:PROTOCOL"
 
@@ -42,7 +42,7 @@ def test_without_the_line_the_protocol_is_unknown(monkeypatch):
 
 def test_a_spec_that_names_no_protocol_is_one_line(monkeypatch):
     monkeypatch.setenv(protocol.ENV, "tests.toy_protocol:FILLER")
-    with pytest.raises(protocol.ProtocolError, match="is not a fuzz.protocol.Protocol"):
+    with pytest.raises(protocol.ProtocolError, match="is not a streamfuzz.fuzz.protocol.Protocol"):
         protocol.all_protocols()
 
 

@@ -5,9 +5,9 @@ import threading
 import torch
 
 import streamfuzz
-from fuzz import driver
-from fuzz.options import Oracle, RunOptions
-from fuzz.streams import SimStreams
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.streams import SimStreams
 from tests.helpers import one_step
 
 LIFETIME = RunOptions(oracles={Oracle.LIFETIME, Oracle.VALUE})

@@ -1,7 +1,7 @@
-from fuzz.draft import DraftObservations
-from fuzz.draft.reference import draft_value, expected_applied, expected_sent
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.draft.value import check as check_values
+from streamfuzz.fuzz.draft import DraftObservations
+from streamfuzz.fuzz.draft.reference import draft_value, expected_applied, expected_sent
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.draft.value import check as check_values
 
 
 def _scn(world=2):

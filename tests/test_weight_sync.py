@@ -11,13 +11,13 @@ import json
 
 import pytest
 
-from fuzz import corpus, driver
-from fuzz import protocol as protocols
-from fuzz.options import Oracle, RunOptions
-from fuzz.protocol.scenario import ScenarioError
-from fuzz.weight_sync import PROTOCOL, WeightSyncObservations
-from fuzz.weight_sync.reference import check, expected, values
-from fuzz.weight_sync.scenario import Param, Sync, WeightSyncScenario, chunk_sizes
+from streamfuzz.fuzz import corpus, driver
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.protocol.scenario import ScenarioError
+from streamfuzz.fuzz.weight_sync import PROTOCOL, WeightSyncObservations
+from streamfuzz.fuzz.weight_sync.reference import check, expected, values
+from streamfuzz.fuzz.weight_sync.scenario import Param, Sync, WeightSyncScenario, chunk_sizes
 
 LIFETIME = RunOptions(oracles=frozenset({Oracle.LIFETIME}))
 
@@ -114,7 +114,7 @@ def test_ordered_version_is_clean(cpu_pool, ci_settings):
 
 
 def _cached(version: str) -> bool:
-    from fuzz import targets
+    from streamfuzz.fuzz import targets
 
     try:
         targets.check_importable(f"vllm-weights@{version}")
@@ -141,10 +141,10 @@ def test_upstream_path_pins_the_bare_weights_family(tmp_path):
     import subprocess
     import sys
 
-    from fuzz import upstream
+    from streamfuzz.fuzz import upstream
 
     wheel = upstream.find("0.34.0").path
-    res = subprocess.run([sys.executable, "-m", "fuzz", "run", "--target", "vllm-weights",
+    res = subprocess.run([sys.executable, "-m", "streamfuzz", "run", "--target", "vllm-weights",
                           "--upstream", wheel, "--device", "cpu", "--world-size", "2",
                           "--max-examples", "50", "--shrink-budget", "10", "--seed", "1",
                           "--oracle", "lifetime", "--corpus", str(tmp_path / "corpus")],

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import worlds_report
-from fuzz.worlds import Claims, WorldOf, default_worlds
+from streamfuzz.fuzz import worlds_report
+from streamfuzz.fuzz.worlds import Claims, WorldOf, default_worlds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,7 +124,7 @@ def test_merged_run_report_gives_each_finding_once_and_every_worlds_rate():
 
 def _fuzz(args, cwd, **kw):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "fuzz", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "streamfuzz", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600, **kw)
 
 
@@ -166,7 +166,7 @@ def test_ctrl_c_reaches_every_world_and_the_report_is_written(tmp_path):
     report = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fuzz", "run", "--device", "cpu", "--worlds", "2", "--target",
+        [sys.executable, "-m", "streamfuzz", "run", "--device", "cpu", "--worlds", "2", "--target",
          "main-gather", "--max-examples", "100000", "--corpus", str(tmp_path / "corpus"),
          "--report", str(report)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import driver, host, zygote
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.ranks import RankPool
-from fuzz.zygote import early as early_ranks
-from fuzz.zygote import serve
+from streamfuzz.fuzz import driver, host, zygote
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.zygote import early as early_ranks
+from streamfuzz.fuzz.zygote import serve
 from tests.helpers import ROOT, parent_pid
 
 _STEP = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0))
@@ -96,7 +96,7 @@ def test_a_run_starts_its_zygote_early_and_its_pool_adopts_it_only_if_the_env_ma
 
 
 def test_a_driver_killed_with_9_takes_its_zygote_and_ranks_with_it(tmp_path):
-    code = ("import os, sys; from fuzz.ranks import RankPool\n"
+    code = ("import os, sys; from streamfuzz.fuzz.ranks import RankPool\n"
             "pool = RankPool(2, 'cpu', timeout=60.0); pool.start()\n"
             "print(pool._zygote.proc.pid, *pool.pids, flush=True)\n"
             "sys.stdin.read()\n")
@@ -113,7 +113,7 @@ def test_a_driver_killed_with_9_takes_its_zygote_and_ranks_with_it(tmp_path):
 
 
 def test_ctrl_c_while_the_command_line_starts_is_exit_130_and_one_line(monkeypatch, capsys):
-    from fuzz import __main__ as entry
+    from streamfuzz.fuzz import __main__ as entry
 
     def interrupted(argv):
         raise KeyboardInterrupt

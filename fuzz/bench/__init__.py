@@ -1,4 +1,4 @@
-"""``python -m fuzz bench``: how fast the fuzzer is, and what Hypothesis costs.
+"""``python -m streamfuzz bench``: how fast the fuzzer is, and what Hypothesis costs.
 
 For each device and draft-broadcast target (bench measures that protocol
 only) it measures, on one warm rank pool:
@@ -11,14 +11,14 @@ only) it measures, on one warm rank pool:
   alone; medians over seeds;
 * the cost of each oracle: the loop again with oracles switched off one by one;
 * for the built-in versions, what writing them as plain torch.cuda costs
-  against their ``ctx.streams`` form (``fuzz.draft.targets.pp_draft_streams``): the
+  against their ``ctx.streams`` form (``streamfuzz.fuzz.draft.targets.pp_draft_streams``): the
   two forms alternate on the same scenarios, round by round;
 * on fresh pools (a cold start: processes, process group, gate compile, with
   an empty Triton cache), the examples and seconds to the first failure and
   the time spent shrinking it, median over seeds; and from a user's cold
-  start, ``python -m fuzz run`` in a new process, the seconds from spawning
+  start, ``python -m streamfuzz run`` in a new process, the seconds from spawning
   it to its first failure;
-* where the time goes: the stage counters (``fuzz.stages``) of the driver and
+* where the time goes: the stage counters (``streamfuzz.fuzz.stages``) of the driver and
   of every rank, per example, on fresh ranks that count (a table, and a
   stacked bar chart ``stages-DEVICE.png`` where matplotlib is installed);
 * detection rates with gates and with spins: the same scenarios (a crafted
@@ -46,14 +46,22 @@ from typing import Any
 import hypothesis
 from hypothesis import Phase
 
-from fuzz import corpus, driver, profiles, stages, stages_report, targets
-from fuzz.bench.report import fmt, markdown
-from fuzz.draft import PROTOCOL as DRAFT
-from fuzz.draft.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn, Delay, Scenario, Step
-from fuzz.draft.strategies.scenarios import scenarios
-from fuzz.options import DEFAULT, Hold, Oracle, RunOptions
-from fuzz.ranks import RankPool
-from fuzz.verdict import Verdict
+from streamfuzz.fuzz import corpus, driver, profiles, stages, stages_report, targets
+from streamfuzz.fuzz.bench.report import fmt, markdown
+from streamfuzz.fuzz.draft import PROTOCOL as DRAFT
+from streamfuzz.fuzz.draft.scenario import (
+    CHURN_DTYPES,
+    FILL_RANGE,
+    ITEMSIZE,
+    Churn,
+    Delay,
+    Scenario,
+    Step,
+)
+from streamfuzz.fuzz.draft.strategies.scenarios import scenarios
+from streamfuzz.fuzz.options import DEFAULT, Hold, Oracle, RunOptions
+from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.verdict import Verdict
 
 Log = Callable[[str], None]
 ORACLE_SETS = {"none": frozenset(), "value": frozenset({Oracle.VALUE}),
@@ -233,7 +241,7 @@ def breakdown(device: str, world: int, target: str, examples: int,
               options: RunOptions = DEFAULT, timeout: float = 60.0,
               warmup_examples: int = 20) -> dict[str, Any]:
     """Where the fuzzer's time goes, per example and per process: the stage
-    counters (``fuzz.stages``) of this driver and of every rank, over one
+    counters (``streamfuzz.fuzz.stages``) of this driver and of every rank, over one
     generate-only run of ``examples`` (seed 0) on fresh ranks that count from
     their start. Counting costs a little; throughput is measured without it."""
     stages.enable(stages.HYPOTHESIS)
@@ -290,7 +298,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
-STREAMS_FORM = {name: f"fuzz.draft.targets.pp_draft_streams:{name.replace('-', '_')}"
+STREAMS_FORM = {name: f"streamfuzz.fuzz.draft.targets.pp_draft_streams:{name.replace('-', '_')}"
                 for name in DRAFT.versions}
 """Each built-in version's ``ctx.streams`` form, for ``api_forms``."""
 
@@ -361,12 +369,12 @@ def first_failure(device: str, world: int, target: str, seed: int, max_examples:
 
 def from_process_start(device: str, world: int, target: str, seed: int, max_examples: int,
                        budget_s: float, options: RunOptions, timeout: float) -> dict[str, Any]:
-    """A user's cold start: ``python -m fuzz run`` in a fresh process (interpreter,
+    """A user's cold start: ``python -m streamfuzz run`` in a fresh process (interpreter,
     imports, rank processes and all), timed from before it is spawned to the
     first failure it sees (the run's report says when); no shrinking to speak of."""
     with tempfile.TemporaryDirectory(prefix="streamfuzz-cold-") as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "fuzz", "run", "--target", target, "--device", device,
+        cmd = [sys.executable, "-m", "streamfuzz", "run", "--target", target, "--device", device,
                "--world-size", str(world), "--seed", str(seed),
                "--max-examples", str(max_examples), "--budget", str(budget_s),
                "--shrink-budget", "0.001", "--timeout", str(timeout), "--profile", "ci",
@@ -468,7 +476,7 @@ class _Plan:
 
 def _cold_starts(plan: _Plan, device: str, world: int, row: dict[str, Any]) -> None:
     """``row``'s first failures from a cold start, per seed: on fresh pools,
-    then from a fresh ``python -m fuzz run`` process."""
+    then from a fresh ``python -m streamfuzz run`` process."""
     name = row["target"]
     runs = [first_failure(device, world, name, seed, plan.ff_examples, plan.ff_budget_s,
                           plan.options, plan.timeout,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fuzz import stages_report
+from streamfuzz.fuzz import stages_report
 
 
 def fmt(value: Any, digits: int = 1) -> str:

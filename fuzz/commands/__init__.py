@@ -1,12 +1,12 @@
-"""The commands behind ``python -m fuzz``: one module each (``run``, ``soak``,
+"""The commands behind ``python -m streamfuzz``: one module each (``run``, ``soak``,
 ``replay``, ``bench``, ``mutate``), over the grammar and the checks they share.
-``fuzz.cli`` parses and dispatches."""
+``streamfuzz.fuzz.cli`` parses and dispatches."""
 
 from __future__ import annotations
 
 import sys
 
-from fuzz.errors import BadInput
+from streamfuzz.fuzz.errors import BadInput
 
 
 class UsageError(BadInput):

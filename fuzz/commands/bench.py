@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from fuzz import protocol as protocols
-from fuzz import targets
-from fuzz.commands import UsageError
-from fuzz.commands.checks import run_options
-from fuzz.host import probe_gpus
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz import targets
+from streamfuzz.fuzz.commands import UsageError
+from streamfuzz.fuzz.commands.checks import run_options
+from streamfuzz.fuzz.host import probe_gpus
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from fuzz import bench
+    from streamfuzz.fuzz import bench
 
     draft = protocols.get(protocols.DEFAULT)
     names = args.target or [*draft.versions, *draft.mutants]

@@ -10,9 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fuzz.commands import UsageError
-from fuzz.host import cpu_world_limit, probe_gpus
-from fuzz.options import (
+from streamfuzz.fuzz.commands import UsageError
+from streamfuzz.fuzz.host import cpu_world_limit, probe_gpus
+from streamfuzz.fuzz.options import (
     RunOptions,
 )
 
@@ -58,7 +58,7 @@ def pick_worlds(args: argparse.Namespace, device: str, world: int) -> int:
         if device == "cpu":
             check_cpu_world(args.worlds * world, f"--worlds {args.worlds} of {world} ranks")
         return int(args.worlds)
-    from fuzz.worlds import default_worlds
+    from streamfuzz.fuzz.worlds import default_worlds
 
     return default_worlds(device, world)[0]
 

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fuzz import profiles, targets
-from fuzz import protocol as protocols
-from fuzz.commands import UsageError
-from fuzz.options import (
+from streamfuzz.fuzz import profiles, targets
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.commands import UsageError
+from streamfuzz.fuzz.options import (
     DEFAULT,
     MUTATE,
     ORACLE_CHOICES,
@@ -54,7 +54,7 @@ def _mib(text: str) -> float:
 
 
 def _duration(text: str) -> float:
-    from fuzz.soak import parse_budget
+    from streamfuzz.fuzz.soak import parse_budget
 
     try:
         return parse_budget(text)
@@ -71,7 +71,7 @@ def _oracles(text: str) -> frozenset[Oracle]:
 
 def _expect(text: str) -> tuple[str | None, str]:
     """``--expect [TARGET=]clean|found``: (the target, or None for every user target, what)."""
-    from fuzz.matrix import EXPECTATIONS
+    from streamfuzz.fuzz.matrix import EXPECTATIONS
 
     name, _, what = text.rpartition("=")
     if what not in EXPECTATIONS:
@@ -130,7 +130,7 @@ def _add_run_options(q: argparse.ArgumentParser) -> None:
 
 
 def _address(text: str) -> tuple[str, int]:
-    from fuzz.host import parse_address
+    from streamfuzz.fuzz.host import parse_address
 
     try:
         return parse_address(text)
@@ -139,7 +139,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def _world_of(text: str) -> Any:
-    from fuzz.worlds import WorldOf
+    from streamfuzz.fuzz.worlds import WorldOf
 
     try:
         return WorldOf.parse(text)
@@ -358,7 +358,7 @@ def parser() -> argparse.ArgumentParser:
     for add in (_run_parser, _soak_parser, _replay_parser, _bench_parser, _matrix_parser,
                 _mutate_parser):
         add(sub)
-    from fuzz.scan.command import add_parser as add_scan
+    from streamfuzz.fuzz.scan.command import add_parser as add_scan
 
     add_scan(sub)
     return p

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fuzz.commands import UsageError
-from fuzz.commands.checks import judging, pick_device, pick_world_size
-from fuzz.options import (
+from streamfuzz.fuzz.commands import UsageError
+from streamfuzz.fuzz.commands.checks import judging, pick_device, pick_world_size
+from streamfuzz.fuzz.options import (
     RunOptions,
 )
 
 
 def mutate_command(args: argparse.Namespace) -> int:
-    from fuzz import mutate, mutate_report
+    from streamfuzz.fuzz import mutate, mutate_report
 
     try:
         sites = mutate.select(args.target, args.site)

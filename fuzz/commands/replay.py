@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fuzz import corpus, targets
-from fuzz import protocol as protocols
-from fuzz.commands import UsageError
-from fuzz.commands.checks import check_cpu_world, pick_device
-from fuzz.ranks import RankPool
+from streamfuzz.fuzz import corpus, targets
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.commands import UsageError
+from streamfuzz.fuzz.commands.checks import check_cpu_world, pick_device
+from streamfuzz.fuzz.ranks import RankPool
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    from fuzz import driver
+    from streamfuzz.fuzz import driver
 
     entries = [corpus.load(p) for p in corpus.discover(args.paths)]
     if not entries:

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fuzz import corpus, profiles, targets, upstream
-from fuzz import protocol as protocols
-from fuzz.commands import say_error
-from fuzz.commands.checks import (
+from streamfuzz.fuzz import corpus, profiles, targets, upstream
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.commands import say_error
+from streamfuzz.fuzz.commands.checks import (
     check_dir,
     check_file,
     judging,
@@ -22,11 +22,11 @@ from fuzz.commands.checks import (
     pick_worlds,
     run_options,
 )
-from fuzz.options import (
+from streamfuzz.fuzz.options import (
     RunOptions,
 )
-from fuzz.ranks import RankPool
-from fuzz.stop import StopReason
+from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.stop import StopReason
 
 
 class Progress:
@@ -96,7 +96,7 @@ def run_command(args: argparse.Namespace) -> int:
     corpus.sweep(args.corpus)
     worlds = pick_worlds(args, device, world)
     if worlds > 1:
-        from fuzz.worlds import run_worlds
+        from streamfuzz.fuzz.worlds import run_worlds
 
         return run_worlds(args, worlds, device, world)
     settings = profiles.get(args.profile)
@@ -144,8 +144,8 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
     """Fuzz each target in turn, appending to ``results``; True once Ctrl-C ended it.
     A target the ranks find set up wrong is one line on stderr, in ``misused``,
     and the next target runs."""
-    from fuzz import driver
-    from fuzz.worlds import Claims
+    from streamfuzz.fuzz import driver
+    from streamfuzz.fuzz.worlds import Claims
 
     claims = Claims(args.world_of.shared) if args.world_of is not None else None
     for name in names:
@@ -210,7 +210,7 @@ def _strategy(name: str, world: int, scale: int) -> Any:
     """The weight-sync strategy at ``scale``; None (the protocol's default) otherwise."""
     if scale == 1 or protocols.of_target(name).name != "weight-sync":
         return None
-    from fuzz.weight_sync.strategies import weight_sync_scenarios
+    from streamfuzz.fuzz.weight_sync.strategies import weight_sync_scenarios
 
     return weight_sync_scenarios(world_size=world, scale=scale)
 

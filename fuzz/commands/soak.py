@@ -1,4 +1,4 @@
-"""``soak``: a time-budgeted campaign (``fuzz.soak``), alone or as parallel worlds."""
+"""``soak``: a time-budgeted campaign (``streamfuzz.fuzz.soak``), alone or as parallel worlds."""
 
 from __future__ import annotations
 
@@ -6,17 +6,23 @@ import argparse
 import os
 import sys
 
-from fuzz import targets
-from fuzz.commands import UsageError
-from fuzz.commands.checks import check_dir, pick_device, pick_world_size, pick_worlds, run_options
-from fuzz.ranks import RankPool
-from fuzz.stop import StopReason
+from streamfuzz.fuzz import targets
+from streamfuzz.fuzz.commands import UsageError
+from streamfuzz.fuzz.commands.checks import (
+    check_dir,
+    pick_device,
+    pick_world_size,
+    pick_worlds,
+    run_options,
+)
+from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.stop import StopReason
 
 
 def soak_command(args: argparse.Namespace) -> int:
 
-    from fuzz.soak import Soak, SoakConfig, stop_on_signals
-    from fuzz.worlds import Claims
+    from streamfuzz.fuzz.soak import Soak, SoakConfig, stop_on_signals
+    from streamfuzz.fuzz.worlds import Claims
 
     names = args.target or list(targets.BUILTIN)
     names = [n for arg in names for n in arg.split(",") if n]
@@ -42,7 +48,7 @@ def soak_command(args: argparse.Namespace) -> int:
         raise UsageError("STREAMFUZZ_AUTHKEY must be hex") from None
     worlds = 1 if args.ranks_external else pick_worlds(args, device, world)
     if worlds > 1:
-        from fuzz.worlds import soak_worlds
+        from streamfuzz.fuzz.worlds import soak_worlds
 
         return soak_worlds(args, worlds, device, world)
     cfg = SoakConfig(targets=names, budget_s=args.budget, out=args.out, corpus=args.corpus,
@@ -58,7 +64,7 @@ def soak_command(args: argparse.Namespace) -> int:
         try:
             if args.listen:
                 print(f"soak: waiting for {world} ranks on {args.listen[0]}:{args.listen[1]} "
-                      f"(torchrun ... -m fuzz.rank_main)", file=sys.stderr, flush=True)
+                      f"(torchrun ... -m streamfuzz.fuzz.rank_main)", file=sys.stderr, flush=True)
             pool.start()
             report = soak.run()
         finally:
@@ -74,4 +80,4 @@ def soak_command(args: argparse.Namespace) -> int:
 
 
 STOP_SIGNALS = (StopReason.SIGINT, StopReason.SIGTERM)
-"""The stop reasons of a soak that a signal ended (``fuzz.soak.stop_on_signals``)."""
+"""The stop reasons of a soak that a signal ended (``streamfuzz.fuzz.soak.stop_on_signals``)."""

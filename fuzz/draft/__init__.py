@@ -1,9 +1,9 @@
 """The draft broadcast as a protocol: the first one the engine fuzzed.
 
 The pipeline-parallel draft broadcast of a speculative-decoding model runner
-(``fuzz.draft.scenario``, ``strategies``, ``fuzz.draft.runner``, ``fuzz.draft.reference``,
-``fuzz.draft.targets.pp_draft``). This module is what the registry reads; it
-imports nothing heavy at module level.
+(``streamfuzz.fuzz.draft.scenario``, ``strategies``, ``streamfuzz.fuzz.draft.runner``,
+``streamfuzz.fuzz.draft.reference``, ``streamfuzz.fuzz.draft.targets.pp_draft``). This
+module is what the registry reads; it imports nothing heavy at module level.
 """
 
 from __future__ import annotations
@@ -11,33 +11,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzz.draft.reference import Applied
-from fuzz.messages import Observations
-from fuzz.protocol import Protocol
+from streamfuzz.fuzz.draft.reference import Applied
+from streamfuzz.fuzz.messages import Observations
+from streamfuzz.fuzz.protocol import Protocol
 
 LAST_RANK, OTHER_RANKS = "the last rank", "the other ranks"
 """The handler's two roles, as reports name them."""
 
 PROTOCOL = Protocol(
     name="draft-broadcast",
-    scenario="fuzz.draft.scenario:Scenario",
-    strategy="fuzz.draft.strategies.scenarios:scenarios",
-    run="fuzz.draft.runner:run_on_rank",
-    values="fuzz.draft.value:check",
-    behaviours="fuzz.draft:behaviours",
-    smallest="fuzz.draft:smallest",
-    versions={"pre-fix": "fuzz.draft.targets.pp_draft:pre_fix",
-              "pr-fix": "fuzz.draft.targets.pp_draft:pr_fix",
-              "main-gather": "fuzz.draft.targets.pp_draft:main_gather"},
-    mutants={name: f"fuzz.draft.targets.mutants:{name.replace('-', '_')}"
+    scenario="streamfuzz.fuzz.draft.scenario:Scenario",
+    strategy="streamfuzz.fuzz.draft.strategies.scenarios:scenarios",
+    run="streamfuzz.fuzz.draft.runner:run_on_rank",
+    values="streamfuzz.fuzz.draft.value:check",
+    behaviours="streamfuzz.fuzz.draft:behaviours",
+    smallest="streamfuzz.fuzz.draft:smallest",
+    versions={"pre-fix": "streamfuzz.fuzz.draft.targets.pp_draft:pre_fix",
+              "pr-fix": "streamfuzz.fuzz.draft.targets.pp_draft:pr_fix",
+              "main-gather": "streamfuzz.fuzz.draft.targets.pp_draft:main_gather"},
+    mutants={name: f"streamfuzz.fuzz.draft.targets.mutants:{name.replace('-', '_')}"
              for name in ("missing-wait", "wrong-record-stream", "receiver-no-wait",
                           "receiver-async-unwaited", "receiver-no-record", "receiver-drops-idx",
                           "sampled-before-wait", "early-event", "staging-buffer",
                           "host-read-unsynced", "host-rewrites-staging")},
     correct="main-gather",
-    variants={"main-gather-synced": "fuzz.draft.targets.pp_draft:main_gather_synced"},
+    variants={"main-gather-synced": "streamfuzz.fuzz.draft.targets.pp_draft:main_gather_synced"},
     families=("vllm-pp", "vllm-pp-pre-pr"),
-    upstream="fuzz.draft.vllm:FAMILY",
+    upstream="streamfuzz.fuzz.draft.vllm:FAMILY",
     receiver_side=frozenset({"receiver-no-wait", "receiver-async-unwaited", "receiver-no-record",
                              "receiver-drops-idx", "early-event"}),
     handler_methods={LAST_RANK: ("broadcast_drafts",),
@@ -59,7 +59,7 @@ class DraftObservations(Observations):
 
 def smallest(world_size: int) -> Any:
     """One step that schedules nothing, at the smallest sizes."""
-    from fuzz.draft.scenario import Scenario
+    from streamfuzz.fuzz.draft.scenario import Scenario
 
     return Scenario.from_dict({"world_size": world_size, "max_num_reqs": 1,
                                "num_spec_steps": 1, "pipeline_depth": 1,

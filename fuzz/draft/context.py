@@ -12,7 +12,7 @@ every rank at the start of every example (a fresh runner), then per step:
 
 vLLM's own handler is the family ``vllm-pp`` (and ``vllm-pp-pre-pr``, the
 derived pre-PR code), named with the upstream version: ``vllm-pp@0.32.0``
-(``fuzz.draft.targets.vllm_pp`` drives it).
+(``streamfuzz.fuzz.draft.targets.vllm_pp`` drives it).
 """
 
 from __future__ import annotations

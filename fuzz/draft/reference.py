@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
 
 _STEP = 100_000
 _SLOT = 16

@@ -3,7 +3,7 @@
 It makes each step's batch the way the real runner does (fresh device tensors
 copied on the main stream from pinned memory), runs the drafter on the last
 rank, calls the handler, drops every reference to the batch; the skeleton
-(``fuzz.protocol.runner``) places the scenario's delays and runs its churn.
+(``streamfuzz.fuzz.protocol.runner``) places the scenario's delays and runs its churn.
 Outputs are copied on the main stream and read only after a final
 synchronize, so the harness adds no ordering of its own between the streams
 — except what a scenario's gates ask for.
@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from fuzz.draft import LAST_RANK, OTHER_RANKS, PROTOCOL, DraftObservations
-from fuzz.draft.context import Batch, Factory, TargetContext
-from fuzz.draft.reference import Applied, draft_rows, token_rows
-from fuzz.draft.scenario import GATE_UNTIL, ITEMSIZE, Scenario, Step
-from fuzz.options import DEFAULT, RunOptions
-from fuzz.protocol import RankEnv, check_handler, make_handler
-from fuzz.protocol.runner import Harness, Report, run_example, unseen
-from fuzz.tensors import DEVICE, PINNED
+from streamfuzz.fuzz.draft import LAST_RANK, OTHER_RANKS, PROTOCOL, DraftObservations
+from streamfuzz.fuzz.draft.context import Batch, Factory, TargetContext
+from streamfuzz.fuzz.draft.reference import Applied, draft_rows, token_rows
+from streamfuzz.fuzz.draft.scenario import GATE_UNTIL, ITEMSIZE, Scenario, Step
+from streamfuzz.fuzz.options import DEFAULT, RunOptions
+from streamfuzz.fuzz.protocol import RankEnv, check_handler, make_handler
+from streamfuzz.fuzz.protocol.runner import Harness, Report, run_example, unseen
+from streamfuzz.fuzz.tensors import DEVICE, PINNED
 
 _DTYPES = {name: getattr(torch, name) for name in ITEMSIZE}
 _UNTIL_ORDER = {until: rank for rank, until in enumerate(GATE_UNTIL) if until}
@@ -119,7 +119,7 @@ class _Staging:
 
 
 class _Run:
-    """The draft broadcast's hooks (``fuzz.protocol.runner.Hooks``)."""
+    """The draft broadcast's hooks (``streamfuzz.fuzz.protocol.runner.Hooks``)."""
 
     def __init__(self, scenario: Scenario, ctx: TargetContext, options: RunOptions,
                  calls: Counter[str] | None = None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fuzz.protocol.scenario import (
+from streamfuzz.fuzz.protocol.scenario import (
     DEFAULT_SPIN,
     ScenarioError,
     check,

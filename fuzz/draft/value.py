@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fuzz.draft import DraftObservations
-from fuzz.draft.reference import expected_applied, expected_sent
-from fuzz.draft.scenario import Scenario
-from fuzz.verdict import Failure
+from streamfuzz.fuzz.draft import DraftObservations
+from streamfuzz.fuzz.draft.reference import expected_applied, expected_sent
+from streamfuzz.fuzz.draft.scenario import Scenario
+from streamfuzz.fuzz.verdict import Failure
 
 _MAX_ROWS = 4
 

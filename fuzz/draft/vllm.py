@@ -1,10 +1,10 @@
 """vLLM's own ``PPHandler`` as draft-broadcast targets: the ``vllm-pp`` families.
 
-``fuzz.upstream`` finds vLLM's ``pp_utils.py`` at a version and derives the
+``streamfuzz.fuzz.upstream`` finds vLLM's ``pp_utils.py`` at a version and derives the
 pre-PR code (``vllm-pp-pre-pr``); here that code gets this protocol's
-stand-ins for its vLLM imports (``fuzz.draft.targets.vllm_standins``) and is
-driven by vLLM's runner model (``fuzz.draft.targets.vllm_pp``). The draft
-protocol names this loader (``Protocol.upstream``); ``fuzz.targets`` reaches
+stand-ins for its vLLM imports (``streamfuzz.fuzz.draft.targets.vllm_standins``) and is
+driven by vLLM's runner model (``streamfuzz.fuzz.draft.targets.vllm_pp``). The draft
+protocol names this loader (``Protocol.upstream``); ``streamfuzz.fuzz.targets`` reaches
 it through the registry.
 """
 
@@ -15,20 +15,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from fuzz import upstream
+from streamfuzz.fuzz import upstream
 
 PRE_PR = {"vllm-pp": False, "vllm-pp-pre-pr": True}
 """Each family, and whether it runs the pre-PR edit of vLLM's file."""
 
 
 def _standins() -> dict[str, Any]:
-    from fuzz.draft.targets import vllm_standins
+    from streamfuzz.fuzz.draft.targets import vllm_standins
 
     return vllm_standins.builtins()
 
 
 class _Family:
-    """The loader of the ``vllm-pp`` families (``fuzz.targets.names.Family``)."""
+    """The loader of the ``vllm-pp`` families (``streamfuzz.fuzz.targets.names.Family``)."""
 
     def code(self, family: str, version: str | None) -> upstream.Upstream:
         """vLLM ``version``'s file (None: the installed vllm), as ``family`` runs it."""
@@ -38,7 +38,7 @@ class _Family:
         return replace(up, imports=_standins)
 
     def factory(self, family: str, version: str | None) -> Any:
-        from fuzz.draft.targets import vllm_pp
+        from streamfuzz.fuzz.draft.targets import vllm_pp
 
         return vllm_pp.factory(self.code(family, version))
 
@@ -50,7 +50,7 @@ class _Family:
         """What ``mutate`` edits: the file as it runs here, from ``PPHandler`` on."""
 
         def build(edited: ast.Module, extra: dict[str, Any], suffix: str) -> Any:
-            from fuzz.draft.targets import vllm_pp
+            from streamfuzz.fuzz.draft.targets import vllm_pp
 
             return vllm_pp.factory(up, upstream.edited_module(up, edited, suffix, extra))
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fuzz.frames import Frames
-from fuzz.oracles.spans import WHOLE, Span, covers, union
+from streamfuzz.fuzz.frames import Frames
+from streamfuzz.fuzz.oracles.spans import WHOLE, Span, covers, union
 
 Clock = dict[Any, int]
 _MAX_KEPT = 16

@@ -38,11 +38,11 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fuzz import stages
-from fuzz.frames import Frames, frames_here, user_code
-from fuzz.oracles.lifetime_messages import internal_error
-from fuzz.oracles.lifetime_model import LifetimeModel
-from fuzz.oracles.ops import (
+from streamfuzz.fuzz import stages
+from streamfuzz.fuzz.frames import Frames, frames_here, user_code
+from streamfuzz.fuzz.oracles.lifetime_messages import internal_error
+from streamfuzz.fuzz.oracles.lifetime_model import LifetimeModel
+from streamfuzz.fuzz.oracles.ops import (
     ALLOC_OPS,
     COPY_OPS,
     HOST_SYNC_OPS,
@@ -53,9 +53,9 @@ from fuzz.oracles.ops import (
     op_info,
     result_tensors,
 )
-from fuzz.oracles.spans import Span, indexed, indexed_span, union, view_span
-from fuzz.tensors import DEVICE, HOST, PAGEABLE, PINNED, tensors_in
-from fuzz.verdict import Failure
+from streamfuzz.fuzz.oracles.spans import Span, indexed, indexed_span, union, view_span
+from streamfuzz.fuzz.tensors import DEVICE, HOST, PAGEABLE, PINNED, tensors_in
+from streamfuzz.fuzz.verdict import Failure
 
 __all__ = ["DEVICE", "HOST", "LifetimeChecker", "LifetimeModel", "TensorTracker",
            "frames_here", "internal_error", "is_collective", "tensors_in", "user_code"]

@@ -9,7 +9,7 @@ frees from polling weak references, as on CPU. A c10d op's callbacks are held
 back while it launches: they say which stream NCCL ran it on (the stream of
 the events it records last), and its accesses are placed there, between
 NCCL's wait for the current stream and its end event, as on CPU. Pinned host memory is followed
-too, with the host as its own party (see ``fuzz.oracles.lifetime``). Imported
+too, with the host as its own party (see ``streamfuzz.fuzz.oracles.lifetime``). Imported
 only when the lifetime oracle runs on CUDA, so a mistake here cannot break CPU
 runs.
 """
@@ -22,18 +22,18 @@ from typing import Any
 
 import torch
 
-from fuzz.dispatch_mode import (
+from streamfuzz.fuzz.dispatch_mode import (
     RECORD_STREAM,
     DispatchMode,
     current_stream_handle,
     run_op,
     unobserved,
 )
-from fuzz.frames import user_code
-from fuzz.oracles.lifetime import TensorTracker
-from fuzz.oracles.lifetime_model import LifetimeModel
-from fuzz.oracles.ops import is_collective
-from fuzz.tensors import HOST
+from streamfuzz.fuzz.frames import user_code
+from streamfuzz.fuzz.oracles.lifetime import TensorTracker
+from streamfuzz.fuzz.oracles.lifetime_model import LifetimeModel
+from streamfuzz.fuzz.oracles.ops import is_collective
+from streamfuzz.fuzz.tensors import HOST
 
 _active: CudaLifetimeChecker | None = None
 _installed = False
@@ -244,7 +244,7 @@ class CudaLifetimeChecker(TensorTracker):
 
     def describe(self, reads: list[torch.Tensor], writes: list[torch.Tensor], label: str,
                  stream: Any) -> None:
-        """Opaque work (``fuzz.annotations``) on ``stream`` (None: the current
+        """Opaque work (``streamfuzz.fuzz.annotations``) on ``stream`` (None: the current
         one; ``HOST``: the host)."""
         if isinstance(stream, str):
             s: Any = HOST

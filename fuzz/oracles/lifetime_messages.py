@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fuzz.frames import Frames
-from fuzz.oracles.access import Access, StorageInfo
-from fuzz.sites import display_path, source_line
-from fuzz.verdict import Failure
+from streamfuzz.fuzz.frames import Frames
+from streamfuzz.fuzz.oracles.access import Access, StorageInfo
+from streamfuzz.fuzz.sites import display_path, source_line
+from streamfuzz.fuzz.verdict import Failure
 
 MAX_FINDINGS = 8
 """The most findings one example reports; the last one says how many more there were."""

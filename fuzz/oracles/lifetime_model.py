@@ -2,7 +2,7 @@
 
 It knows nothing about torch objects: streams and events are plain hashable
 keys, storages are keys with what a report says about them. The trackers of
-``fuzz.oracles.lifetime`` (CPU streams) and ``fuzz.oracles.lifetime_cuda``
+``streamfuzz.fuzz.oracles.lifetime`` (CPU streams) and ``streamfuzz.fuzz.oracles.lifetime_cuda``
 (real ones) feed it.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fuzz.frames import Frames
-from fuzz.oracles import lifetime_messages as messages
-from fuzz.oracles.access import (
+from streamfuzz.fuzz.frames import Frames
+from streamfuzz.fuzz.oracles import lifetime_messages as messages
+from streamfuzz.fuzz.oracles.access import (
     Access,
     Accesses,
     Clock,
@@ -24,9 +24,9 @@ from fuzz.oracles.access import (
     ordered,
     site,
 )
-from fuzz.oracles.spans import WHOLE, Span, overlap
-from fuzz.tensors import HOST
-from fuzz.verdict import Failure
+from streamfuzz.fuzz.oracles.spans import WHOLE, Span, overlap
+from streamfuzz.fuzz.tensors import HOST
+from streamfuzz.fuzz.verdict import Failure
 
 
 class LifetimeModel:

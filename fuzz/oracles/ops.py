@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from fuzz.tensors import tensors_in
+from streamfuzz.fuzz.tensors import tensors_in
 
 # Ops that make the host wait for the current stream (a blocking copy to the host).
 HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::equal",

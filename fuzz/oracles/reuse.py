@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 
-from fuzz import stages
-from fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle, run_op
-from fuzz.oracles.lifetime_messages import internal_error
-from fuzz.tensors import tensors_in
-from fuzz.verdict import Failure
+from streamfuzz.fuzz import stages
+from streamfuzz.fuzz.dispatch_mode import RECORD_STREAM, DispatchMode, current_stream_handle, run_op
+from streamfuzz.fuzz.oracles.lifetime_messages import internal_error
+from streamfuzz.fuzz.tensors import tensors_in
+from streamfuzz.fuzz.verdict import Failure
 
 _MAKES_BLOCKS: dict[Any, bool] = {}
 """Per op overload: may its results be new blocks (not views, not in place)?

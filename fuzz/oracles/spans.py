@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from fuzz.dispatch_mode import unobserved
+from streamfuzz.fuzz.dispatch_mode import unobserved
 
 Span = tuple[tuple[int, int], ...] | None
 """Byte intervals ``[lo, hi)`` of a storage, sorted and disjoint; ``WHOLE`` (None): all of it."""

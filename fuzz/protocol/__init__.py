@@ -12,7 +12,7 @@ Adding a protocol: its own modules, one ``Protocol`` value, one line in
 ``_DECLARED`` (or, for one that lives outside this package, its spec in
 ``STREAMFUZZ_PROTOCOLS``, which rank processes inherit).
 ``tests/test_third_protocol.py`` holds the engine to that. The shared parts
-a protocol builds on: ``fuzz.protocol.scenario`` and ``fuzz.protocol.runner``.
+a protocol builds on: ``streamfuzz.fuzz.protocol.scenario`` and ``streamfuzz.fuzz.protocol.runner``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, runtime_checkable
 from typing import Protocol as _TypingProtocol
 
-from fuzz.errors import BadInput, FuzzError
+from streamfuzz.fuzz.errors import BadInput, FuzzError
 
 DEFAULT = "draft-broadcast"
 """The protocol of a corpus entry that names none (entries from before there
@@ -54,7 +54,8 @@ class ScenarioType(_TypingProtocol):
 @runtime_checkable
 class Runner(_TypingProtocol):
     """A protocol's ``run`` part: one example on one rank -> its observations
-    (``fuzz.messages.Observations``); ``fuzz.protocol.runner`` is its skeleton."""
+    (``streamfuzz.fuzz.messages.Observations``); ``streamfuzz.fuzz.protocol.runner`` is its
+    skeleton."""
 
     def __call__(self, scenario: Any, factory: Callable[[Any], Any], env: RankEnv,
                  options: Any) -> Any: ...
@@ -82,7 +83,7 @@ class Protocol:
       ``world_size``);
     * ``strategy``: ``f(world_size=...) -> SearchStrategy`` of scenarios;
     * ``run``: ``f(scenario, factory, RankEnv, RunOptions) -> observations``
-      (the protocol's subclass of ``fuzz.messages.Observations``, with its
+      (the protocol's subclass of ``streamfuzz.fuzz.messages.Observations``, with its
       own outputs), on the rank;
     * ``values``: ``f(scenario, observations) -> list[Failure]``, in the driver;
     * ``behaviours``: ``f(scenario) -> list[str]``, coarse labels of what an
@@ -109,7 +110,7 @@ class Protocol:
     families: tuple[str, ...] = ()
     """Upstream target families (``family@VERSION``) this protocol drives."""
     upstream: str = ""
-    """Import spec of the loader of ``families`` (a ``fuzz.targets.names.Family``):
+    """Import spec of the loader of ``families`` (a ``streamfuzz.fuzz.targets.names.Family``):
     how ``family@VERSION`` becomes a factory, and what reports say it ran."""
     handler_methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per role (as a report names it), the handler methods the runner calls there."""
@@ -142,8 +143,8 @@ def _load(spec: str) -> Any:
 
 
 _DECLARED: tuple[str, ...] = (
-    "fuzz.draft:PROTOCOL",
-    "fuzz.weight_sync:PROTOCOL",
+    "streamfuzz.fuzz.draft:PROTOCOL",
+    "streamfuzz.fuzz.weight_sync:PROTOCOL",
 )
 
 
@@ -162,7 +163,7 @@ def _protocols(specs: tuple[str, ...]) -> dict[str, Protocol]:
         except (ImportError, AttributeError, ValueError) as exc:
             raise ProtocolError(f"protocol {spec!r} cannot be loaded: {exc}") from None
         if not isinstance(p, Protocol):
-            raise ProtocolError(f"{spec!r} is not a fuzz.protocol.Protocol")
+            raise ProtocolError(f"{spec!r} is not a streamfuzz.fuzz.protocol.Protocol")
         out[p.name] = p
     return out
 
@@ -207,7 +208,7 @@ def check_handler(p: Protocol, handler: Any, role: str | None = None) -> None:
 class FactoryRaised(FuzzError):
     """The target's factory raised (the ``__cause__``), before any handler call.
     Where it does so on the smallest scenario too, the target is set up wrong
-    (``fuzz.driver``); else the scenario made it raise, a finding."""
+    (``streamfuzz.fuzz.driver``); else the scenario made it raise, a finding."""
 
 
 def make_handler(factory: Callable[[Any], Any], ctx: Any) -> Any:

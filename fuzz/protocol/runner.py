@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import torch
 
-from fuzz import stages
-from fuzz.dispatch_mode import unobserved
-from fuzz.options import Hold, Oracle, RunOptions
-from fuzz.protocol.scenario import spin_cycles
-from fuzz.verdict import Failure
+from streamfuzz.fuzz import stages
+from streamfuzz.fuzz.dispatch_mode import unobserved
+from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
+from streamfuzz.fuzz.protocol.scenario import spin_cycles
+from streamfuzz.fuzz.verdict import Failure
 
 HELD_GATE, HELD_GATE_TIMEOUT = "gate", "gate-timeout"
 """How a stream was held, as ``Observations.held`` says: these, or a spin's own word."""
@@ -69,7 +69,7 @@ class Hooks(Protocol):
 @dataclass(frozen=True)
 class Report:
     """What the skeleton hands a protocol's ``observations``: the fields every
-    protocol's ``fuzz.messages.Observations`` has."""
+    protocol's ``streamfuzz.fuzz.messages.Observations`` has."""
 
     rank: int
     held: tuple[str, ...]
@@ -86,11 +86,11 @@ def lifetime_checker(streams: Any, rank: int, options: RunOptions) -> Any:
     if not options.runs(Oracle.LIFETIME):
         return None
     if streams.kind == "sim":
-        from fuzz.oracles.lifetime import LifetimeChecker
+        from streamfuzz.fuzz.oracles.lifetime import LifetimeChecker
 
         return LifetimeChecker(streams, rank=rank, group_rank=rank).attach()
     # Imported only here: a mistake in the CUDA adapter cannot break CPU runs.
-    from fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
+    from streamfuzz.fuzz.oracles.lifetime_cuda import CudaLifetimeChecker
 
     return CudaLifetimeChecker(streams, rank=rank, group_rank=rank).attach()
 
@@ -119,7 +119,7 @@ class Harness:
         self.checker = lifetime_checker(streams, rank, options)
         self.watch: Any = None
         if options.runs(Oracle.REUSE) and streams.kind == "cuda":
-            from fuzz.oracles.reuse import ReuseWatch
+            from streamfuzz.fuzz.oracles.reuse import ReuseWatch
 
             self.watch = ReuseWatch(self.main, rank)
             if self.checker is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fuzz.errors import BadInput
+from streamfuzz.fuzz.errors import BadInput
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

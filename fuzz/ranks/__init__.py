@@ -2,7 +2,7 @@
 
 The driver never touches a device: it only talks to ranks over local sockets.
 Ranks are started once and reused; a rank that dies or hangs costs one restart
-of the whole world (a process group cannot take a new member, ``fuzz.ranks.world``),
+of the whole world (a process group cannot take a new member, ``streamfuzz.fuzz.ranks.world``),
 and the example that did it becomes a ``crash`` or ``hang`` finding.
 """
 
@@ -20,8 +20,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import crash_text, messages, stages, zygote
-from fuzz.messages import (
+from streamfuzz.fuzz import crash_text, messages, stages, zygote
+from streamfuzz.fuzz.messages import (
     Done,
     Memory,
     Observations,
@@ -31,10 +31,10 @@ from fuzz.messages import (
     Stats,
     StatsReply,
 )
-from fuzz.options import DEFAULT, RunOptions
-from fuzz.ranks.world import RankStartError, World, WorldSpec
-from fuzz.verdict import Failure
-from fuzz.zygote import ForkedRank, Zygote
+from streamfuzz.fuzz.options import DEFAULT, RunOptions
+from streamfuzz.fuzz.ranks.world import RankStartError, World, WorldSpec
+from streamfuzz.fuzz.verdict import Failure
+from streamfuzz.fuzz.zygote import ForkedRank, Zygote
 
 
 @dataclass
@@ -117,7 +117,7 @@ class RankPool:
 
     def _zygote_for_world(self) -> Zygote | None:
         """The zygote this pool forks ranks from (started on first use, or
-        the one ``python -m fuzz run`` started early); None: spawn them."""
+        the one ``python -m streamfuzz run`` started early); None: spawn them."""
         if self.external or not zygote.enabled():
             return None
         if self._zygote is None:
@@ -222,7 +222,7 @@ class RankPool:
         return [r.mem if r else None for r in self._stats(timeout)]
 
     def stage_totals(self, timeout: float = 10.0) -> list[dict[str, float] | None]:
-        """Each rank's seconds per stage so far (``fuzz.stages``: empty unless the
+        """Each rank's seconds per stage so far (``streamfuzz.fuzz.stages``: empty unless the
         ranks were started with its ``ENV`` set; ``None`` for a rank that did not answer)."""
         return [r.stages if r else None for r in self._stats(timeout)]
 

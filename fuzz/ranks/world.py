@@ -3,7 +3,7 @@
 A world is started whole (forked from the zygote, else spawned), accepted
 whole, and stopped or killed whole: a process group cannot take a new member.
 It also says where a rank that gave no answer is stuck, and how one that died
-ended. ``fuzz.ranks`` keeps worlds and replaces them.
+ended. ``streamfuzz.fuzz.ranks`` keeps worlds and replaces them.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
-from fuzz import collectives, crash_text, host, messages
-from fuzz.errors import BadInput
-from fuzz.messages import Hello, RankInfo, Stop
-from fuzz.zygote import ForkedRank, Zygote, ZygoteError
+from streamfuzz.fuzz import ROOT, collectives, crash_text, host, messages
+from streamfuzz.fuzz.errors import BadInput
+from streamfuzz.fuzz.messages import Hello, RankInfo, Stop
+from streamfuzz.fuzz.zygote import ForkedRank, Zygote, ZygoteError
 
 
 class RankStartError(BadInput, RuntimeError):
@@ -88,7 +88,7 @@ class World:
         for env, log in zip(envs, self.logs):
             with open(log, "wb") as fh:
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "fuzz.rank_main"], env=env, stdout=fh,
+                    [sys.executable, "-m", "streamfuzz.fuzz.rank_main"], env=env, stdout=fh,
                     stderr=subprocess.STDOUT, start_new_session=True))
 
     def _envs(self, spec: WorldSpec, generation: int) -> list[dict[str, str]]:
@@ -105,7 +105,7 @@ class World:
             "STREAMFUZZ_SPAWNED_AT": repr(time.time()),
         })
         base["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(host.REPO), base.get("PYTHONPATH")) if p)
+            p for p in (ROOT, base.get("PYTHONPATH")) if p)
         if spec.device == "cpu":
             base.setdefault("GLOO_SOCKET_IFNAME", "lo")
         spec.logdir.mkdir(parents=True, exist_ok=True)  # a closed pool started again
@@ -206,7 +206,7 @@ class World:
 
     def waits_in(self, rank: int) -> str:
         """The collective a stuck rank waits in and the user's frames that called
-        it (``fuzz.collectives``); ``""`` where it noted none."""
+        it (``streamfuzz.fuzz.collectives``); ``""`` where it noted none."""
         return collectives.waits_in(self.stacks[rank]) if rank < len(self.stacks) else ""
 
     def tail(self, rank: int, limit: int = 600) -> str:

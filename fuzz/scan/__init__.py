@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fuzz.scan import hazards, package_hazards
-from fuzz.scan.hazards import Finding
-from fuzz.scan.package import Package
-from fuzz.scan.sources import Source
+from streamfuzz.fuzz.scan import hazards, package_hazards
+from streamfuzz.fuzz.scan.hazards import Finding
+from streamfuzz.fuzz.scan.package import Package
+from streamfuzz.fuzz.scan.sources import Source
 
 SUPPRESS = re.compile(r"#\s*streamfuzz:\s*safe\b[ \t]*(.*)$")
 """``# streamfuzz: safe <reason>`` on a finding's line drops it (kept as suppressed)."""

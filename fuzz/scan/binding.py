@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from fuzz.scan.names import (
+from streamfuzz.fuzz.scan.names import (
     CONTAINER_ANN,
     Namer,
     callee_name,
@@ -18,7 +18,7 @@ from fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from fuzz.scan.ops import K
+from streamfuzz.fuzz.scan.ops import K
 
 
 class Binding(Namer):

@@ -3,14 +3,14 @@
 A call is tried against the ordering rules first (``record_stream``, waits,
 events, host syncs), then taken as work queued on the current stream: a tensor
 method, a ``torch``/``numpy`` function, an async collective, or a call into
-the package, whose effects its own walk lends (``fuzz.scan.package``).
+the package, whose effects its own walk lends (``streamfuzz.fuzz.scan.package``).
 """
 
 from __future__ import annotations
 
 import ast
 
-from fuzz.scan.names import (
+from streamfuzz.fuzz.scan.names import (
     ASYNC_COLLECTIVE,
     CONTAINER_METHODS,
     EVENTISH,
@@ -29,7 +29,7 @@ from fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from fuzz.scan.ops import ANY, K
+from streamfuzz.fuzz.scan.ops import ANY, K
 
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""

@@ -1,4 +1,4 @@
-"""``python -m fuzz scan``: its options and what it does with them.
+"""``python -m streamfuzz scan``: its options and what it does with them.
 
 Exit status: 0 no finding at or above ``--fail-above`` (or no threshold set),
 1 at least one, 2 bad input (said in one line, before any file is read).
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz.errors import BadInput
+from streamfuzz.fuzz.errors import BadInput
 
 
 class ScanUsageError(BadInput, ValueError):
@@ -62,13 +62,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fuzz.scan import report, scan
-    from fuzz.scan.sources import open_source
+    from streamfuzz.fuzz.scan import report, scan
+    from streamfuzz.fuzz.scan.sources import open_source
 
     site = _site(args.harness) if args.harness else None
     source = open_source(args.path)  # bad input: one line, exit 2, nothing read yet
     if site is not None:
-        from fuzz.scan import harness
+        from streamfuzz.fuzz.scan import harness
 
         out = harness.write_for(source, site[0], site[1], args.out)
         print(f"fuzz scan: wrote {out} (fill in the scenario, then run it with pytest)")

@@ -1,6 +1,6 @@
 """From a finding to a check: a ``streamfuzz.checked()`` harness for one function.
 
-The harness loads the function's own file at run time (``fuzz.targets.standins``:
+The harness loads the function's own file at run time (``streamfuzz.fuzz.targets.standins``:
 compiled unchanged, unimportable imports stood in), makes its arguments on the
 devices the scan saw them used on, calls it under ``checked()`` inside a
 Hypothesis ``@given`` over sizes, then drops the caller's references, as a
@@ -16,11 +16,11 @@ import re
 import textwrap
 from pathlib import Path
 
-from fuzz.scan import hazards
-from fuzz.scan.ops import Trace
-from fuzz.scan.package import Function, Package
-from fuzz.scan.sources import ScanInputError, Source, SourceFile
-from fuzz.targets.standins import find_text
+from streamfuzz.fuzz.scan import hazards
+from streamfuzz.fuzz.scan.ops import Trace
+from streamfuzz.fuzz.scan.package import Function, Package
+from streamfuzz.fuzz.scan.sources import ScanInputError, Source, SourceFile
+from streamfuzz.fuzz.targets.standins import find_text
 
 _INTERLEAVING = {
     hazards.Hazard.LIFETIME: (
@@ -61,7 +61,7 @@ def write_for(source: Source, file: str, line: int, out: Path | None) -> Path:
     findings = hazards.judge(trace)
     code = render(source.spec, rel, fn, trace, findings)
     path = out or Path(f"test_streamfuzz_{re.sub(r'[^A-Za-z0-9_]', '_', fn.qualname)}.py")
-    from fuzz.scan.report import write
+    from streamfuzz.fuzz.scan.report import write
 
     write(path, code)
     return path
@@ -125,7 +125,7 @@ def render(spec: str, file: str, fn: Function, trace: Trace,
     lines = [
         f'"""streamfuzz harness for {fn.qualname} ({file}:{fn.node.lineno}).',
         "",
-        "Written by `python -m fuzz scan --harness`; fill in each TODO, then run",
+        "Written by `python -m streamfuzz scan --harness`; fill in each TODO, then run",
         "`pytest THIS_FILE --streamfuzz-device cpu` (simulated CUDA streams, no GPU) or",
         "`--streamfuzz-device cuda`. A finding fails the test with the checker's message.",
         '"""',
@@ -137,14 +137,14 @@ def render(spec: str, file: str, fn: Function, trace: Trace,
         "from hypothesis import strategies as st",
         "",
         "import streamfuzz",
-        "from fuzz.targets.standins import load",
+        "from streamfuzz.fuzz.targets.standins import load",
         "",
         f"SOURCE = os.environ.get('STREAMFUZZ_SOURCE', {spec!r})",
         f"FILE = {file!r}",
         'DEVICE = "cuda"  # simulated on CPU under --streamfuzz-device cpu',
         "",
         "# The real code, compiled unchanged. Imports that fail here are stood in",
-        "# (fuzz.targets.standins); `TARGET.stood_in` lists them: replace the ones the",
+        "# (streamfuzz.fuzz.targets.standins); `TARGET.stood_in` lists them: replace the ones the",
         "# function reaches with what it needs.",
         "TARGET = load(SOURCE, FILE)",
         "",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from fuzz.scan.ops import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace
+from streamfuzz.fuzz.scan.ops import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace
 
 
 class Hazard(str, Enum):

@@ -5,8 +5,8 @@ Nothing is imported or run: names are matched by shape (``x.wait_stream(y)``,
 what is a tensor, a stream or an event is read from how the name is made and
 used. ``Namer`` holds one walk's state (the stream stack, aliases, branches)
 and answers, for an expression, the storage, stream or event it names; the
-call rules (``fuzz.scan.calls``), the binding rules (``fuzz.scan.binding``)
-and the statement walker (``fuzz.scan.streams_ast``) build on it.
+call rules (``streamfuzz.fuzz.scan.calls``), the binding rules (``streamfuzz.fuzz.scan.binding``)
+and the statement walker (``streamfuzz.fuzz.scan.streams_ast``) build on it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fuzz.scan.ops import CURRENT, SUBMITTER, THREAD, ClassFacts, K, Op, Trace
+from streamfuzz.fuzz.scan.ops import CURRENT, SUBMITTER, THREAD, ClassFacts, K, Op, Trace
 
 # Method names, by what they do to their receiver.
 META = {"size", "dim", "numel", "data_ptr", "stride", "element_size", "is_pinned",
@@ -137,7 +137,7 @@ class Namer:
     """One walk's state, and what its expressions name.
 
     ``callee`` answers what a same-package callee does to ordering (see
-    ``fuzz.scan.package``): ``'wait'`` (it waits for another stream
+    ``streamfuzz.fuzz.scan.package``): ``'wait'`` (it waits for another stream
     unconditionally), ``'sync'`` (the host waits), or record_stream of the
     call's arguments, by position.
     """

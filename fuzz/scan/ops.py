@@ -4,7 +4,8 @@ An ``Op`` is one thing the function does to a tensor, stream or event (an
 allocation on the current stream, a use, a ``record_stream``, a wait, an event
 record, a host sync, a non-blocking copy, a free...), in source order; a
 ``Trace`` is the flat list of them plus what the function's names were found
-to be. ``fuzz.scan.streams_ast`` makes traces, ``fuzz.scan.hazards`` judges them.
+to be. ``streamfuzz.fuzz.scan.streams_ast`` makes traces,
+``streamfuzz.fuzz.scan.hazards`` judges them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 attributes are, which functions threads run, streams and events kept at module
 level, and what a same-package callee does to ordering.
 
-Every function is walked (``fuzz.scan.streams_ast``) with the facts of its
+Every function is walked (``streamfuzz.fuzz.scan.streams_ast``) with the facts of its
 class and module, and with ``effects`` answering for its calls into the same
 package, so a wait or a ``record_stream`` done in a helper counts where the
 helper is called.
@@ -16,10 +16,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from fuzz.scan.names import dotted, is_scalar_annotation
-from fuzz.scan.ops import ClassFacts, K, Trace
-from fuzz.scan.sources import SourceFile
-from fuzz.scan.streams_ast import Walker
+from streamfuzz.fuzz.scan.names import dotted, is_scalar_annotation
+from streamfuzz.fuzz.scan.ops import ClassFacts, K, Trace
+from streamfuzz.fuzz.scan.sources import SourceFile
+from streamfuzz.fuzz.scan.streams_ast import Walker
 
 _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
 _OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Iterator
 
-from fuzz.scan.hazards import TEST_PATH, Finding, Hazard
-from fuzz.scan.names import dotted
-from fuzz.scan.ops import CURRENT
-from fuzz.scan.package import Function, ModuleCache, Package
+from streamfuzz.fuzz.scan.hazards import TEST_PATH, Finding, Hazard
+from streamfuzz.fuzz.scan.names import dotted
+from streamfuzz.fuzz.scan.ops import CURRENT
+from streamfuzz.fuzz.scan.package import Function, ModuleCache, Package
 
 
 def cached_streams(caches: Iterable[ModuleCache]) -> Iterator[Finding]:

@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fuzz.scan import ScanResult
-from fuzz.scan.hazards import BASE, FACTORS, Finding
+from streamfuzz.fuzz.scan import ScanResult
+from streamfuzz.fuzz.scan.hazards import BASE, FACTORS, Finding
 
 SCHEMA = 1
 

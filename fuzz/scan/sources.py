@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fuzz.errors import BadInput
+from streamfuzz.fuzz.errors import BadInput
 
 _SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".tox", ".venv", "venv", "__pycache__",
                         "node_modules", "build", "dist", ".eggs", "site-packages"})

@@ -4,32 +4,33 @@ A function is walked once, statement by statement in source order, with the
 stack of stream contexts it is in. What it does to tensors, streams and events
 becomes an ``Op`` (an allocation on the current stream, a use, a
 ``record_stream``, a wait, an event record, a host sync, a non-blocking copy,
-a free...), so that ``fuzz.scan.hazards`` can judge orderings by position in
+a free...), so that ``streamfuzz.fuzz.scan.hazards`` can judge orderings by position in
 one flat list. Loop bodies are walked twice, so that what one iteration leaves
 pending meets the next one. Branches are walked in turn; an op under an ``if``
 carries the branches it is under (``guards``), so a wait that only some paths
 take can be told from one they all take.
 
 Nothing is imported or run. Here are the statements and expressions; what a
-name is lives in ``fuzz.scan.names``, what a call does in ``fuzz.scan.calls``,
-what a binding does in ``fuzz.scan.binding``, and the ops in ``fuzz.scan.ops``.
+name is lives in ``streamfuzz.fuzz.scan.names``, what a call does in
+``streamfuzz.fuzz.scan.calls``, what a binding does in ``streamfuzz.fuzz.scan.binding``,
+and the ops in ``streamfuzz.fuzz.scan.ops``.
 """
 
 from __future__ import annotations
 
 import ast
 
-from fuzz.scan.binding import Binding
-from fuzz.scan.calls import Calls
-from fuzz.scan.names import INDEXISH, META_ATTRS, callee_name, negated
-from fuzz.scan.ops import K
+from streamfuzz.fuzz.scan.binding import Binding
+from streamfuzz.fuzz.scan.calls import Calls
+from streamfuzz.fuzz.scan.names import INDEXISH, META_ATTRS, callee_name, negated
+from streamfuzz.fuzz.scan.ops import K
 
 
 class Walker(Calls, Binding):
     """Walks one function body into a ``Trace``.
 
     ``callee`` answers what a same-package callee does to ordering (see
-    ``fuzz.scan.package``): ``'wait'`` (it waits for another stream
+    ``streamfuzz.fuzz.scan.package``): ``'wait'`` (it waits for another stream
     unconditionally), ``'sync'`` (the host waits), or record_stream of the
     call's arguments, by position.
     """

@@ -7,15 +7,15 @@ For the duration of one example (``session``), inside the rank process only:
 
 * ``torch.cuda``'s and ``torch.accelerator``'s stream, event and device calls,
   and ``torch.Event`` and ``torch.Stream``, are swapped for the simulated ones
-  (``fuzz.sim.stream_types``, given by the session's ``api``), and restored after;
-* a torch-function mode (``fuzz.sim.memory``) rewrites every ``cuda`` device
+  (``streamfuzz.fuzz.sim.stream_types``, given by the session's ``api``), and restored after;
+* a torch-function mode (``streamfuzz.fuzz.sim.memory``) rewrites every ``cuda`` device
   to ``cpu`` before torch parses the arguments (so nothing initialises CUDA),
   turns ``pin_memory`` into a plain host copy, and keeps ``.cuda()``/``.to("cuda")``
   copies; a tensor that stands for device memory answers ``cuda:0`` wherever
   code asks its device (``device``, ``is_cuda``, ``get_device``), since engine
   code takes its GPU path only when it sees one; ``torch.set_default_device``
   and ``with torch.device("cuda")`` make device memory;
-* ``fuzz.sim.memory.Memory`` remembers which CPU storages stand for device
+* ``streamfuzz.fuzz.sim.memory.Memory`` remembers which CPU storages stand for device
   memory and which for pinned or pageable host memory, since CPU tensors stand
   for all three. Meta tensors stay meta: engine code that builds a model on ``meta`` and
   materializes it on ``cuda`` gets device memory.
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from fuzz.sim.device import (
+from streamfuzz.fuzz.sim.device import (
     DEVICE,
     FUZZ,
     SIMULATED_DEVICE,
@@ -48,7 +48,7 @@ from fuzz.sim.device import (
     running,
     running_as,
 )
-from fuzz.sim.memory import DeviceMode, Memory, storage_key
+from streamfuzz.fuzz.sim.memory import DeviceMode, Memory, storage_key
 
 __all__ = ["DEVICE", "FUZZ", "SIMULATED_DEVICE", "TORCH_STREAM", "DeviceProperties", "Memory",
            "NotSimulated", "Simulation", "running", "session", "storage_key"]

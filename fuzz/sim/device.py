@@ -1,7 +1,7 @@
 """The one simulated CUDA device: what it is, what runs it, and what it does not simulate.
 
-Every part of CUDA on CPU (``fuzz.sim.memory``, ``fuzz.sim.cuda_on_cpu``,
-``fuzz.sim.stream_types``) speaks of this device; a call it does not model
+Every part of CUDA on CPU (``streamfuzz.fuzz.sim.memory``, ``streamfuzz.fuzz.sim.cuda_on_cpu``,
+``streamfuzz.fuzz.sim.stream_types``) speaks of this device; a call it does not model
 raises ``NotSimulated`` in the words of whatever runs the simulation.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fuzz.errors import FuzzError
+from streamfuzz.fuzz.errors import FuzzError
 
 DEVICE = torch.device("cuda", 0)
 """The device a target sees on the simulation (``ctx.device``)."""

@@ -22,12 +22,12 @@ from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
 )
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fuzz import stages
-from fuzz.dispatch_mode import BROADCAST, RECORD_STREAM, DispatchMode, run_op, unobserved
-from fuzz.sim.stream_types import running
+from streamfuzz.fuzz import stages
+from streamfuzz.fuzz.dispatch_mode import BROADCAST, RECORD_STREAM, DispatchMode, run_op, unobserved
+from streamfuzz.fuzz.sim.stream_types import running
 
 Streams = Any
-"""A ``fuzz.streams.SimStreams``: the simulation an op or a call runs on."""
+"""A ``streamfuzz.fuzz.streams.SimStreams``: the simulation an op or a call runs on."""
 
 
 _handle_keys = itertools.count(1)

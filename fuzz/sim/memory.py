@@ -17,10 +17,10 @@ import torch.utils._device as _default_device
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
-from fuzz import stages
-from fuzz.sim.device import DEVICE, check_index, is_cuda
-from fuzz.tensors import DEVICE as DEVICE_KIND
-from fuzz.tensors import PAGEABLE, PINNED, tensors_in
+from streamfuzz.fuzz import stages
+from streamfuzz.fuzz.sim.device import DEVICE, check_index, is_cuda
+from streamfuzz.fuzz.tensors import DEVICE as DEVICE_KIND
+from streamfuzz.fuzz.tensors import PAGEABLE, PINNED, tensors_in
 
 _expired = torch.UntypedStorage._expired
 """``StorageWeakRef.expired`` on its ``cdata``, without two Python calls: asked at every op."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from fuzz.frames import user_code
+from streamfuzz.fuzz.frames import user_code
 
 
 def site_name() -> str:

@@ -1,7 +1,7 @@
 """The simulated stream and event types, and which simulation runs now.
 
 Under CUDA on CPU they are ``torch.cuda.Stream`` and ``torch.cuda.Event``
-(``fuzz.sim.cuda_on_cpu`` installs them for the length of an example). Each
+(``streamfuzz.fuzz.sim.cuda_on_cpu`` installs them for the length of an example). Each
 is an identity for the listeners, never a queue: every op has already run.
 What they do goes to the simulation running now (``running()``), which a
 stream or event made in an earlier example or block joins on first use.
@@ -16,13 +16,13 @@ from typing import Any, Protocol
 
 import torch
 
-from fuzz.errors import FuzzError
-from fuzz.sim.cuda_on_cpu import DEVICE, TORCH_STREAM
+from streamfuzz.fuzz.errors import FuzzError
+from streamfuzz.fuzz.sim.cuda_on_cpu import DEVICE, TORCH_STREAM
 
 
 class Simulated(Protocol):
     """What a stream, an event or a work handle asks of the simulation it is
-    part of (``fuzz.streams.Simulated``)."""
+    part of (``streamfuzz.fuzz.streams.Simulated``)."""
 
     def Stream(self, priority: int = 0) -> SimStream: ...  # noqa: N802
     def Event(self, **kwargs: Any) -> SimEvent: ...  # noqa: N802
@@ -40,8 +40,8 @@ class SimStream(TORCH_STREAM):
     Under CUDA on CPU it is also ``torch.cuda.Stream``: ``SimStream()`` then
     makes a new stream of the example's simulated streams. A stream made in
     an earlier example or block (kept in a module-level cache) belongs to the
-    one running when it is used (``fuzz.streams.SimStreams.adopt``): its ids are unique in
-    the process, and the default stream (id 0) is every run's ``main``.
+    one running when it is used (``streamfuzz.fuzz.streams.SimStreams.adopt``): its ids are
+    unique in the process, and the default stream (id 0) is every run's ``main``.
     """
 
     _api: Simulated
@@ -112,10 +112,10 @@ class SimStream(TORCH_STREAM):
         self._now("torch.cuda.Stream.synchronize").emit("sync_stream", self)
 
     def query(self) -> bool:  # type: ignore[override]
-        """True unless the scenario holds this poll (``fuzz.streams.SimStreams.hold_polls``).
-        A program that goes on because of a True has seen the stream's work
-        done, as a host polling until True on a GPU has: a synchronize for
-        the listeners."""
+        """True unless the scenario holds this poll
+        (``streamfuzz.fuzz.streams.SimStreams.hold_polls``). A program that goes
+        on because of a True has seen the stream's work done, as a host polling
+        until True on a GPU has: a synchronize for the listeners."""
         if not self._now("torch.cuda.Stream.query").answer_poll(self):
             return False
         self.synchronize()
@@ -191,7 +191,7 @@ class SimEvent:
 
 
 ACTIVE: list[Simulated] = []
-"""The simulations running (``fuzz.streams.SimStreams.session``), innermost last."""
+"""The simulations running (``streamfuzz.fuzz.streams.SimStreams.session``), innermost last."""
 
 stream_ids = itertools.count(1)
 """Simulated stream ids, unique in the process: a stream kept from an earlier

@@ -1,12 +1,13 @@
 """Target names: which factory a name loads, and what reports say about it.
 
 A target is a callable ``factory(ctx) -> handler``; what ``ctx`` holds and
-which handler methods are called is its protocol's (``fuzz.draft.context``,
-``fuzz.weight_sync.context``). Built-in targets are named by their protocols
-(``fuzz.protocol.builtin_targets``); a user's target is ``package.module:attr``
+which handler methods are called is its protocol's (``streamfuzz.fuzz.draft.context``,
+``streamfuzz.fuzz.weight_sync.context``). Built-in targets are named by their protocols
+(``streamfuzz.fuzz.protocol.builtin_targets``); a user's target is ``package.module:attr``
 or ``path/to/file.py:attr``; upstream code is a family with a version
 (``vllm-pp@0.32.0``), loaded by the protocol that drives it
-(``fuzz.targets.names.family_of``). What a name means is ``fuzz.targets.names``.
+(``streamfuzz.fuzz.targets.names.family_of``). What a name means is
+``streamfuzz.fuzz.targets.names``.
 
 ``TargetContext`` and ``Batch`` are the draft broadcast's, kept here by name.
 """
@@ -17,8 +18,8 @@ import importlib
 import traceback
 from typing import Any
 
-from fuzz import protocol as protocols
-from fuzz.targets.names import (
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.targets.names import (
     UPSTREAM,
     UPSTREAM_FIXED,
     WEIGHTS_FAMILY,
@@ -37,8 +38,8 @@ __all__ = ["UPSTREAM", "UPSTREAM_FIXED", "WEIGHTS_FAMILY", "Factory", "TargetErr
            "check_importable", "check_upstream", "import_name", "is_builtin", "load", "misused",
            "provenance", "resolve", "upstream_family", "upstream_of"]
 
-_COMPAT = {"TargetContext": "fuzz.draft.context:TargetContext",
-           "Batch": "fuzz.draft.context:Batch"}
+_COMPAT = {"TargetContext": "streamfuzz.fuzz.draft.context:TargetContext",
+           "Batch": "streamfuzz.fuzz.draft.context:Batch"}
 """Names this module had when it was the draft broadcast's target API."""
 
 
@@ -97,7 +98,7 @@ def check_upstream(name: str, recorded: dict[str, Any] | None) -> None:
     if up is None or not recorded:
         return
     if (recorded.get("sha256"), recorded.get("edit")) != (up.sha256, up.edit):
-        from fuzz import upstream
+        from streamfuzz.fuzz import upstream
 
         raise TargetError(
             f"target {name!r} was found on {upstream.FILE} sha256 {recorded.get('sha256')} "
@@ -107,9 +108,9 @@ def check_upstream(name: str, recorded: dict[str, Any] | None) -> None:
 
 def load(name: str) -> Factory:
     """Import a target factory by built-in name, ``vllm-pp@VERSION``, ``module:attr``
-    or mutant name (``target#line:col``, see ``fuzz.targets.mutated``)."""
+    or mutant name (``target#line:col``, see ``streamfuzz.fuzz.targets.mutated``)."""
     if split(name) is not None:
-        from fuzz.targets import mutated
+        from streamfuzz.fuzz.targets import mutated
 
         return mutated.load(name)
     found = family_of(name)

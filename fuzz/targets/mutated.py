@@ -3,11 +3,11 @@
 A mutant is named ``<target>#<line>:<col>`` (``main-gather#57:12``), so the
 ranks load it like any target, from its name alone, and a corpus entry found
 on it replays the same way. The base target's module file is parsed, the site
-is removed (``fuzz.sync_sites.remove``), and the edited tree is compiled under
+is removed (``streamfuzz.fuzz.sync_sites.remove``), and the edited tree is compiled under
 the original file name: findings cite the original lines.
 
 An upstream target (``vllm-pp@VERSION``) is mutated in the file the upstream
-loader reads (``fuzz.upstream``), through that loader; any other target in
+loader reads (``streamfuzz.fuzz.upstream``), through that loader; any other target in
 the module file of its factory.
 """
 
@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fuzz import sync_sites
-from fuzz.sync_sites import Site
-from fuzz.targets.names import (
+from streamfuzz.fuzz import sync_sites
+from streamfuzz.fuzz.sites import display_path
+from streamfuzz.fuzz.sync_sites import Site
+from streamfuzz.fuzz.targets.names import (
     SEP,
     Factory,
     TargetError,
@@ -88,8 +89,7 @@ def module_source(module: types.ModuleType, attr: str) -> Source:
         raise TargetError(f"module {module.__name__!r} has no Python source file to mutate")
     text = Path(file).read_text()
     tree = ast.parse(text, filename=file)
-    shown = module.__name__.replace(".", "/")
-    shown += "/__init__.py" if file.endswith("__init__.py") else ".py"
+    shown = display_path(os.path.abspath(file))  # as findings name it
 
     def build(edited: ast.Module, extra: dict[str, Any], suffix: str) -> Factory:
         mod_name = f"{module.__name__}__{suffix}"

@@ -1,7 +1,7 @@
 """What a target's name means: a built-in, ``module:attr``, a file, an upstream family, a mutant.
 
-The grammar is shared by loading a target (``fuzz.targets``), mutating one
-(``fuzz.targets.mutated``) and naming files after one (``fuzz.corpus``). An
+The grammar is shared by loading a target (``streamfuzz.fuzz.targets``), mutating one
+(``streamfuzz.fuzz.targets.mutated``) and naming files after one (``streamfuzz.fuzz.corpus``). An
 upstream family (``vllm-pp@0.32.0``) belongs to the protocol that lists it in
 ``Protocol.families``; that protocol's ``upstream`` part (a ``Family``) loads
 it, so this module knows no protocol's code.
@@ -17,9 +17,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from fuzz import protocol as protocols
-from fuzz.errors import BadInput
+from streamfuzz.fuzz import ROOT
+from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.errors import BadInput
 
+_MAPPED = ("fuzz", "strategies")
+"""The checkout's folders that are ``streamfuzz.fuzz`` and ``streamfuzz.strategies``."""
 
 class TargetError(BadInput, ValueError):
     """A target spec that does not name a loadable factory."""
@@ -32,7 +35,8 @@ UPSTREAM: dict[str, bool] = {"vllm-pp": False, "vllm-pp-pre-pr": True}
 """vLLM's ``PPHandler`` as shipped, and with the AST edit that gives the pre-PR code."""
 
 WEIGHTS_FAMILY = "vllm-weights"
-"""vLLM's packed NCCL weight broadcast (``fuzz.weight_sync.vllm``), a weight-sync target."""
+"""vLLM's packed NCCL weight broadcast (``streamfuzz.fuzz.weight_sync.vllm``), a
+weight-sync target."""
 
 UPSTREAM_FIXED = "vllm-pp@0.34.0"
 """vLLM's handler after the fix (gather on the main stream): where it is cached,
@@ -47,7 +51,7 @@ class Family(Protocol):
     its ``families`` at a version (None: the installed package)."""
 
     def code(self, family: str, version: str | None) -> Any | None:
-        """The code record the target runs (a ``fuzz.upstream.Upstream``): what a
+        """The code record the target runs (a ``streamfuzz.fuzz.upstream.Upstream``): what a
         corpus entry's replay must match and what ``mutate`` edits; None where
         neither applies."""
 
@@ -96,8 +100,8 @@ def family_of(name: str) -> tuple[Family, str, str | None] | None:
 
 
 def upstream_of(name: str) -> Any:
-    """The ``fuzz.upstream.Upstream`` a family name runs (None for other targets);
-    for a mutant of one (``fuzz.targets.mutated``), the file it edits."""
+    """The ``streamfuzz.fuzz.upstream.Upstream`` a family name runs (None for other targets);
+    for a mutant of one (``streamfuzz.fuzz.targets.mutated``), the file it edits."""
     parts = split(name)
     found = family_of(parts[0] if parts else name)
     if found is None:
@@ -110,7 +114,7 @@ def upstream_of(name: str) -> Any:
 @contextlib.contextmanager
 def upstream_errors(name: str) -> Iterator[None]:
     """Upstream code that cannot be found or read is a bad target: one line naming it."""
-    from fuzz import upstream
+    from streamfuzz.fuzz import upstream
 
     try:
         yield
@@ -139,7 +143,9 @@ def import_name(name: str, module_name: str) -> str:
     and the ranks, given the same target, import the same module. A file
     inside a package (folders with an ``__init__.py``) is imported as part of
     it, by its dotted name from the folder above the outermost one, as
-    ``python -m`` would: its relative imports work too.
+    ``python -m`` would: its relative imports work too. A file of this project's
+    ``fuzz/`` or ``strategies/`` in a checkout is named as installed
+    (``streamfuzz.fuzz...``), its only name.
     """
     if not module_name.endswith(".py"):
         return module_name
@@ -153,6 +159,8 @@ def import_name(name: str, module_name: str) -> str:
     while (root / "__init__.py").is_file() and root.name.isidentifier():
         parts.insert(0, root.name)
         root = root.parent
+    if str(root) == ROOT and parts[0] in _MAPPED:
+        parts.insert(0, "streamfuzz")
     dotted = ".".join(parts)
     top = sys.modules.get(parts[0])
     if len(parts) > 1 and top is not None and str(root / parts[0]) not in {

@@ -1,6 +1,6 @@
 """Any package's module, compiled unchanged, with its unimportable imports stood in.
 
-``fuzz.targets.vllm_standins`` answers the few vLLM imports of ``PPHandler``
+``streamfuzz.fuzz.targets.vllm_standins`` answers the few vLLM imports of ``PPHandler``
 by hand. A harness written by ``fuzz scan --harness`` needs the same for any
 function of any package: ``load`` reads one file from a tree, wheel, sdist or
 installed package, and runs it as a module whose ``__import__`` tries the real
@@ -19,7 +19,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzz.scan.sources import ScanInputError, open_source
+from streamfuzz.fuzz.scan.sources import ScanInputError, open_source
 
 
 class _StandInType(type):
@@ -126,7 +126,7 @@ def find_text(source: Any, file: str) -> str:
 
 
 def _module_stand_in(name: str, fromlist: Any, stood: list[str]) -> types.ModuleType:
-    mod = types.ModuleType(name, "streamfuzz stand-in (fuzz.targets.standins)")
+    mod = types.ModuleType(name, "streamfuzz stand-in (streamfuzz.fuzz.targets.standins)")
     if name not in stood:
         stood.append(name)
     for attr in fromlist or ():

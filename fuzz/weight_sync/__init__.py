@@ -18,28 +18,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzz.messages import Observations
-from fuzz.protocol import Protocol
+from streamfuzz.fuzz.messages import Observations
+from streamfuzz.fuzz.protocol import Protocol
 
 PRODUCER, CONSUMERS = "group rank 0", "the other ranks"
 """The handler's two roles, as reports name them."""
 
 PROTOCOL = Protocol(
     name="weight-sync",
-    scenario="fuzz.weight_sync.scenario:WeightSyncScenario",
-    strategy="fuzz.weight_sync.strategies:weight_sync_scenarios",
-    run="fuzz.weight_sync.runner:run_on_rank",
-    values="fuzz.weight_sync.reference:check",
-    behaviours="fuzz.weight_sync.scenario:behaviours",
-    smallest="fuzz.weight_sync:smallest",
-    versions={"weight-sync-unordered": "fuzz.weight_sync.targets:unordered",
-              "weight-sync-ordered": "fuzz.weight_sync.targets:ordered"},
-    mutants={name: f"fuzz.weight_sync.targets:{name.removeprefix('weight-sync-').replace('-', '_')}"
+    scenario="streamfuzz.fuzz.weight_sync.scenario:WeightSyncScenario",
+    strategy="streamfuzz.fuzz.weight_sync.strategies:weight_sync_scenarios",
+    run="streamfuzz.fuzz.weight_sync.runner:run_on_rank",
+    values="streamfuzz.fuzz.weight_sync.reference:check",
+    behaviours="streamfuzz.fuzz.weight_sync.scenario:behaviours",
+    smallest="streamfuzz.fuzz.weight_sync:smallest",
+    versions={"weight-sync-unordered": "streamfuzz.fuzz.weight_sync.targets:unordered",
+              "weight-sync-ordered": "streamfuzz.fuzz.weight_sync.targets:ordered"},
+    mutants={name: "streamfuzz.fuzz.weight_sync.targets:"
+                   + name.removeprefix("weight-sync-").replace("-", "_")
              for name in ("weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
                           "weight-sync-consumer-load-on-caller")},
     correct="weight-sync-ordered",
     families=("vllm-weights",),
-    upstream="fuzz.weight_sync.vllm:FAMILY",
+    upstream="streamfuzz.fuzz.weight_sync.vllm:FAMILY",
     receiver_side=frozenset({"weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
                              "weight-sync-consumer-load-on-caller"}),
     handler_methods={PRODUCER: ("send",), CONSUMERS: ("receive",)},
@@ -50,7 +51,7 @@ PROTOCOL = Protocol(
 
 def smallest(world_size: int) -> Any:
     """One one-element parameter, synced once through one one-byte buffer."""
-    from fuzz.weight_sync.scenario import WeightSyncScenario
+    from streamfuzz.fuzz.weight_sync.scenario import WeightSyncScenario
 
     return WeightSyncScenario.from_dict({
         "world_size": world_size, "params": [{"shape": [1], "dtype": "float32"}],

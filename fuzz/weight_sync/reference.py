@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from fuzz.verdict import Failure
-from fuzz.weight_sync import WeightSyncObservations
-from fuzz.weight_sync.scenario import Param, WeightSyncScenario
+from streamfuzz.fuzz.verdict import Failure
+from streamfuzz.fuzz.weight_sync import WeightSyncObservations
+from streamfuzz.fuzz.weight_sync.scenario import Param, WeightSyncScenario
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                 "float16": torch.float16, "int32": torch.int32, "uint8": torch.uint8}

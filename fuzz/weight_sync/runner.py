@@ -6,7 +6,7 @@ is not under test). Per sync: holds go on the caller's stream; the producer
 its current stream, and calls ``handler.send``; the consumers call
 ``handler.receive`` and copy the received parameters aside on the caller's
 stream. Then the churn, on the caller's stream. The skeleton
-(``fuzz.protocol.runner``) holds, releases, churns and reads the outputs
+(``streamfuzz.fuzz.protocol.runner``) holds, releases, churns and reads the outputs
 after one final synchronize: the harness adds no ordering between the
 streams beyond what a scenario's gates ask for.
 """
@@ -18,16 +18,16 @@ from typing import Any
 
 import torch
 
-from fuzz.options import RunOptions
-from fuzz.protocol import RankEnv, check_handler, make_handler
-from fuzz.protocol.runner import Harness, Report, run_example
-from fuzz.weight_sync import CONSUMERS, PRODUCER, PROTOCOL, WeightSyncObservations
-from fuzz.weight_sync.context import Group, WeightSyncContext
-from fuzz.weight_sync.reference import TORCH_DTYPES, values
-from fuzz.weight_sync.scenario import Sync, WeightSyncScenario
+from streamfuzz.fuzz.options import RunOptions
+from streamfuzz.fuzz.protocol import RankEnv, check_handler, make_handler
+from streamfuzz.fuzz.protocol.runner import Harness, Report, run_example
+from streamfuzz.fuzz.weight_sync import CONSUMERS, PRODUCER, PROTOCOL, WeightSyncObservations
+from streamfuzz.fuzz.weight_sync.context import Group, WeightSyncContext
+from streamfuzz.fuzz.weight_sync.reference import TORCH_DTYPES, values
+from streamfuzz.fuzz.weight_sync.scenario import Sync, WeightSyncScenario
 
 BROADCAST, AFTER_CALL = "broadcast", "after_call"
-"""Where a hold's gate opens (``fuzz.weight_sync.scenario.HOLD_UNTIL``)."""
+"""Where a hold's gate opens (``streamfuzz.fuzz.weight_sync.scenario.HOLD_UNTIL``)."""
 
 
 def run_on_rank(scenario: WeightSyncScenario, factory: Any, env: RankEnv,
@@ -50,7 +50,7 @@ def run_on_rank(scenario: WeightSyncScenario, factory: Any, env: RankEnv,
 
 
 class _Run:
-    """The weight sync's hooks (``fuzz.protocol.runner.Hooks``)."""
+    """The weight sync's hooks (``streamfuzz.fuzz.protocol.runner.Hooks``)."""
 
     def __init__(self, sc: WeightSyncScenario, ctx: WeightSyncContext,
                  options: RunOptions, calls: Counter[str]) -> None:

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fuzz.protocol.scenario import check, fields_of, plain, polls_held
+from streamfuzz.fuzz.protocol.scenario import check, fields_of, plain, polls_held
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "uint8": 1}
 """Parameter dtypes and their sizes in bytes."""
@@ -69,7 +69,8 @@ class Sync:
 
     @property
     def pending_polls(self) -> int:
-        """As a draft step's (``fuzz.draft.scenario.Step.pending_polls``), from its holds."""
+        """As a draft step's (``streamfuzz.fuzz.draft.scenario.Step.pending_polls``), from its
+        holds."""
         return sum(polls_held(h.cycles, h.until) for h in self.holds)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from fuzz.weight_sync.scenario import (
+from streamfuzz.fuzz.weight_sync.scenario import (
     CHURN_DTYPES,
     DTYPES,
     Churn,

@@ -1,8 +1,8 @@
 """vLLM's packed NCCL weight broadcast as weight-sync targets: the ``vllm-weights`` family.
 
 The weight-sync protocol names this loader (``Protocol.upstream``);
-``fuzz.targets`` reaches it through the registry. The code itself is read and
-driven by ``fuzz.weight_sync.vllm_weights``. A replay is not checked against
+``streamfuzz.fuzz.targets`` reaches it through the registry. The code itself is read and
+driven by ``streamfuzz.fuzz.weight_sync.vllm_weights``. A replay is not checked against
 the code it was found on, and ``mutate`` does not edit it (``code`` is None).
 """
 
@@ -14,18 +14,18 @@ from typing import Any
 
 
 class _Family:
-    """The loader of the ``vllm-weights`` family (``fuzz.targets.names.Family``)."""
+    """The loader of the ``vllm-weights`` family (``streamfuzz.fuzz.targets.names.Family``)."""
 
     def code(self, family: str, version: str | None) -> None:
         return None
 
     def factory(self, family: str, version: str | None) -> Any:
-        from fuzz.weight_sync import vllm_weights
+        from streamfuzz.fuzz.weight_sync import vllm_weights
 
         return vllm_weights.factory(version)
 
     def provenance(self, family: str, version: str | None) -> dict[str, Any]:
-        from fuzz.weight_sync import vllm_weights
+        from streamfuzz.fuzz.weight_sync import vllm_weights
 
         return vllm_weights.provenance(version)
 

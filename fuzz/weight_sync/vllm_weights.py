@@ -1,7 +1,7 @@
 """vLLM's own packed NCCL weight broadcast as a weight-sync target.
 
 ``vllm/distributed/weight_transfer/packed_tensor.py`` is read from the same
-vLLM source the draft-broadcast family uses (``fuzz.upstream``: a wheel, an
+vLLM source the draft-broadcast family uses (``streamfuzz.fuzz.upstream``: a wheel, an
 sdist, a tree or an installed ``vllm``) and compiled unchanged; it imports
 only torch. Group rank 0 calls ``packed_nccl_broadcast_producer`` exactly as
 ``NCCLWeightTransferEngine._broadcast`` does (``post_iter_func`` returns the
@@ -20,8 +20,8 @@ import linecache
 import types
 from typing import Any
 
-from fuzz import upstream
-from fuzz.weight_sync.context import WeightSyncContext
+from streamfuzz.fuzz import upstream
+from streamfuzz.fuzz.weight_sync.context import WeightSyncContext
 
 FILE = "vllm/distributed/weight_transfer/packed_tensor.py"
 

@@ -2,10 +2,10 @@
 
 A rank's cold start is mostly ``import torch``. Spawned, every rank pays it at
 once, each on a core of its own or, on a small host, fighting the others and
-the driver for one. A zygote (``python -m fuzz.zygote.serve``) imports torch
+the driver for one. A zygote (``python -m streamfuzz.fuzz.zygote.serve``) imports torch
 and the rank's modules once, before any thread or device exists, then forks each rank
 on request: the ranks of a world start together, a replacement world starts
-in milliseconds, and ``python -m fuzz run`` starts its zygote before its own
+in milliseconds, and ``python -m streamfuzz run`` starts its zygote before its own
 imports, so the two overlap.
 
 CUDA ranks are forked too, as long as the zygote itself never touches CUDA (a
@@ -29,9 +29,9 @@ zygote's stdin and stdout: ``{"env", "cwd", "log"}`` in, ``{"ready"}`` once,
 per rank that ended (the zygote is the ranks' parent, so it reaps them and
 says how each ended).
 
-This module is the driver's side. The zygote process is ``fuzz.zygote.serve``,
-its early ranks ``fuzz.zygote.early``, and what a forked child does to become a
-rank ``fuzz.zygote.child``.
+This module is the driver's side. The zygote process is ``streamfuzz.fuzz.zygote.serve``,
+its early ranks ``streamfuzz.fuzz.zygote.early``, and what a forked child does to become a
+rank ``streamfuzz.fuzz.zygote.child``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from fuzz.errors import FuzzError
-from fuzz.host import REPO, count_gpus_with
+from streamfuzz.fuzz import ROOT
+from streamfuzz.fuzz.errors import FuzzError
+from streamfuzz.fuzz.host import count_gpus_with
 
 if TYPE_CHECKING:  # the driver imports this first thing: only what it must
     from pathlib import Path
@@ -81,7 +82,7 @@ class Zygote:
         err = open(log, "wb") if log else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fuzz.zygote.serve", str(cuda_ranks)], env=env,
+                [sys.executable, "-m", "streamfuzz.fuzz.zygote.serve", str(cuda_ranks)], env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         finally:
@@ -186,7 +187,7 @@ class Zygote:
 
 def _own_env(env: dict[str, str]) -> dict[str, str]:
     env = dict(env, PYTHONUNBUFFERED="1", STREAMFUZZ_PARENT=str(os.getpid()))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     return env
 
 

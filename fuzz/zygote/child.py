@@ -13,14 +13,14 @@ from typing import Any, NoReturn
 
 def import_rank() -> Callable[[], int]:
     """Everything a rank imports before its first example; returns the rank's
-    entry point, ``fuzz.rank_main.main``. The cyclic collector would scan the
+    entry point, ``streamfuzz.fuzz.rank_main.main``. The cyclic collector would scan the
     imports' objects again and again (about a tenth of it); frozen, they are
     never scanned in the ranks either, nor copied on write by a scan."""
     gc.disable()
-    import fuzz.draft.targets.mutants  # noqa: F401
-    import fuzz.draft.targets.pp_draft  # noqa: F401
-    import fuzz.rank_main as rank_main
-    import fuzz.targets.mutated  # noqa: F401
+    import streamfuzz.fuzz.draft.targets.mutants  # noqa: F401
+    import streamfuzz.fuzz.draft.targets.pp_draft  # noqa: F401
+    import streamfuzz.fuzz.rank_main as rank_main
+    import streamfuzz.fuzz.targets.mutated  # noqa: F401
 
     try:  # what torch imports as a dispatch mode is first entered
         import torch._subclasses.schema_check_mode  # noqa: F401

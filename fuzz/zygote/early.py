@@ -17,9 +17,9 @@ import threading
 import time
 from typing import Any
 
-from fuzz.host import EARLY_START_ENV, die_with_parent
-from fuzz.zygote import EARLY_ENV
-from fuzz.zygote.child import become_rank, import_rank
+from streamfuzz.fuzz.host import EARLY_START_ENV, die_with_parent
+from streamfuzz.fuzz.zygote import EARLY_ENV
+from streamfuzz.fuzz.zygote.child import become_rank, import_rank
 
 
 def start_ranks(count: int, start_cwd: str) -> dict[int, tuple[int, int]]:

@@ -1,7 +1,7 @@
-"""The zygote process: ``python -m fuzz.zygote.serve [CUDA_RANKS]``.
+"""The zygote process: ``python -m streamfuzz.fuzz.zygote.serve [CUDA_RANKS]``.
 
-It forks its early CUDA ranks (``fuzz.zygote.early``), imports what a rank
-imports, says it is ready, then serves the driver's requests (``fuzz.zygote``
+It forks its early CUDA ranks (``streamfuzz.fuzz.zygote.early``), imports what a rank
+imports, says it is ready, then serves the driver's requests (``streamfuzz.fuzz.zygote``
 describes them): a rank forked per request, or handed to an early rank; a GPU
 count per probe; and the exit status of every child that ended, since it is
 their parent.
@@ -16,9 +16,9 @@ import signal
 import sys
 from typing import Any
 
-from fuzz.host import die_with_parent
-from fuzz.zygote.child import become_rank, import_rank
-from fuzz.zygote.early import hand_request, start_ranks
+from streamfuzz.fuzz.host import die_with_parent
+from streamfuzz.fuzz.zygote.child import become_rank, import_rank
+from streamfuzz.fuzz.zygote.early import hand_request, start_ranks
 
 
 def _serve(cuda_ranks: int) -> int:

@@ -1,14 +1,14 @@
-"""A third protocol, written only against ``fuzz.protocol``: each rank's handler
+"""A third protocol, written only against ``streamfuzz.fuzz.protocol``: each rank's handler
 fills a fresh tensor the runner made on its stream, and the runner reads it
 back there. What adding a protocol takes, and all it takes: these modules and
-one line (``fuzz.protocol.ENV`` names ``tests.toy_protocol:PROTOCOL``)."""
+one line (``streamfuzz.fuzz.protocol.ENV`` names ``tests.toy_protocol:PROTOCOL``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fuzz.messages import Observations
-from fuzz.protocol import Protocol
+from streamfuzz.fuzz.messages import Observations
+from streamfuzz.fuzz.protocol import Protocol
 
 FILLER = "every rank"
 

@@ -1,4 +1,4 @@
-"""The toy protocol's runner: hooks on ``fuzz.protocol.runner``'s skeleton."""
+"""The toy protocol's runner: hooks on ``streamfuzz.fuzz.protocol.runner``'s skeleton."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from fuzz.protocol import RankEnv, check_handler, make_handler
-from fuzz.protocol.runner import Harness, Report, run_example
+from streamfuzz.fuzz.protocol import RankEnv, check_handler, make_handler
+from streamfuzz.fuzz.protocol.runner import Harness, Report, run_example
 from tests.toy_protocol import FILLER, PROTOCOL, ToyObservations
 from tests.toy_protocol.scenario import Fill, ToyScenario
 

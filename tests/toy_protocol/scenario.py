@@ -7,9 +7,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from fuzz.protocol.scenario import check as ensure
-from fuzz.protocol.scenario import fields_of, plain
-from fuzz.verdict import Failure
+from streamfuzz.fuzz.protocol.scenario import check as ensure
+from streamfuzz.fuzz.protocol.scenario import fields_of, plain
+from streamfuzz.fuzz.verdict import Failure
 
 
 @dataclass(frozen=True)

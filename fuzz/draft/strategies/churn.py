@@ -12,7 +12,7 @@ from functools import cache
 
 from hypothesis import strategies as st
 
-from fuzz.draft.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn
+from streamfuzz.fuzz.draft.scenario import CHURN_DTYPES, FILL_RANGE, ITEMSIZE, Churn
 
 _SMALL_CLASS_BYTES = 512
 

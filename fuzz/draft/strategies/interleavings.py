@@ -15,7 +15,7 @@ from functools import cache
 
 from hypothesis import strategies as st
 
-from fuzz.draft.scenario import Delay
+from streamfuzz.fuzz.draft.scenario import Delay
 
 CYCLES = (100_000, 1_000_000, 5_000_000)
 UNTIL = ("after_churn", "before_next_call", "after_call", "")

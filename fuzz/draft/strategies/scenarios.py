@@ -7,10 +7,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from fuzz.draft.scenario import Scenario, Step
-from fuzz.draft.strategies.batches import batches
-from fuzz.draft.strategies.churn import churn_lists
-from fuzz.draft.strategies.interleavings import delay_lists
+from streamfuzz.fuzz.draft.scenario import Scenario, Step
+from streamfuzz.fuzz.draft.strategies.batches import batches
+from streamfuzz.fuzz.draft.strategies.churn import churn_lists
+from streamfuzz.fuzz.draft.strategies.interleavings import delay_lists
 
 _REQS = st.integers(1, 16)
 _SPEC = st.integers(1, 4)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fuzz.draft.context import Batch, TargetContext
-from fuzz.draft.targets.pp_draft import MainGather, sampled
+from streamfuzz.fuzz.draft.context import Batch, TargetContext
+from streamfuzz.fuzz.draft.targets.pp_draft import MainGather, sampled
 
 
 class MissingWait(MainGather):

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from fuzz.draft.context import Batch, TargetContext
+from streamfuzz.fuzz.draft.context import Batch, TargetContext
 
 
 class DraftBroadcast:

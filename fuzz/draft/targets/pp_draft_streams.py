@@ -1,4 +1,4 @@
-"""The three versions of ``fuzz.draft.targets.pp_draft``, written against ``ctx.streams``.
+"""The three versions of ``streamfuzz.fuzz.draft.targets.pp_draft``, against ``ctx.streams``.
 
 This is how targets were written before CUDA on CPU, and how a target may
 still be written; the benchmark runs these beside the plain torch.cuda
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fuzz.draft.context import Batch, TargetContext
-from fuzz.draft.targets.pp_draft import sampled
+from streamfuzz.fuzz.draft.context import Batch, TargetContext
+from streamfuzz.fuzz.draft.targets.pp_draft import sampled
 
 
 class DraftBroadcast:

@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fuzz import upstream
-from fuzz.dispatch_mode import DispatchMode
-from fuzz.draft.context import Batch, TargetContext
-from fuzz.draft.targets import vllm_standins
+from streamfuzz.fuzz import upstream
+from streamfuzz.fuzz.dispatch_mode import DispatchMode
+from streamfuzz.fuzz.draft.context import Batch, TargetContext
+from streamfuzz.fuzz.draft.targets import vllm_standins
 
 _PROMPT = 8
 """Prompt length of every request: a non-final chunk schedules half of it."""
@@ -62,7 +62,7 @@ class _Sent(DispatchMode):
 
 
 class VllmRunner:
-    """The harness's handler API (``fuzz.targets``) over vLLM's ``PPHandler``."""
+    """The harness's handler API (``streamfuzz.fuzz.targets``) over vLLM's ``PPHandler``."""
 
     applies_non_final = False
 
@@ -162,7 +162,7 @@ def _scatter_kept(table: torch.Tensor, idx: torch.Tensor, drafts: torch.Tensor) 
 
 
 def factory(up: upstream.Upstream, code: types.ModuleType | None = None) -> Any:
-    """The target factory for ``up`` (``fuzz.targets.load`` calls this); ``code``
+    """The target factory for ``up`` (``streamfuzz.fuzz.targets.load`` calls this); ``code``
     is an edited copy of ``up``'s module to drive instead (a ``mutate`` mutant)."""
 
     def make(ctx: TargetContext) -> VllmRunner:

@@ -17,7 +17,7 @@ least that ``PPHandler`` touches:
 * ``vllm.utils.torch_utils.async_tensor_h2d``: a pinned host tensor copied to
   the device with ``non_blocking=True`` on the current stream, as vLLM does.
 * ``vllm.v1.worker.gpu.input_batch.InputBatch``: the fields ``PPHandler``
-  reads; ``fuzz.draft.targets.vllm_pp`` fills them the way vLLM's runner does.
+  reads; ``streamfuzz.fuzz.draft.targets.vllm_pp`` fills them the way vLLM's runner does.
 
 Any other ``vllm`` import raises ImportError naming it.
 """
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fuzz.draft.context import TargetContext
+from streamfuzz.fuzz.draft.context import TargetContext
 
 
 @dataclass
@@ -114,7 +114,8 @@ def async_tensor_h2d(data: Any, device: str | torch.device | None = None,
 
 def _modules() -> dict[str, types.ModuleType]:
     def mod(name: str, **attrs: Any) -> types.ModuleType:
-        m = types.ModuleType(name, "streamfuzz stand-in (fuzz.draft.targets.vllm_standins)")
+        m = types.ModuleType(
+            name, "streamfuzz stand-in (streamfuzz.fuzz.draft.targets.vllm_standins)")
         m.__dict__.update(attrs)
         return m
 
