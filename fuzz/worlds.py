@@ -279,6 +279,7 @@ def run_worlds(args: Any, count: int, device: str, world_size: int) -> int:
         merged = worlds_report.merge_run(reports, exits, ctl.wall_s)
         print("\n" + "\n".join(worlds_report.run_table(merged)))
         if args.report:
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(args.report, merged)
     finally:
         ctl.cleanup()

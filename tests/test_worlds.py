@@ -129,7 +129,7 @@ def _fuzz(args, cwd, **kw):
 
 
 def test_two_worlds_find_one_bug_once_and_merge_their_report(tmp_path):
-    report = tmp_path / "r.json"
+    report = tmp_path / "reports" / "r.json"  # a folder that does not exist yet
     p = _fuzz(["run", "--device", "cpu", "--worlds", "2", "--target", "pre-fix",
                "--target", "main-gather", "--max-examples", "30", "--profile", "ci",
                "--corpus", str(tmp_path / "corpus"), "--report", str(report)], tmp_path)
