@@ -267,6 +267,8 @@ class _Judge:
             if o.stream != self.t.base:
                 sides_with_uses.add(o.stream)
             a, i = self._last_write(o.key, p)
+            if o.key in self.t.host and (i < 0 or self.ops[i].kind is K.ALLOC):
+                a = ""  # host memory the host filled before queuing this: pinned-rewrite's
             checks = [(a, i, True)] if a and a != ANY else []
             if o.write:  # WAR: an earlier read on another stream
                 for j in range(p - 1, max(i, -1), -1):
