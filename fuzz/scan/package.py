@@ -103,8 +103,8 @@ class Package:
         self._host_votes: dict[str, list[set[int | str]]] = {}
         for m in self.modules.values():
             for call, hosted in _host_guarded_calls(m.tree.body, frozenset()):
-                f = call.func
-                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                func = call.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 if name in self.by_name:
                     self._host_votes.setdefault(name, []).append(_host_args(call, hosted))
         self._summaries: dict[int, tuple[Effect, ...]] = {}
