@@ -688,3 +688,24 @@ def test_a_parameter_every_caller_passes_as_host_memory_is_not_a_stream_tensor(t
              if f.function == "_upload"]
     assert [f.hazard for f in found] == [Hazard.UNORDERED]
     assert found[0].tensors == ("src",)
+
+
+def test_a_reference_in_a_local_list_outlives_the_call_only_with_the_list(tmp_path):
+    src = '''
+        import torch
+
+        def stash(tensors, d2h):
+            d2h.wait_stream(torch.cuda.current_stream())
+            held: list = []
+            with torch.cuda.stream(d2h):
+                for t in tensors:
+                    buf = torch.empty(t.shape, device="cpu", pin_memory=True)
+                    buf.copy_(t, non_blocking=True)
+                    held.append((t, buf))
+            return None
+        '''
+    found = [f for f in _scan(_write(tmp_path, "s.py", src)) if f.hazard is Hazard.LIFETIME]
+    assert [f.factors for f in found] == [("caller-owned",)]
+    returned = textwrap.dedent(src).replace("return None", "return held")
+    found = [f for f in _scan(_write(tmp_path, "r.py", returned)) if f.hazard is Hazard.LIFETIME]
+    assert [f.factors for f in found] == [("kept",)]
