@@ -52,7 +52,8 @@ FACTORS: dict[str, tuple[int, str]] = {
                            "waiting for the stream that uses the tensor: where its other "
                            "users do the same, the reuse of the block waits too"),
     "caller-owned": (-10, "made by the caller, whose reference may outlive the work"),
-    "kept": (-15, "stored or returned: its lifetime goes beyond the function"),
+    "kept": (-15, "stored or returned (or put in a container that is): its lifetime goes "
+                  "beyond the function"),
     "conditional-order": (-5, "an ordering exists, on some paths only"),
     "object-state": (-5, "long-lived state of an object or module"),
     "previous-call": (-10, "the pending copy is one a previous call started"),
