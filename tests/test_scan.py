@@ -652,3 +652,60 @@ def test_a_side_stream_that_waits_at_each_entry_lowers_a_lifetime_finding(tmp_pa
              if f.hazard is Hazard.LIFETIME]
     assert [f.factors for f in plain] == [("dies-here",)]
     assert plain[0].score > barred[0].score
+
+
+def test_a_parameter_every_caller_passes_as_host_memory_is_not_a_stream_tensor(tmp_path):
+    src = '''
+        import torch
+
+        def _upload(src, device):
+            cur = torch.cuda.current_stream(device)
+            staging = _staging(device)
+            with torch.cuda.stream(staging):
+                tmp = src.to(device, non_blocking=True)
+            cur.wait_stream(staging)
+            tmp.record_stream(cur)
+            return tmp
+
+        def to(self, device):
+            if self.is_cpu and device.type == "cuda":
+                return _upload(self, device)
+            return self
+
+        def copy(dst, src):
+            if dst.is_cuda and src.device.type == "cpu":
+                dst.copy_(_upload(src, dst.device))
+        '''
+    assert not [f.what for f in _scan(_write(tmp_path, "h.py", src))
+                if f.function == "_upload"]
+    # One caller that may pass a device tensor: the side stream reads the caller's
+    # tensor with no wait for the stream that wrote it.
+    device_caller = textwrap.dedent(src) + textwrap.dedent('''
+        def refresh(x):
+            return _upload(x * 2, x.device)
+        ''')
+    found = [f for f in _scan(_write(tmp_path, "d.py", device_caller))
+             if f.function == "_upload"]
+    assert [f.hazard for f in found] == [Hazard.UNORDERED]
+    assert found[0].tensors == ("src",)
+
+
+def test_a_reference_in_a_local_list_outlives_the_call_only_with_the_list(tmp_path):
+    src = '''
+        import torch
+
+        def stash(tensors, d2h):
+            d2h.wait_stream(torch.cuda.current_stream())
+            held: list = []
+            with torch.cuda.stream(d2h):
+                for t in tensors:
+                    buf = torch.empty(t.shape, device="cpu", pin_memory=True)
+                    buf.copy_(t, non_blocking=True)
+                    held.append((t, buf))
+            return None
+        '''
+    found = [f for f in _scan(_write(tmp_path, "s.py", src)) if f.hazard is Hazard.LIFETIME]
+    assert [f.factors for f in found] == [("caller-owned",)]
+    returned = textwrap.dedent(src).replace("return None", "return held")
+    found = [f for f in _scan(_write(tmp_path, "r.py", returned)) if f.hazard is Hazard.LIFETIME]
+    assert [f.factors for f in found] == [("kept",)]

@@ -89,14 +89,16 @@ class Binding(Namer):
                    made: str | None) -> None:
         k = self.key(tgt.value)
         self.expr(tgt.slice)
+        into = ""
         if k and k in self.t.containers:  # a container's item: a reference stored
+            into = k
             if made:
                 self.emit(K.KEEP, line, key=made, other=k)
         elif k:
             self.emit(K.USE, line, stream=self.cur, key=k, write=True)
             self.host_write(k, line)
         if value is not None:
-            self.keep(value, line)
+            self.keep(value, line, into)
 
     def _bind_unknown(self, name: str, line: int, made: str | None) -> None:
         self.alias.pop(name, None)

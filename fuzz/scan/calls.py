@@ -166,7 +166,7 @@ class Calls(Namer):
             return None
         if rk in self.t.containers and name in CONTAINER_METHODS:
             for a in [*c.args, *(k.value for k in c.keywords)]:
-                self.keep(a, line)
+                self.keep(a, line, into=rk)
             return None
         if rk in ("self", "cls"):
             rk = None

@@ -52,7 +52,8 @@ FACTORS: dict[str, tuple[int, str]] = {
                            "waiting for the stream that uses the tensor: where its other "
                            "users do the same, the reuse of the block waits too"),
     "caller-owned": (-10, "made by the caller, whose reference may outlive the work"),
-    "kept": (-15, "stored or returned: its lifetime goes beyond the function"),
+    "kept": (-15, "stored or returned (or put in a container that is): its lifetime goes "
+                  "beyond the function"),
     "conditional-order": (-5, "an ordering exists, on some paths only"),
     "object-state": (-5, "long-lived state of an object or module"),
     "previous-call": (-10, "the pending copy is one a previous call started"),
@@ -267,6 +268,8 @@ class _Judge:
             if o.stream != self.t.base:
                 sides_with_uses.add(o.stream)
             a, i = self._last_write(o.key, p)
+            if o.key in self.t.host and (i < 0 or self.ops[i].kind is K.ALLOC):
+                a = ""  # host memory the host filled before queuing this: pinned-rewrite's
             checks = [(a, i, True)] if a and a != ANY else []
             if o.write:  # WAR: an earlier read on another stream
                 for j in range(p - 1, max(i, -1), -1):
@@ -334,11 +337,14 @@ class _Judge:
     def lifetime(self) -> Iterator[Finding]:
         keys = sorted({o.key for o in self.ops if o.kind is K.USE and self.tensorish(o.key)})
         merged: dict[str, Finding] = {}
+        # A reference put in a local container outlives the call only with the container.
+        escaped = {o.key for o in self.ops if o.kind is K.KEEP and not o.other}
         for k in keys:
             if not (self.local(k) or self.param_owned(k)) or k in self.t.host:
                 continue  # host memory: its lifetime is the pinned allocator's (events)
             recorded = {o.stream for o in self.ops if o.kind is K.RECORD and o.key == k}
-            kept = any(o.kind is K.KEEP and o.key == k for o in self.ops)
+            kept = any(o.kind is K.KEEP and o.key == k and (not o.other or o.other in escaped)
+                       for o in self.ops)
             for start, a, end, freed in self._generations(k):
                 uses = [(p, self.ops[p]) for p in range(start + 1, end)
                         if self.ops[p].kind is K.USE and self.ops[p].key == k]

@@ -279,9 +279,10 @@ class Namer:
         if k is not None and k in self.contexts:
             return self.contexts[k]
         return None
-    def keep(self, value: ast.expr, line: int) -> None:
-        """What ``value`` hands on (returned or stored): itself, the items of a
-        literal, the arguments of a constructor call (``Output(a, b)``)."""
+    def keep(self, value: ast.expr, line: int, into: str = "") -> None:
+        """What ``value`` hands on (returned or stored, ``into`` a local container):
+        itself, the items of a literal, the arguments of a constructor call
+        (``Output(a, b)``)."""
         if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
             parts: list[ast.expr] = list(value.elts)
         elif isinstance(value, ast.Dict):
@@ -292,11 +293,11 @@ class Namer:
             parts = [value]
         for node in parts:
             if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.Call)) and node is not value:
-                self.keep(node, line)
+                self.keep(node, line, into)
                 continue
             k = self.key(node)
             if k:
-                self.emit(K.KEEP, line, key=k)
+                self.emit(K.KEEP, line, key=k, other=into)
 
     def host_write(self, k: str, line: int) -> None:
         if k in self.t.host or HOSTISH.search(k):
