@@ -87,7 +87,7 @@ class _SpinOnly(SimStreams):
         super().__init__()
         self.spins = []
 
-    def spin(self, s, cycles):
+    def spin(self, s, cycles, idle=False):
         self.spins.append((s, cycles))
         return "spin"
 
