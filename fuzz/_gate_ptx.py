@@ -77,15 +77,15 @@ class PtxGate:
         # JIT options: CU_JIT_ERROR_LOG_BUFFER (5) and its size (6), so a refusal says why.
         opts = (ctypes.c_int * 2)(5, 6)
         vals = (ctypes.c_void_p * 2)(ctypes.cast(log, ctypes.c_void_p).value, 4096)
-        _check(cuda, cuda.cuModuleLoadDataEx(ctypes.byref(module), ctypes.c_char_p(_PTX), 2,
+        check(cuda, cuda.cuModuleLoadDataEx(ctypes.byref(module), ctypes.c_char_p(_PTX), 2,
                                              opts, vals), "cuModuleLoadDataEx", log.value)
-        _check(cuda, cuda.cuModuleGetFunction(ctypes.byref(self._function), module, _NAME),
+        check(cuda, cuda.cuModuleGetFunction(ctypes.byref(self._function), module, _NAME),
                "cuModuleGetFunction")
         self._cuda = cuda
         self._module = module  # never unloaded: one per process, as long as the pool
         handle, self._context = ctypes.c_int(), ctypes.c_void_p()
-        _check(cuda, cuda.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
-        _check(cuda, cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self._context), handle),
+        check(cuda, cuda.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
+        check(cuda, cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self._context), handle),
                "cuDevicePrimaryCtxRetain")
 
     def launch(self, stream: int, slot_address: int, max_ns: int, max_polls: int) -> None:
@@ -93,12 +93,13 @@ class PtxGate:
         params = (ctypes.c_void_p * 3)(*(ctypes.addressof(values) + 8 * i for i in range(3)))
         result = self._launch(self._function, 1, 1, 1, 1, 1, 1, 0, stream, params, None)
         if result == _INVALID_CONTEXT:  # a thread's first CUDA call
-            _check(self._cuda, self._cuda.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+            check(self._cuda, self._cuda.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
             result = self._launch(self._function, 1, 1, 1, 1, 1, 1, 0, stream, params, None)
-        _check(self._cuda, result, "cuLaunchKernel")
+        check(self._cuda, result, "cuLaunchKernel")
 
 
-def _check(cuda: Any, result: int, call: str, log: bytes = b"") -> None:
+def check(cuda: Any, result: int, call: str, log: bytes = b"") -> None:
+    """Raise, naming the driver's error, where a driver call returned one."""
     if result:
         name = ctypes.c_char_p()
         cuda.cuGetErrorName(result, ctypes.byref(name))

@@ -20,7 +20,8 @@ import ctypes
 import heapq
 import threading
 import time
-from typing import Any
+
+from streamfuzz.fuzz._gate_ptx import check as _check
 
 _CLOCK_RATE_KHZ = 13
 """CU_DEVICE_ATTRIBUTE_CLOCK_RATE: the SM clock a spin's cycles are counted in."""
@@ -57,22 +58,20 @@ class StreamWaitGate:
 
     def launch(self, stream: int, slot_address: int, max_ns: int, max_polls: int) -> None:
         del max_polls  # the watchdog's clock is the host's
+        self._hold(stream, slot_address, max_ns / 1e9, timed=False)
+
+    def launch_for(self, stream: int, slot_address: int, seconds: float) -> None:
+        """Hold the stream for ``seconds`` from now, then let it go: a spin
+        that runs nothing. Its end is no timeout."""
+        self._hold(stream, slot_address, seconds, timed=True)
+
+    def _hold(self, stream: int, slot_address: int, seconds: float, timed: bool) -> None:
         result = self._wait(stream, slot_address, 1, _WAIT_GEQ)
         if result == _INVALID_CONTEXT:  # a thread's first CUDA call
             _check(self._cuda, self._cuda.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
             result = self._wait(stream, slot_address, 1, _WAIT_GEQ)
         _check(self._cuda, result, "cuStreamWaitValue32")
-        self._watchdog.add(slot_address, time.monotonic() + max_ns / 1e9)
-
-    def launch_for(self, stream: int, slot_address: int, seconds: float) -> None:
-        """Hold the stream for ``seconds`` from now, then let it go: a spin
-        that runs nothing. Its end is no timeout."""
-        result = self._wait(stream, slot_address, 1, _WAIT_GEQ)
-        if result == _INVALID_CONTEXT:
-            _check(self._cuda, self._cuda.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-            result = self._wait(stream, slot_address, 1, _WAIT_GEQ)
-        _check(self._cuda, result, "cuStreamWaitValue32")
-        self._watchdog.add(slot_address, time.monotonic() + seconds, timed=True)
+        self._watchdog.add(slot_address, time.monotonic() + seconds, timed=timed)
 
     def clear(self) -> None:
         """Forget the held points: their slots are about to be zeroed for reuse."""
@@ -122,9 +121,3 @@ class _Watchdog:
                         ctypes.c_int32.from_address(address + 4).value = self._timed_out
                     flag.value = 1
 
-
-def _check(cuda: Any, result: int, call: str) -> None:
-    if result:
-        name = ctypes.c_char_p()
-        cuda.cuGetErrorName(result, ctypes.byref(name))
-        raise RuntimeError(f"{call} failed with {(name.value or b'?').decode()} ({result})")

@@ -266,10 +266,9 @@ class Gates:
     def hold(self, stream: Any, opener: Any = None) -> Gate | None:
         """Hold ``stream`` from now on, to be opened by ``opener`` (a stream,
         or None: the host); None when every slot of this example is used."""
-        if self._next >= _SLOTS:
+        slot = self._slot()
+        if slot is None:
             return None
-        slot = self._next
-        self._next += 1
         gate = Gate(self, slot, stream, opener.cuda_stream if opener is not None else None)
         with self._lock:
             self._waits.hold(gate, stream.cuda_stream)
@@ -287,13 +286,19 @@ class Gates:
 
         Not a gate the program's waits open: a host sync waits it out, as it
         would a spin."""
-        if self.kind != "wait" or self._next >= _SLOTS:
+        slot = self._slot() if self.kind == "wait" else None
+        if slot is None:
             return False
-        slot = self._next
-        self._next += 1
         self._kernel.launch_for(stream.cuda_stream, self._base + 16 * slot,
                                 cycles / self._kernel.cycles_per_s)
         return True
+
+    def _slot(self) -> int | None:
+        """The next free slot of this example, taken; None when all are used."""
+        if self._next >= _SLOTS:
+            return None
+        self._next += 1
+        return self._next - 1
 
     @property
     def used(self) -> int:

@@ -52,17 +52,22 @@ CPU_RANKS_PER_CORE = 4
 on a core and its start runs past any timeout."""
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+
+
 def cpu_world_limit() -> tuple[int, str]:
     """The most CPU ranks this machine can hold, and why that many."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else (os.cpu_count() or 1)
-    by_cores = cores * CPU_RANKS_PER_CORE
+    n = cores()
+    by_cores = n * CPU_RANKS_PER_CORE
     avail = _mem_available_mib()
     by_mem = int(avail // CPU_RANK_MIB) if avail is not None else by_cores
     if avail is not None and by_mem < by_cores:
         return max(1, by_mem), (f"{avail / 1024:.1f} GiB of memory available at "
                                 f"{CPU_RANK_MIB} MiB a rank")
-    return by_cores, f"{cores} core(s) at {CPU_RANKS_PER_CORE} ranks a core"
+    return by_cores, f"{n} core(s) at {CPU_RANKS_PER_CORE} ranks a core"
 
 
 def _mem_available_mib() -> float | None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from streamfuzz.fuzz.host import cpu_world_limit
+from streamfuzz.fuzz import host
 from streamfuzz.fuzz.stop import StopReason
 
 GPU_WORLDS_CAP = 8
@@ -48,15 +48,14 @@ def default_worlds(device: str, world_size: int) -> tuple[int, str]:
     """How many worlds this node holds by default, and why: a world keeps its
     driver and each of its ranks busy, so one core each; on a GPU node at most
     ``GPU_WORLDS_CAP`` share the GPUs."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else (os.cpu_count() or 1)
+    cores = host.cores()
     by_cores = max(1, cores // (world_size + 1))
     if device == "cuda":
         n = min(by_cores, GPU_WORLDS_CAP)
         return n, (f"{cores} cores at {world_size + 1} processes a world"
                    + (f", at most {GPU_WORLDS_CAP} on one set of GPUs"
                       if by_cores > GPU_WORLDS_CAP else ""))
-    limit, why = cpu_world_limit()
+    limit, why = host.cpu_world_limit()
     n = max(1, min(by_cores, limit // world_size))
     return n, f"{cores} cores at {world_size + 1} processes a world ({why})"
 
