@@ -8,6 +8,10 @@
 #           PTX kernel gates unless CURVE_PTX=0
 #   fuzz    `make fuzz` as the README says, on the node's default worlds
 #   soak    a soak of SOAK_MIN minutes (default 9) with SOAK_WORLDS worlds (default 8)
+#   cpu     where the node's cores go with CPU_WORLDS worlds (default 8), as the soak runs
+#           and with each CPU_VARIANTS entry (label:KEY=VALUE,...) set for the campaign
+#   spy     bench/spy.py on one CUDA world (py-spy at build/tools/py-spy or on PATH)
+#   mps     the CPU step's world count under an MPS daemon started for it (then stopped)
 set -uo pipefail
 out=${1:?usage: bench/gpu_worlds.sh OUTDIR STEP...}; shift
 source "$(dirname "$0")/_steps.sh"
@@ -45,6 +49,29 @@ for step in "$@"; do
       say "soak: exit $?"; tail -3 "$w/soak/soak.log" | tee -a "$out/summary.txt"
       sed -n '1,20p' "$w/soak/soak/report.md" >> "$out/summary.txt"
       sed -n '/## Worlds/,$p' "$w/soak/soak/report.md" | tee -a "$out/summary.txt" ;;
+    cpu)
+      for v in ${CPU_VARIANTS:-base:}; do
+        label=${v%%:*}; envs=()
+        for kv in $(tr ',' ' ' <<< "${v#*:}"); do envs+=(--env "$kv"); done
+        PYTHONPATH=. timeout 150 "$py" bench/worlds.py curve --worlds "${CPU_WORLDS:-8}" \
+          --seconds "${CPU_SECONDS:-30}" --label "$label" "${envs[@]}" --out "$w/cpu" \
+          > "$w/cpu-$label.log" 2>&1
+        say "cpu $label: exit $? $(tail -1 "$w/cpu/curve-$label.md" 2>/dev/null)"
+      done ;;
+    spy)
+      spy=build/tools/py-spy; [ -x "$spy" ] || spy=$(command -v py-spy)
+      PYTHONPATH=. timeout 200 "$py" bench/spy.py --device cuda --target main-gather \
+        --seconds 10 --out "$w/spy" ${spy:+--py-spy "$spy"} > "$w/spy.log" 2>&1
+      say "spy: exit $?"; head -40 "$w/spy/spy.md" 2>/dev/null >> "$out/summary.txt" ;;
+    mps)
+      ctl=$(command -v nvidia-cuda-mps-control) || { say "mps: no nvidia-cuda-mps-control"; continue; }
+      export CUDA_MPS_PIPE_DIRECTORY=$w/mps-pipe CUDA_MPS_LOG_DIRECTORY=$w/mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      "$ctl" -d; say "mps: daemon started (exit $?)"
+      PYTHONPATH=. timeout 150 "$py" bench/worlds.py curve --worlds "${CPU_WORLDS:-8}" \
+        --seconds "${CPU_SECONDS:-30}" --label mps --out "$w/cpu" > "$w/cpu-mps.log" 2>&1
+      say "cpu mps: exit $? $(tail -1 "$w/cpu/curve-mps.md" 2>/dev/null)"
+      echo quit | "$ctl"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
   esac
 done
 pack

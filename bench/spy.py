@@ -116,7 +116,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     budget = _READY_S + args.warm + args.seconds + 30
     cmd = [sys.executable, "-m", "streamfuzz", "run", "--target", args.target, "--device", device,
-           "--world-size", str(world), "--max-examples", "1000000", "--budget", str(budget),
+           "--world-size", str(world), "--worlds", "1", "--max-examples", "1000000",
+           "--budget", str(budget),
            "--seed", "0", "--profile", "ci", "--corpus", str(args.out / "corpus")]
     with open(args.out / "campaign.log", "wb") as log:
         campaign = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

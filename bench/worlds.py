@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,8 @@ class _GpuSampler:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> _GpuSampler:
+        if shutil.which("nvidia-smi") is None:  # a CPU node: nothing to sample
+            return self
         self._proc = subprocess.Popen(
             ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
              "--format=csv,noheader,nounits", "-lms", "200"],
@@ -62,7 +65,8 @@ class _GpuSampler:
             self.mem_mib.append(m)
 
     def __exit__(self, *exc: object) -> None:
-        assert self._proc is not None
+        if self._proc is None:
+            return
         self._proc.terminate()
         self._proc.wait()
 
@@ -70,11 +74,92 @@ class _GpuSampler:
         return statistics.mean(self.util) if self.util else None
 
 
+class _CpuSampler:
+    """Which processes of a campaign use the node's cores: every second, the CPU time
+    of each process under ``root`` (from ``/proc``), summed by role, and the host's
+    busy share (``/proc/stat``). A driver is a process started with ``--world-of``;
+    the controller is ``root``; every other descendant is a rank (or its zygote)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.first: dict[int, tuple[str, int]] = {}
+        self.last: dict[int, int] = {}
+        self.host0 = self._host()
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _host() -> tuple[int, int]:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = f[3] + f[4]
+        return sum(f) - idle, sum(f)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self.sample()
+
+    def sample(self) -> None:
+        parent: dict[int, int] = {}
+        ticks: dict[int, int] = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(d.name)] = int(rest[1])
+            ticks[int(d.name)] = int(rest[11]) + int(rest[12])
+        for pid in ticks:
+            p, seen = pid, 0
+            while p and p != self.root and seen < 64:
+                p, seen = parent.get(p, 0), seen + 1
+            if p != self.root:
+                continue
+            if pid not in self.first:
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                role = ("controller" if pid == self.root else
+                        "driver" if "--world-of" in cmd else "rank")
+                self.first[pid] = (role, ticks[pid])
+            self.last[pid] = ticks[pid]
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        wall = time.monotonic() - self.t0
+        hz = os.sysconf("SC_CLK_TCK")
+        cores: dict[str, float] = {}
+        count: dict[str, int] = {}
+        for pid, (role, t) in self.first.items():
+            cores[role] = cores.get(role, 0.0) + (self.last[pid] - t) / hz / wall
+            count[role] = count.get(role, 0) + 1
+        busy, total = (b - a for a, b in zip(self.host0, self._host()))
+        return {"cores_by_role": {k: round(v, 2) for k, v in sorted(cores.items())},
+                "processes_by_role": count, "host_busy_pct": round(100 * busy / max(total, 1), 1),
+                "host_cores": os.cpu_count()}
+
+
 def _fuzz(args: list[str], env: dict[str, str] | None = None,
-          timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "streamfuzz", *args], cwd=_ROOT, text=True,
-                          capture_output=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+          timeout: float = 600, cpu: list[dict[str, Any]] | None = None,
+          ) -> subprocess.CompletedProcess[str]:
+    """``python -m streamfuzz ARGS``; with ``cpu``, its processes' CPU use is appended there."""
+    proc = subprocess.Popen([sys.executable, "-m", "streamfuzz", *args], cwd=_ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
+    sampler = _CpuSampler(proc.pid) if cpu is not None else None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    if sampler is not None and cpu is not None:
+        cpu.append(sampler.stop())
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _save(out: Path, name: str, data: Any, md: list[str]) -> None:
@@ -151,17 +236,19 @@ def _busy_md(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def curve(out: Path, counts: list[int], seconds: int, kind: str | None) -> None:
+def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
+          env: dict[str, str], label: str, device: str = "cuda") -> None:
     rows: list[dict[str, Any]] = []
     for n in counts:
+        cpu: list[dict[str, Any]] = []
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.monotonic()
             with _GpuSampler() as gpu:
-                proc = _fuzz(["soak", "--device", "cuda", "--worlds", str(n), "--budget",
+                proc = _fuzz(["soak", "--device", device, "--worlds", str(n), "--budget",
                               f"{seconds}s", "--stats-every", "5s", "--out",
                               str(Path(tmp) / "soak"), "--corpus", str(Path(tmp) / "c")],
-                             {"STREAMFUZZ_GATES": kind} if kind else None,
-                             timeout=seconds + 240)
+                             {**env, **({"STREAMFUZZ_GATES": kind} if kind else {})},
+                             timeout=seconds + 240, cpu=cpu)
             wall = time.monotonic() - t0
             try:
                 rep = json.loads((Path(tmp) / "soak" / "report.json").read_text())
@@ -175,18 +262,25 @@ def curve(out: Path, counts: list[int], seconds: int, kind: str | None) -> None:
                "gpu_util_pct": gpu.mean_util(), "gpu_mem_max_mib": max(gpu.mem_mib, default=None),
                "held_by": rep.get("held_by"), "memory_growing": rep.get("memory_growing"),
                "failures": len(rep.get("distinct_failures", ())), "wall_s": round(wall, 1),
+               "cpu": cpu[0] if cpu else None, "env": env,
                "error": None if rep else proc.stderr[-600:]}
         rows.append(row)
         base = rows[0]["total_ex_s"] or 0
         md = ["| worlds | gates | total examples/s | speed-up | per world | GPU busy | "
-              "GPU memory max | distinct failures |", "|---|---|---|---|---|---|---|---|"]
+              "GPU memory max | distinct failures | cores: drivers / ranks / controller "
+              "| host busy |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             up = f"{r['total_ex_s'] / base:.2f}x" if base and r["total_ex_s"] else "?"
             pw = ", ".join(f"{x:.0f}" for x in r["per_world_ex_s"] if x is not None)
             util = f"{r['gpu_util_pct']:.0f}%" if r["gpu_util_pct"] is not None else "?"
+            c = r["cpu"] or {}
+            by = c.get("cores_by_role", {})
             md.append(f"| {r['worlds']} | {r['gates']} | {r['total_ex_s']} | {up} | {pw} | "
-                      f"{util} | {r['gpu_mem_max_mib']} MiB | {r['failures']} |")
-        _save(out, "curve" + (f"-{kind}" if kind else ""), rows, md)
+                      f"{util} | {r['gpu_mem_max_mib']} MiB | {r['failures']} | "
+                      f"{by.get('driver', 0):.1f} / {by.get('rank', 0):.1f} / "
+                      f"{by.get('controller', 0):.1f} | {c.get('host_busy_pct', '?')}% |")
+        _save(out, "curve" + (f"-{kind}" if kind else "") + (f"-{label}" if label else ""),
+              rows, md)
         print(json.dumps(row), flush=True)
 
 
@@ -215,6 +309,10 @@ def main() -> None:
     c.add_argument("--worlds", default="1,2,4,8")
     c.add_argument("--seconds", type=int, default=40)
     c.add_argument("--gates", default=None, help="a gate kind (default: the ranks' first)")
+    c.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for the campaign (repeatable)")
+    c.add_argument("--label", default="", help="a name for this variant's files")
+    c.add_argument("--device", default="cuda")
     s = sub.add_parser("soak")
     s.add_argument("--minutes", type=float, default=10.0)
     s.add_argument("--worlds", type=int, default=8)
@@ -224,7 +322,9 @@ def main() -> None:
     if a.command == "busy":
         busy(a.out, a.kinds.split(","), a.examples, a.detect)
     elif a.command == "curve":
-        curve(a.out, [int(x) for x in a.worlds.split(",")], a.seconds, a.gates)
+        env = dict(kv.split("=", 1) for kv in a.env)
+        curve(a.out, [int(x) for x in a.worlds.split(",")], a.seconds, a.gates, env, a.label,
+              a.device)
     else:
         soak(a.out, a.minutes, a.worlds)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import time
 import traceback
@@ -30,6 +31,9 @@ _NAMES = ("broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_te
 _KEEP = 16
 """Notes kept per example: the last collectives called are the ones that matter."""
 
+_DEPTH = 40
+"""Frames kept per call, innermost first: enough to pass the harness's and torch's own."""
+
 CALLING, RETURNED, PENDING = "waiting in", "returned from", "issued (async)"
 
 UserFrames = Callable[[Iterable[traceback.FrameSummary]], list[str]]
@@ -44,14 +48,19 @@ class _Notes:
     def __init__(self, path: Path, user_frames: UserFrames) -> None:
         self.path, self.user_frames = path, user_frames
         self.lock = threading.Lock()
-        self.entries: list[list[str]] = []
+        self.entries: list[list[Any]] = []
         self.version = self.written = 0
         threading.Thread(target=self._write_loop, daemon=True, name="collective-notes").start()
 
     def call(self, fn: Callable[..., Any], name: str, *args: Any, **kwargs: Any) -> Any:
-        frames = self.user_frames(traceback.StackSummary.extract(
-            traceback.walk_stack(None), limit=40, lookup_lines=False))
-        entry = [CALLING, name, " <- ".join(frames[:4]) or "(no frame of yours)"]
+        # The raw frames only: which are the user's is worked out when the notes
+        # are written (once a second), not on every collective of every example.
+        stack: list[tuple[str, int, str]] = []
+        frame = sys._getframe(2)  # the caller of the wrapper
+        while frame is not None and len(stack) < _DEPTH:
+            stack.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
+            frame = frame.f_back
+        entry: list[Any] = [CALLING, name, stack]
         with self.lock:
             self.entries = self.entries[-(_KEEP - 1):] + [entry]
             self.version += 1
@@ -70,6 +79,11 @@ class _Notes:
                 self.entries = []
                 self.version += 1
 
+    def _callers(self, stack: list[tuple[str, int, str]]) -> str:
+        frames = self.user_frames(traceback.FrameSummary(f, n, fn, lookup_line=False)
+                                  for f, n, fn in stack)
+        return " <- ".join(frames[:4]) or "(no frame of yours)"
+
     def _write_loop(self) -> None:
         while True:
             time.sleep(1.0)
@@ -77,7 +91,9 @@ class _Notes:
                 if self.version == self.written:
                     continue
                 version = self.version
-                text = "".join("\t".join(e) + "\n" for e in self.entries)
+                entries = [list(e) for e in self.entries]
+            text = "".join(f"{status}\t{name}\t{self._callers(stack)}\n"
+                           for status, name, stack in entries)
             tmp = self.path.with_name(self.path.name + ".tmp")
             try:
                 tmp.write_text(text)
