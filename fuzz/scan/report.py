@@ -46,7 +46,7 @@ def table(result: ScanResult, limit: int | None = None) -> str:
     """The terminal table: one finding a line, the highest score first."""
     rows = result.active if limit is None else result.active[:limit]
     head = f"{'rank':>4}  {'score':>5}  {'class':<22}  {'site':<48}  {'function':<30}  what"
-    out = [f"fuzz scan: {result.source.label} ({result.source.kind}): {result.files} files, "
+    out = [f"streamfuzz scan: {result.source.label} ({result.source.kind}): {result.files} files, "
            f"{result.functions} functions with stream code, {len(result.active)} findings"
            + (f", {len(result.findings) - len(result.active)} suppressed"
               if len(result.findings) != len(result.active) else ""), head]
@@ -61,7 +61,7 @@ def table(result: ScanResult, limit: int | None = None) -> str:
 
 def markdown(result: ScanResult) -> str:
     src = result.source
-    out = [f"# fuzz scan: {src.label}", "",
+    out = [f"# streamfuzz scan: {src.label}", "",
            f"{src.kind} `{src.spec}`: {result.files} files, {result.functions} functions with "
            f"stream code, {len(result.active)} findings.", "",
            "| rank | score | class | site | function | tensors | streams | what | safe if |",
