@@ -8,6 +8,10 @@
 #           PTX kernel gates unless CURVE_PTX=0
 #   fuzz    `make fuzz` as the README says, on the node's default worlds
 #   soak    a soak of SOAK_MIN minutes (default 9) with SOAK_WORLDS worlds (default 8)
+#   soak-start  the same soak, started in the background into build/soak-bg (so that
+#           the calling shell may return first; SOAK_WORLDS=best takes the curve step's
+#           fastest); the step returns SOAK_START_UNTIL s (575) after the script started
+#   soak-wait   waits for that soak to end and brings its report here
 #   cpu     where the node's cores go with CPU_WORLDS worlds (default 8), as the soak runs
 #           and with each CPU_VARIANTS entry (label:KEY=VALUE,...) set for the campaign
 #   spy     bench/spy.py on one CUDA world (py-spy at build/tools/py-spy or on PATH)
@@ -49,6 +53,27 @@ for step in "$@"; do
       say "soak: exit $?"; tail -3 "$w/soak/soak.log" | tee -a "$out/summary.txt"
       sed -n '1,20p' "$w/soak/soak/report.md" >> "$out/summary.txt"
       sed -n '/## Worlds/,$p' "$w/soak/soak/report.md" | tee -a "$out/summary.txt" ;;
+    soak-start)
+      rm -rf build/soak-bg; mkdir -p build/soak-bg
+      n=${SOAK_WORLDS:-8}
+      if [ "$n" = best ]; then  # the curve step's fastest world count
+        n=$("$py" -c "import json,sys; r=json.load(open(sys.argv[1]))
+print(max(r, key=lambda x: x['total_ex_s'] or 0)['worlds'])" "$w/curve/curve.json") || n=8
+      fi
+      PYTHONPATH=. setsid nohup "$py" bench/worlds.py soak --minutes "${SOAK_MIN:-10}" \
+        --worlds "$n" --out build/soak-bg > build/soak-bg/run.log 2>&1 < /dev/null &
+      echo $! > build/soak-bg/pid
+      say "soak-start: pid $(cat build/soak-bg/pid), ${SOAK_MIN:-10} min, $n worlds"
+      # SOAK_START_UNTIL: the step returns that many seconds after the script started.
+      sleep $(( ${SOAK_START_UNTIL:-575} - ($(date +%s) - start) ))
+      cp -r build/soak-bg "$w/soak-bg"; say "soak-start: $(tail -2 build/soak-bg/soak/soak.log 2>/dev/null)" ;;
+    soak-wait)
+      pid=$(cat build/soak-bg/pid 2>/dev/null)
+      while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; do sleep 2; done
+      rm -rf "$w/soak-bg"; cp -r build/soak-bg "$w/soak-bg"
+      say "soak-wait: $(tail -1 build/soak-bg/run.log)"
+      sed -n '1,20p' build/soak-bg/soak/report.md >> "$out/summary.txt"
+      sed -n '/## Worlds/,$p' build/soak-bg/soak/report.md | tee -a "$out/summary.txt" ;;
     cpu)
       for v in ${CPU_VARIANTS:-base:}; do
         label=${v%%:*}; envs=()
