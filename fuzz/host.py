@@ -1,6 +1,6 @@
 """Facts about this machine that the driver needs before and beside its ranks:
 how many GPUs there are (without loading CUDA here), how many CPU ranks fit,
-this process's resident memory, a free local port, a ``host:port``; and what
+this process's resident memory, a ``host:port``; and what
 every process the driver starts shares with it: it dies with its parent, and an
 early rank's start is told in ``EARLY_START_ENV``."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +15,10 @@ from collections.abc import Callable
 EARLY_START_ENV = "STREAMFUZZ_EARLY_START"
 """Set in an early rank: JSON, seconds each piece it started beside its imports
 took, and how long it then waited for its request (``early_idle``)."""
+
+STORE_ENV = "STREAMFUZZ_STORE"
+"""Set in a rank the driver started: the file its world's ranks meet through
+(``torch.distributed``'s file store), made fresh for each start of the world."""
 
 _first_counter: Callable[[], int | None] | None = None
 
@@ -90,12 +93,6 @@ def rss_bytes() -> int:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_address(text: str) -> tuple[str, int]:

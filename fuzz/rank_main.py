@@ -40,7 +40,7 @@ from streamfuzz.fuzz.draft.runner import run_scenario
 from streamfuzz.fuzz.draft.scenario import CHURN_DTYPES, Scenario
 from streamfuzz.fuzz.errors import FuzzError
 from streamfuzz.fuzz.gates import Gates, GateUnavailable
-from streamfuzz.fuzz.host import EARLY_START_ENV, die_with_parent, rss_bytes
+from streamfuzz.fuzz.host import EARLY_START_ENV, STORE_ENV, die_with_parent, rss_bytes
 from streamfuzz.fuzz.messages import (
     Done,
     Hello,
@@ -80,16 +80,22 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
 
     rank = int(os.environ["RANK"])
     local = int(os.environ.get("LOCAL_RANK", rank))
+    store = os.environ.get(STORE_ENV)
+    # A world the driver started meets through its file; ranks started by someone
+    # else (torchrun) through MASTER_ADDR and MASTER_PORT.
+    meet: dict[str, Any] = ({"init_method": f"file://{store}", "rank": rank,
+                             "world_size": int(os.environ["WORLD_SIZE"])}
+                            if store else {"init_method": "env://"})
     if device_kind == "cuda":
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", init_method="env://", device_id=device)
+        dist.init_process_group("nccl", device_id=device, **meet)
         group = dist.new_group(backend="nccl")
         name = torch.cuda.get_device_name(device)
     else:
         torch.set_num_threads(1)
         device = torch.device("cpu")
-        dist.init_process_group("gloo", init_method="env://")
+        dist.init_process_group("gloo", **meet)
         group = dist.new_group(backend="gloo")
         name = "cpu"
     phase("process_group")

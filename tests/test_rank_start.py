@@ -1,42 +1,53 @@
-"""A world's start survives its process-group port being taken between the
-moment the driver chooses it and the moment rank 0 binds it."""
+"""A world's ranks meet through a file the driver made for that start of the
+world, so no port chosen by the driver can be taken before rank 0 binds it,
+whatever else (another world, any connection) holds ports meanwhile."""
 
 import socket
+import threading
 
 import pytest
 
-from streamfuzz.fuzz import driver, host
-from streamfuzz.fuzz.ranks import RankPool, RankStartError
+from streamfuzz.fuzz import driver
+from streamfuzz.fuzz.ranks import RankPool
 from tests.test_zygote import _SCN
 
 
-@pytest.fixture
-def taken_port():
-    """A port some other process's socket holds (a listener here)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
-
-
-def test_a_port_taken_before_rank_0_binds_it_costs_one_more_world(monkeypatch, taken_port):
-    real, chosen = host.free_port, []
-
-    def free_port():  # the first world gets the taken port, as a race would give it
-        chosen.append(taken_port if not chosen else real())
-        return chosen[-1]
-
-    monkeypatch.setattr(host, "free_port", free_port)
+def test_ranks_meet_through_a_fresh_file_of_their_world():
     with RankPool(2, "cpu", timeout=60.0) as pool:
-        assert chosen[0] == taken_port and len(chosen) == 2
+        assert sorted(p.name for p in pool.logdir.glob("store.*")) == ["store.1"]
+        assert driver.evaluate(pool, "main-gather", _SCN).ok
+        pool.restart()  # a new start of the world meets through a new file
+        assert "store.2" in {p.name for p in pool.logdir.glob("store.*")}
         assert driver.evaluate(pool, "main-gather", _SCN).ok
 
 
-def test_a_port_that_stays_taken_is_one_clear_error(monkeypatch, taken_port):
-    monkeypatch.setattr(host, "free_port", lambda: taken_port)
-    pool = RankPool(2, "cpu", timeout=60.0)
-    try:
-        with pytest.raises(RankStartError, match="EADDRINUSE|address already in use"):
-            pool.start()
-    finally:
-        pool.close()
+@pytest.fixture
+def many_ports_held():
+    """Listeners on many ports at once, as a busy node has them."""
+    socks = []
+    for _ in range(64):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        socks.append(s)
+    yield
+    for s in socks:
+        s.close()
+
+
+def test_worlds_started_side_by_side_all_start(many_ports_held):
+    errors: list[BaseException] = []
+
+    def world() -> None:
+        try:
+            with RankPool(2, "cpu", timeout=90.0) as pool:
+                assert driver.evaluate(pool, "main-gather", _SCN).ok
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=world) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors

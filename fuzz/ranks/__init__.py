@@ -51,17 +51,6 @@ class Outcome:
     """Per rank that answered, what its runner called (``Done.calls``)."""
 
 
-_PORT_TRIES = 3
-"""Worlds started before a port clash is an error. The process group's port is
-free when chosen but bound later, by rank 0: in between the system may hand it
-to another process's socket (any connection's local port), and that rank then
-fails with EADDRINUSE; a new world on a new port does not."""
-
-
-def _port_taken(message: str) -> bool:
-    return "EADDRINUSE" in message or "address already in use" in message.lower()
-
-
 class RankPool:
     """``world_size`` rank processes on ``device`` ('cpu' or 'cuda').
 
@@ -128,21 +117,14 @@ class RankPool:
         return self._zygote
 
     def start(self) -> None:
-        for attempt in range(_PORT_TRIES):
-            world = self._spare or self._new_world()
-            self._spare = None
-            try:
-                world.accept(self.world_size, self.startup_timeout)
-            except RankStartError as exc:
-                world.kill()
-                if self.external or attempt + 1 == _PORT_TRIES or not _port_taken(str(exc)):
-                    raise
-                continue
-            except BaseException:
-                world.kill()
-                raise
-            self._world = world
-            return
+        world = self._spare or self._new_world()
+        self._spare = None
+        try:
+            world.accept(self.world_size, self.startup_timeout)
+        except BaseException:
+            world.kill()
+            raise
+        self._world = world
 
     @property
     def external(self) -> bool:

@@ -96,8 +96,12 @@ class World:
         base = dict(os.environ)
         base.update(spec.env)
         address, port = self.listener.address
+        # The ranks meet through a file, not a port picked here and released:
+        # another world (or any process) could bind that port before rank 0 does.
+        store = spec.logdir / f"store.{generation}"
+        store.unlink(missing_ok=True)
         base.update({
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(host.free_port()),
+            host.STORE_ENV: str(store),
             "WORLD_SIZE": str(spec.world_size), "STREAMFUZZ_DEVICE": spec.device,
             "STREAMFUZZ_DRIVER": f"{address}:{port}",
             "STREAMFUZZ_AUTHKEY": self.authkey.hex(), "PYTHONUNBUFFERED": "1",
