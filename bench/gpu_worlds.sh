@@ -58,7 +58,8 @@ for step in "$@"; do
       n=${SOAK_WORLDS:-8}
       if [ "$n" = best ]; then  # the curve step's fastest world count
         n=$("$py" -c "import json,sys; r=json.load(open(sys.argv[1]))
-print(max(r, key=lambda x: x['total_ex_s'] or 0)['worlds'])" "$w/curve/curve.json") || n=8
+b = max(r, key=lambda x: x['total_ex_s'] or 0); assert b['total_ex_s']; print(b['worlds'])" \
+          "$w/curve/curve.json") || { say "soak-start: no curve to pick from"; continue; }
       fi
       PYTHONPATH=. setsid nohup "$py" bench/worlds.py soak --minutes "${SOAK_MIN:-10}" \
         --worlds "$n" --out build/soak-bg > build/soak-bg/run.log 2>&1 < /dev/null &
