@@ -709,3 +709,47 @@ def test_a_reference_in_a_local_list_outlives_the_call_only_with_the_list(tmp_pa
     returned = textwrap.dedent(src).replace("return None", "return held")
     found = [f for f in _scan(_write(tmp_path, "r.py", returned)) if f.hazard is Hazard.LIFETIME]
     assert [f.factors for f in found] == [("kept",)]
+
+
+_STAGED_UPLOAD = '''
+    import torch
+
+    class Batch:
+        def __init__(self, device):
+            self.device = device
+            self.staged_tokens = None
+            self.tokens = None
+
+    def upload_inputs(batch: Batch) -> None:
+        if batch.staged_tokens is not None:
+            batch.tokens = batch.staged_tokens.to(batch.device, non_blocking=True)
+            batch.staged_tokens = None
+
+    class Runner:
+        def __init__(self):
+            self.fwd = torch.cuda.Stream()
+
+        def step(self, batch: Batch):
+            self.fwd.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.fwd):
+                upload_inputs(batch)
+                return batch.tokens.sum()
+    '''
+
+
+def test_a_tensor_a_side_stream_only_copies_to_the_device_may_be_dropped(tmp_path):
+    def dropped(name: str, text: str) -> list[tuple[str, ...]]:
+        return [f.tensors for f in _scan(_write(tmp_path, name, text))
+                if f.hazard is Hazard.LIFETIME and f.function == "Runner.step"
+                and "freed" in f.factors]
+
+    # The copy's source is host memory held by the host allocator until the copy
+    # ran (or a tensor already on the device, where nothing is queued); the
+    # `is not None` test reads no storage.
+    assert dropped("up.py", _STAGED_UPLOAD) == []
+    # The same tensor read by a kernel, or converted to another dtype, on the side stream.
+    kernel = textwrap.dedent(_STAGED_UPLOAD).replace(
+        ".to(batch.device, non_blocking=True)", ".cumsum(0)")
+    assert dropped("k.py", kernel) == [("batch.staged_tokens",)]
+    convert = textwrap.dedent(_STAGED_UPLOAD).replace("batch.device,", "torch.float16,")
+    assert dropped("c.py", convert) == [("batch.staged_tokens",)]

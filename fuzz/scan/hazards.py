@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from streamfuzz.fuzz.scan.ops import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace
+from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, CURRENT, SUBMITTER, THREAD, K, Op, Trace
 
 
 class Hazard(str, Enum):
@@ -346,8 +346,10 @@ class _Judge:
             kept = any(o.kind is K.KEEP and o.key == k and (not o.other or o.other in escaped)
                        for o in self.ops)
             for start, a, end, freed in self._generations(k):
+                # read as a copy's source to a device: held by the host allocator
                 uses = [(p, self.ops[p]) for p in range(start + 1, end)
-                        if self.ops[p].kind is K.USE and self.ops[p].key == k]
+                        if self.ops[p].kind is K.USE and self.ops[p].key == k
+                        and self.ops[p].flag != COPY_SOURCE]
                 other = sorted({o.stream for _, o in uses} - {a, ANY})
                 bad, line, cond = [], 0, False
                 for b in other:
