@@ -20,6 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 _NAMES = ("broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
@@ -56,7 +57,7 @@ class _Notes:
         # The raw frames only: which are the user's is worked out when the notes
         # are written (once a second), not on every collective of every example.
         stack: list[tuple[str, int, str]] = []
-        frame = sys._getframe(2)  # the caller of the wrapper
+        frame: FrameType | None = sys._getframe(2)  # the caller of the wrapper
         while frame is not None and len(stack) < _DEPTH:
             stack.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
             frame = frame.f_back
