@@ -709,3 +709,83 @@ def test_a_reference_in_a_local_list_outlives_the_call_only_with_the_list(tmp_pa
     returned = textwrap.dedent(src).replace("return None", "return held")
     found = [f for f in _scan(_write(tmp_path, "r.py", returned)) if f.hazard is Hazard.LIFETIME]
     assert [f.factors for f in found] == [("kept",)]
+
+
+_STAGED_UPLOAD = '''
+    import torch
+
+    class Batch:
+        def __init__(self, device):
+            self.device = device
+            self.staged_tokens = None
+            self.tokens = None
+
+    def upload_inputs(batch: Batch) -> None:
+        if batch.staged_tokens is not None:
+            batch.tokens = batch.staged_tokens.to(batch.device, non_blocking=True)
+            batch.staged_tokens = None
+
+    class Runner:
+        def __init__(self):
+            self.fwd = torch.cuda.Stream()
+
+        def step(self, batch: Batch):
+            self.fwd.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.fwd):
+                upload_inputs(batch)
+                return batch.tokens.sum()
+    '''
+
+
+def test_a_tensor_a_side_stream_only_copies_to_the_device_may_be_dropped(tmp_path):
+    def dropped(name: str, text: str) -> list[tuple[str, ...]]:
+        return [f.tensors for f in _scan(_write(tmp_path, name, text))
+                if f.hazard is Hazard.LIFETIME and f.function == "Runner.step"
+                and "freed" in f.factors]
+
+    # The copy's source is host memory held by the host allocator until the copy
+    # ran (or a tensor already on the device, where nothing is queued); the
+    # `is not None` test reads no storage.
+    assert dropped("up.py", _STAGED_UPLOAD) == []
+    # The same tensor read by a kernel, or converted to another dtype, on the side stream.
+    kernel = textwrap.dedent(_STAGED_UPLOAD).replace(
+        ".to(batch.device, non_blocking=True)", ".cumsum(0)")
+    assert dropped("k.py", kernel) == [("batch.staged_tokens",)]
+    convert = textwrap.dedent(_STAGED_UPLOAD).replace("batch.device,", "torch.float16,")
+    assert dropped("c.py", convert) == [("batch.staged_tokens",)]
+
+
+_HANDOFF = '''
+    import torch
+
+    class Loader:
+        def __init__(self):
+            self.side = torch.cuda.Stream()
+
+        def load(self, rows, out):
+            with torch.cuda.stream(self.side):
+                out.copy_(rows)
+                done = torch.cuda.Event()
+                done.record()
+            return out, done
+    '''
+
+
+def test_a_tensor_handed_back_with_an_event_recorded_after_its_writes_scores_lower(tmp_path):
+    def unordered(name: str, text: str) -> dict[tuple[str, ...], object]:
+        return {f.tensors: f for f in _scan(_write(tmp_path, name, text))
+                if f.hazard is Hazard.UNORDERED}
+
+    handed = unordered("h.py", _HANDOFF)
+    out, rows = handed[("out",)], handed[("rows",)]
+    assert "event-handoff" in out.factors
+    assert "the caller waits on done" in out.safe_if
+    # The read of the caller's rows is not covered by the event: a finding apart, as before.
+    assert "event-handoff" not in rows.factors and rows.score > out.score
+    # The event recorded before the writes covers none of them: that stays a hazard.
+    copy, record = "                out.copy_(rows)\n", "                done.record()\n"
+    early_text = _HANDOFF.replace(copy, "").replace(record, record + copy)
+    early = _scan(_write(tmp_path, "e.py", early_text))
+    assert [f.tensors for f in early if f.hazard is Hazard.EARLY_EVENT] == [("out",)]
+    write = next(f for f in early if f.hazard is Hazard.UNORDERED and "out" in f.tensors)
+    assert "event-handoff" not in write.factors and write.score > out.score

@@ -4,7 +4,7 @@ The pipeline, one module each: ``sources`` (a tree, wheel, sdist or installed
 package, read as text) -> ``package`` (parsed, indexed) -> ``streams_ast``
 (each function walked into ``ops``: what its names are, ``names``; what its
 calls and bindings do, ``calls`` and ``binding``) -> ``hazards`` (rules and
-score) -> ``report``
+score; an event handed to the caller, ``handoff``) -> ``report``
 (table, JSON, markdown); ``harness`` turns one finding into a
 ``streamfuzz.checked()`` skeleton.
 """

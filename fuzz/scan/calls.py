@@ -29,7 +29,7 @@ from streamfuzz.fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from streamfuzz.fuzz.scan.ops import ANY, K
+from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, K
 
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""
@@ -212,7 +212,8 @@ class Calls(Namer):
     def _tensor_method(self, c: ast.Call, name: str, rk: str) -> str | None:
         line = c.lineno
         write = name.endswith("_") and not name.endswith("__")
-        self.emit(K.USE, line, stream=self.cur, key=rk, write=write)
+        self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
+                  flag=COPY_SOURCE if self._to_device(c, name) else "")
         if write:
             if name == "resize_" and c.args and isinstance(c.args[0], ast.Constant) and \
                     c.args[0].value == 0:
@@ -234,6 +235,25 @@ class Calls(Namer):
             self.emit(K.NB_COPY, line, stream=self.cur, key=made, other=rk,
                       flag="d2h" if made in self.t.host else "h2d")
         return made
+
+    def _to_device(self, c: ast.Call, name: str) -> bool:
+        """Is the call a copy of its receiver to a device, with no dtype change?"""
+        if name == "cuda":
+            return not any(k.arg == "dtype" for k in c.keywords)
+        if name != "to" or len(c.args) > 1 or any(k.arg == "dtype" for k in c.keywords):
+            return False
+        target = c.args[0] if c.args else kw_arg(c, "device")
+        if target is None or is_cpu_device(target):
+            return False
+        if isinstance(target, ast.Constant):
+            return isinstance(target.value, str)
+        if isinstance(target, ast.Call):
+            return callee_name(target) == "device"
+        text = dotted(target) or ""
+        last = text.rsplit(".", 1)[-1]
+        if not text or last == "dtype" or (text.startswith("torch.") and last != "device"):
+            return False  # a dtype: a conversion kernel reads the receiver
+        return self.key(target) not in self.t.tensors  # .to(other): other's dtype too
 
     def _module_call(self, c: ast.Call, full: str, arg_keys: list[str | None]) -> str | None:
         """A ``torch.``/``numpy.`` function: a new tensor, or the host touching its arguments."""
@@ -285,7 +305,8 @@ class Calls(Namer):
                     self.emit(K.FREE, line, key=k)
                 else:
                     self.t.tensors.add(k)
-                    self.emit(K.USE, line, stream=self.cur, key=k, write=eff.write)
+                    self.emit(K.USE, line, stream=self.cur, key=k, write=eff.write,
+                              flag=eff.flag)
 
     def _direction(self, dst: str, src: str) -> str:
         dh = dst in self.t.host or bool(HOSTISH.search(dst))

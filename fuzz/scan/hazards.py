@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from streamfuzz.fuzz.scan.ops import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace
+from streamfuzz.fuzz.scan.handoff import TIMING, Handoffs, handoff_safe
+from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, CURRENT, SUBMITTER, THREAD, K, Op, Trace
 
 
 class Hazard(str, Enum):
@@ -58,6 +59,9 @@ FACTORS: dict[str, tuple[int, str]] = {
     "object-state": (-5, "long-lived state of an object or module"),
     "previous-call": (-10, "the pending copy is one a previous call started"),
     "consumed-elsewhere": (-10, "the event is waited on outside this function"),
+    "event-handoff": (-20, "an event recorded after this work is handed to the caller "
+                           "(returned or stored where it can reach it): the caller's "
+                           "contract is to wait on it"),
     "opaque-work": (-15, "the side stream's work is issued by calls whose tensors are not seen"),
     "test-code": (-30, "in tests, benchmarks or examples"),
 }
@@ -65,7 +69,6 @@ FACTORS: dict[str, tuple[int, str]] = {
 
 TEST_PATH = re.compile(r"(^|/)(tests?|testing|benchmarks?|examples?)(/|$)|(^|/)test_[^/]*$"
                         r"|_test\.py$|(^|/)conftest\.py$")
-_TIMING = re.compile(r"start|begin|tic|timer|timing|elapsed", re.I)
 
 _SAFE_IF: dict[Hazard, str] = {
     Hazard.LIFETIME: "safe if the tensor is held until the other stream's work is done (a "
@@ -108,10 +111,11 @@ class Finding:
     suppressed: str | None = None
     rank: int = 0
     extra: dict[str, object] = field(default_factory=dict)
+    safe: str = ""  # what makes this one finding safe, where the class's words say less
 
     @property
     def safe_if(self) -> str:
-        return _SAFE_IF[self.hazard]
+        return self.safe or _SAFE_IF[self.hazard]
 
     @property
     def site(self) -> str:
@@ -135,7 +139,7 @@ def _show(stream: str) -> str:
             SUBMITTER: "submitter's stream"}.get(stream, stream)
 
 
-class _Judge:
+class _Judge(Handoffs):
     """The rules, applied to one trace."""
 
     def __init__(self, t: Trace) -> None:
@@ -166,9 +170,6 @@ class _Judge:
 
     def local(self, k: str) -> bool:
         return k.startswith("<tmp@") and k not in self.t.persistent
-
-    def param_owned(self, k: str) -> bool:
-        return k.split(".")[0].split("[")[0] in self.t.params
 
     # -- ordering ------------------------------------------------------------
 
@@ -284,11 +285,17 @@ class _Judge:
                     continue
                 kind = "early" if how.startswith("early") else how
                 g = groups.setdefault((o.stream, a, kind), {
-                    "line": o.line, "tensors": set(), "write": False,
-                    "event": how[6:] if kind == "early" else ""})
+                    "line": o.line, "tensors": set(), "write": False, "written": set(),
+                    "lines": {}, "event": how[6:] if kind == "early" else ""})
                 g["tensors"].add(o.key)
+                g["lines"].setdefault(o.key, o.line)
                 g["write"] = bool(g["write"]) or o.write
+                if o.write:
+                    g["written"].add(o.key)
+        self.split_handoffs(groups)
         for (b, a, kind), g in sorted(groups.items(), key=lambda kv: kv[1]["line"]):
+            handoff = kind.endswith("+handoff")
+            kind = kind.removesuffix("+handoff")
             tensors = sorted(g["tensors"])
             names = ", ".join(self.t.name(k) for k in tensors)
             factors = ["write"] if g["write"] else []
@@ -306,10 +313,16 @@ class _Judge:
                     f"{_show(a)} before the work on {names} it is meant to cover", factors)
                 continue
             acc = "writes" if g["write"] else "reads"
-            yield self._finding(
+            f = self._finding(
                 Hazard.UNORDERED, int(g["line"]), tensors, (a, b),  # type: ignore
                 f"{_show(b)} {acc} {names}, last written on {_show(a)}, with no "
-                f"{'unconditional ' if kind == 'cond' else ''}wait between them", factors)
+                f"{'unconditional ' if kind == 'cond' else ''}wait between them",
+                [*factors, "event-handoff"] if handoff else factors)
+            if handoff:
+                f.safe = handoff_safe(str(g["event"]), _show(b), names, (
+                    f"and passes them in with no work of {_show(a)} still pending on them "
+                    f"(the writes here do not wait for {_show(a)})"))
+            yield f
         yield from self._opaque_side_work(sides_with_uses)
 
     def _opaque_side_work(self, seen: set[str]) -> Iterator[Finding]:
@@ -323,7 +336,7 @@ class _Judge:
                 continue
             waits = [w for w in self.ops if w.kind in (K.WAIT, K.WAIT_EVENT)
                      and w.stream in (o.stream, ANY)]
-            if _all_paths([w.guards for w in waits]) or _TIMING.search(o.key.rsplit(".", 1)[-1]):
+            if _all_paths([w.guards for w in waits]) or TIMING.search(o.key.rsplit(".", 1)[-1]):
                 continue
             factors = ["opaque-work"]
             factors.append("conditional-order" if waits else "no-wait-at-all")
@@ -346,8 +359,10 @@ class _Judge:
             kept = any(o.kind is K.KEEP and o.key == k and (not o.other or o.other in escaped)
                        for o in self.ops)
             for start, a, end, freed in self._generations(k):
+                # read as a copy's source to a device: held by the host allocator
                 uses = [(p, self.ops[p]) for p in range(start + 1, end)
-                        if self.ops[p].kind is K.USE and self.ops[p].key == k]
+                        if self.ops[p].kind is K.USE and self.ops[p].key == k
+                        and self.ops[p].flag != COPY_SOURCE]
                 other = sorted({o.stream for _, o in uses} - {a, ANY})
                 bad, line, cond = [], 0, False
                 for b in other:
@@ -376,6 +391,10 @@ class _Judge:
                     factors.append("conditional-order")
                 if a != self.t.base and all(self._barriered(a, b) for b in bad):
                     factors.append("entry-barrier")
+                events = [self.handoff(k, b) for b in bad] if not freed and (
+                    kept or not self.local(k)) else []
+                if events and all(events):
+                    factors.append("event-handoff")
                 where = "freed" if freed else "kept beyond the call" if kept else (
                     "dropped at return" if self.local(k) else "owned by the caller")
                 root = k.split(".")[0]
@@ -389,6 +408,9 @@ class _Judge:
                     what=f"{self.t.name(k)} is made on {_show(a)} and used on "
                          f"{', '.join(map(_show, bad))} with no record_stream; it is "
                          f"{where} with that work possibly queued")
+                if "event-handoff" in factors:
+                    f.safe = handoff_safe(", ".join(sorted(set(events))), _show(bad[0]),
+                                          self.t.name(k), "keeping a reference until then")
                 if root.startswith("<tmp@") and root != k:
                     merged[root] = f
                     f.what = f.what.replace(self.t.name(k), self.t.name(root) + "'s tensors", 1)
@@ -500,7 +522,7 @@ class _Judge:
         """An event kept for others to wait on, recorded before later work on its
         stream in the same function (and not recorded again after it)."""
         for e, recs in sorted(self.records.items()):
-            if e in self.t.timing_events or _TIMING.search(e.rsplit(".", 1)[-1]):
+            if e in self.t.timing_events or TIMING.search(e.rsplit(".", 1)[-1]):
                 continue
             consumed_here = any(o.kind is K.WAIT_EVENT and o.key == e for o in self.ops)
             kept = e.startswith(("self.", "cls.")) or any(

@@ -21,11 +21,17 @@ SUBMITTER = "<submitter>"
 """Where a thread's inputs were made: the stream of the code that handed them over."""
 ANY = "<any>"
 """A stream or event a callee orders without naming it to the caller."""
+COPY_SOURCE = "copy-source"
+"""A use's flag: the key is read as the source of a copy to a device (``.to(device)``,
+``.cuda()``). Such a source is host memory, whose pinned block the host allocator
+holds until the copy's stream has passed it (a pageable one is staged before the
+call returns), or a tensor already on that device, for which the call queues nothing:
+either way, dropping it after the call cannot free memory the copy still reads."""
 
 
 class K(str, Enum):
     ALLOC = "alloc"          # key made on stream (flag: pinned, host)
-    USE = "use"              # key read (or written, .write) by work on stream
+    USE = "use"              # key read (or written, .write) by work on stream (flag: COPY_SOURCE)
     RECORD = "record_stream"
     WAIT = "wait_stream"     # stream waits for other
     WAIT_EVENT = "wait_event"

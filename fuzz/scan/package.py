@@ -33,12 +33,14 @@ class Effect(NamedTuple):
     """What a callee does, seen from its caller: ``wait`` (it orders some stream
     unconditionally), ``sync`` (the host waits), ``record`` (record_stream on
     ``param``+``suffix``), ``use`` (its work on the caller's stream touches them),
-    ``free`` (it drops the argument's attribute ``suffix``)."""
+    ``free`` (it drops the argument's attribute ``suffix``); ``flag`` is a use's
+    (``ops.COPY_SOURCE``)."""
 
     what: str
     param: str = ""
     suffix: str = ""
     write: bool = False
+    flag: str = ""
 
 
 @dataclass
@@ -268,7 +270,7 @@ class Package:
                 found[Effect("free", root, suffix)] = None
             elif o.kind is K.USE and root in params and o.stream == t.base and \
                     o.key in t.tensors and len(found) < _MAX_EFFECTS:
-                found.setdefault(Effect("use", root, suffix, o.write), None)
+                found.setdefault(Effect("use", root, suffix, o.write, o.flag), None)
         self._summaries[key] = tuple(found)
         return self._summaries[key]
 
@@ -287,7 +289,7 @@ class Package:
             if arg is None and e.param in names and names.index(e.param) < len(call.args):
                 arg = call.args[names.index(e.param)]
             if arg is not None and not isinstance(arg, ast.Starred):
-                out.append(Effect(e.what, ast.unparse(arg), e.suffix, e.write))
+                out.append(Effect(e.what, ast.unparse(arg), e.suffix, e.write, e.flag))
         return out
 
     def optional_waits(self) -> dict[str, list[tuple[Function, str, int]]]:

@@ -149,6 +149,12 @@ class Walker(Calls, Binding):
             return None
         if isinstance(node, ast.Attribute) and node.attr in META_ATTRS:
             return None
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot))
+                                                 for op in node.ops):
+            for side in (node.left, *node.comparators):  # `x is None` reads no storage
+                if not isinstance(side, (ast.Name, ast.Attribute)):
+                    self.expr(side)
+            return None
         if isinstance(node, (ast.Name, ast.Attribute)):
             k = self.key(node)
             if k and k not in self.t.streams and k not in self.t.events:
