@@ -1,5 +1,6 @@
 """Facts about this machine that the driver needs before and beside its ranks:
-how many GPUs there are (without loading CUDA here), how many CPU ranks fit,
+how many GPUs there are and their free memory (without loading CUDA here),
+how many CPU ranks fit,
 this process's resident memory, a ``host:port``; and what
 every process the driver starts shares with it: it dies with its parent, and an
 early rank's start is told in ``EARLY_START_ENV``."""
@@ -45,6 +46,38 @@ def probe_gpus() -> int:
         return int(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError):
         return 0
+
+
+def gpu_free_mib() -> float | None:
+    """The least free memory of this node's GPUs, from NVML (no CUDA context is
+    made here); None where NVML cannot be asked."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+
+    class _Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                    ("used", ctypes.c_ulonglong)]
+
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        count = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0 or not count.value:
+            return None
+        free = []
+        for i in range(count.value):
+            handle, mem = ctypes.c_void_p(), _Memory()
+            if (nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0
+                    or nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0):
+                return None
+            free.append(mem.free / 2**20)
+        return min(free)
+    finally:
+        nvml.nvmlShutdown()
 
 
 CPU_RANK_MIB = 512
