@@ -35,9 +35,13 @@ from typing import IO, Any
 from streamfuzz.fuzz import host
 from streamfuzz.fuzz.stop import StopReason
 
-GPU_WORLDS_CAP = 8
-"""Worlds on one set of GPUs at most, by default: past it the GPU, not the
-cores, bounds the total (bench/README.md has the curve)."""
+GPU_WORLDS_CAP = 16
+"""Worlds on one set of GPUs at most, by default: at 16 the GPU is most of the
+time busy (bench/README.md has the curve and the soak)."""
+
+CUDA_WORLD_MIB = 3500
+"""GPU memory a world's rank is budgeted on its device, context and NCCL
+included (16 worlds peaked at 51 GiB on one H100; bench/README.md)."""
 
 _PACKAGE = __name__.partition(".")[0]
 """The command's package (``streamfuzz``), as ``python -m`` runs it: each world
@@ -45,16 +49,22 @@ starts as a user's ``python -m streamfuzz`` would."""
 
 
 def default_worlds(device: str, world_size: int) -> tuple[int, str]:
-    """How many worlds this node holds by default, and why: a world keeps its
-    driver and each of its ranks busy, so one core each; on a GPU node at most
-    ``GPU_WORLDS_CAP`` share the GPUs."""
+    """How many worlds this node holds by default, and why. On CPU a world keeps
+    its driver and each of its gloo ranks busy, so a core each. On a GPU node a
+    rank spends much of an example waiting for the GPU and a driver less than
+    half a core (bench/README.md): a core per rank, as many as the GPUs' free
+    memory holds, and at most ``GPU_WORLDS_CAP``."""
     cores = host.cores()
-    by_cores = max(1, cores // (world_size + 1))
     if device == "cuda":
-        n = min(by_cores, GPU_WORLDS_CAP)
-        return n, (f"{cores} cores at {world_size + 1} processes a world"
-                   + (f", at most {GPU_WORLDS_CAP} on one set of GPUs"
-                      if by_cores > GPU_WORLDS_CAP else ""))
+        n, why = max(1, cores // world_size), f"{cores} cores at one a rank"
+        free = host.gpu_free_mib()
+        if free is not None and free // CUDA_WORLD_MIB < n:
+            n = max(1, int(free // CUDA_WORLD_MIB))
+            why = f"{free / 1024:.0f} GiB free on a GPU at {CUDA_WORLD_MIB} MiB a world"
+        if n > GPU_WORLDS_CAP:
+            n, why = GPU_WORLDS_CAP, why + f", at most {GPU_WORLDS_CAP} on one set of GPUs"
+        return n, why
+    by_cores = max(1, cores // (world_size + 1))
     limit, why = host.cpu_world_limit()
     n = max(1, min(by_cores, limit // world_size))
     return n, f"{cores} cores at {world_size + 1} processes a world ({why})"

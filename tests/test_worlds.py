@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from streamfuzz.fuzz import worlds_report
-from streamfuzz.fuzz.worlds import Claims, WorldOf, default_worlds
+from streamfuzz.fuzz import host, worlds_report
+from streamfuzz.fuzz.worlds import (
+    CUDA_WORLD_MIB,
+    GPU_WORLDS_CAP,
+    Claims,
+    WorldOf,
+    default_worlds,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,12 +83,29 @@ def test_world_of_round_trips_and_bad_text_is_refused(tmp_path):
 
 
 @pytest.mark.fast
-def test_default_worlds_leave_a_core_per_process():
+def test_default_worlds_leave_a_core_per_process_on_cpu():
     cores = len(os.sched_getaffinity(0))
     n, why = default_worlds("cpu", 2)
     assert 1 <= n <= max(1, cores // 3) and "cores" in why
-    n, _ = default_worlds("cuda", 1)
-    assert 1 <= n <= 8 and n <= max(1, cores // 2)
+
+
+@pytest.mark.fast
+def test_default_worlds_on_a_gpu_node_take_a_core_a_rank_and_fit_the_gpu_memory(monkeypatch):
+    monkeypatch.setattr(host, "cores", lambda: 16)
+    monkeypatch.setattr(host, "gpu_free_mib", lambda: 80_000.0)
+    assert default_worlds("cuda", 1)[0] == 16
+    assert default_worlds("cuda", 2)[0] == 8
+    monkeypatch.setattr(host, "cores", lambda: 64)
+    n, why = default_worlds("cuda", 1)
+    assert n == GPU_WORLDS_CAP and "at most" in why
+    monkeypatch.setattr(host, "gpu_free_mib", lambda: 3.5 * CUDA_WORLD_MIB)  # a small card
+    n, why = default_worlds("cuda", 1)
+    assert n == 3 and "free" in why
+    monkeypatch.setattr(host, "gpu_free_mib", lambda: 100.0)  # a full card: still one world
+    assert default_worlds("cuda", 1)[0] == 1
+    monkeypatch.setattr(host, "gpu_free_mib", lambda: None)  # no NVML: cores and the cap
+    monkeypatch.setattr(host, "cores", lambda: 6)
+    assert default_worlds("cuda", 1)[0] == 6
 
 
 def _world_report(examples, elapsed, targets, failures=()):
