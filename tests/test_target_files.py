@@ -86,3 +86,17 @@ def test_a_handler_without_its_protocols_methods_says_which_protocol_it_looks_li
     assert "it has the weight-sync protocol's methods: declare protocol = 'weight-sync'" in says
     # The ranks go on: the next example of another target runs.
     assert driver.evaluate(cpu_pool, "main-gather", one_step()).ok
+
+
+def test_a_target_named_by_the_modules_old_names_still_loads(cpu_pool):
+    """Corpus entries and scripts written before the package owned one import name
+    give ``fuzz.x:attr``; nothing else answers to ``fuzz``, so it is ``streamfuzz.fuzz.x``."""
+    from streamfuzz.fuzz.draft.targets.pp_draft import MainGather
+
+    assert targets.load("fuzz.draft.targets.pp_draft:MainGather") is MainGather
+    # The ranks load it by the same name.
+    assert driver.evaluate(cpu_pool, "fuzz.draft.targets.pp_draft:MainGather", one_step()).ok
+    with pytest.raises(targets.TargetError, match="no attribute"):
+        targets.load("fuzz.draft.targets.pp_draft:Nothing")
+    with pytest.raises(targets.TargetError, match="cannot import"):
+        targets.load("fuzz.no_such_module:make")

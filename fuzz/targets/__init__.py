@@ -20,6 +20,7 @@ from typing import Any
 
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.targets.names import (
+    MAPPED,
     UPSTREAM,
     UPSTREAM_FIXED,
     WEIGHTS_FAMILY,
@@ -106,6 +107,23 @@ def check_upstream(name: str, recorded: dict[str, Any] | None) -> None:
             f"{upstream.fetch_hint(up.version)}")
 
 
+def _import(dotted: str) -> Any:
+    """``dotted`` imported; a name of this project's own modules as they were
+    before the package owned one import name (``fuzz.x``, ``strategies.x``, as
+    older corpus entries and scripts give them) is tried as ``streamfuzz.x``
+    when nothing else answers to it."""
+    try:
+        return importlib.import_module(dotted)
+    except ImportError as exc:
+        head = dotted.partition(".")[0]
+        if head not in MAPPED or exc.name != head:
+            raise
+        try:
+            return importlib.import_module(f"streamfuzz.{dotted}")
+        except ModuleNotFoundError:
+            raise ModuleNotFoundError(f"No module named {dotted!r}", name=dotted) from None
+
+
 def load(name: str) -> Factory:
     """Import a target factory by built-in name, ``vllm-pp@VERSION``, ``module:attr``
     or mutant name (``target#line:col``, see ``streamfuzz.fuzz.targets.mutated``)."""
@@ -122,7 +140,7 @@ def load(name: str) -> Factory:
     module_name, _, attr = spec.partition(":")
     importable = import_name(name, module_name)
     try:
-        module = importlib.import_module(importable)
+        module = _import(importable)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (importable + ".").startswith(exc.name + "."):
             raise TargetError(f"target {name!r}: cannot import {module_name!r} ({exc})") from None

@@ -21,7 +21,7 @@ from streamfuzz.fuzz import ROOT
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.errors import BadInput
 
-_MAPPED = ("fuzz", "strategies")
+MAPPED = ("fuzz", "strategies")
 """The checkout's folders that are ``streamfuzz.fuzz`` and ``streamfuzz.strategies``."""
 
 class TargetError(BadInput, ValueError):
@@ -159,7 +159,7 @@ def import_name(name: str, module_name: str) -> str:
     while (root / "__init__.py").is_file() and root.name.isidentifier():
         parts.insert(0, root.name)
         root = root.parent
-    if str(root) == ROOT and parts[0] in _MAPPED:
+    if str(root) == ROOT and parts[0] in MAPPED:
         parts.insert(0, "streamfuzz")
     dotted = ".".join(parts)
     top = sys.modules.get(parts[0])
