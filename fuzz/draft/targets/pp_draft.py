@@ -1,8 +1,9 @@
 """Our implementation of the pipeline-parallel draft broadcast, three versions.
 
-Written from the protocol, as plain torch.cuda code (on ``--device cpu`` it
-runs on simulated streams): the last pipeline rank sends the step's sampled
-tokens, per-request counts and draft rows on a side stream over its own group;
+Written from the protocol, as plain torch.cuda code (``self.cuda`` is
+``torch.cuda`` itself; on ``--device cpu`` it runs on simulated streams): the
+last pipeline rank sends the step's sampled tokens, per-request counts and
+draft rows on a side stream over its own group;
 every other rank receives on that stream, parks the step, and applies the
 drafts on its main stream pipeline-depth steps later. The versions differ only
 in how the last rank gathers the rows it sends (see each class).
@@ -24,9 +25,15 @@ class DraftBroadcast:
 
     def __init__(self, ctx: TargetContext) -> None:
         self.ctx = ctx
-        self.main = torch.cuda.current_stream()
-        self.side = torch.cuda.Stream()
+        self.cuda, self.dev = self._streams(ctx)
+        self.main = self.cuda.current_stream()
+        self.side = self.cuda.Stream()
         self.pending: deque[tuple[Any, ...]] = deque()
+
+    def _streams(self, ctx: TargetContext) -> tuple[Any, Any]:
+        """The stream API and device the handler runs on: ``torch.cuda`` itself
+        (``pp_draft_streams`` hands ``ctx.streams`` instead)."""
+        return torch.cuda, "cuda"
 
     # -- last rank ---------------------------------------------------------
     def broadcast_drafts(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor | None:
@@ -51,15 +58,15 @@ class DraftBroadcast:
         if not batch.samples:
             return
         n, k = batch.num_reqs, self.ctx.num_spec_steps
-        dev = "cuda"
-        with torch.cuda.stream(self.side):
+        dev = self.dev
+        with self.cuda.stream(self.side):
             tokens = torch.empty((n, k + 1), dtype=torch.int64, device=dev)
             num_sampled = torch.empty((n,), dtype=torch.int32, device=dev)
             num_rejected = torch.empty((n,), dtype=torch.int32, device=dev)
             drafts = torch.empty((n, k), dtype=torch.int64, device=dev)
             for t in (tokens, num_sampled, num_rejected, drafts):
                 self._bcast(t)
-            done = torch.cuda.Event()
+            done = self.cuda.Event()
             done.record(self.side)
             # Allocated here, read on main: main must hold the blocks too.
             for t in (tokens, num_sampled, num_rejected, drafts):
@@ -78,7 +85,7 @@ class PreFix(DraftBroadcast):
     without recording it, so its block can be reused while the gather waits."""
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        with torch.cuda.stream(self.side):
+        with self.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
             send = draft_table[batch.idx_mapping].contiguous()
@@ -93,7 +100,7 @@ class PrFix(DraftBroadcast):
     step's main-stream writes to it (write-after-read)."""
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-        with torch.cuda.stream(self.side):
+        with self.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
             send = draft_table[batch.idx_mapping].contiguous()
@@ -112,7 +119,7 @@ class MainGather(DraftBroadcast):
 
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         send = self._rows(draft_table, batch)
-        with torch.cuda.stream(self.side):
+        with self.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             self._send_sampled(batch)
             self._bcast(send)
@@ -131,7 +138,7 @@ class MainGatherSynced(MainGather):
     def _send(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor:
         self.rejected = int(sampled(batch).num_rejected.sum().item())
         send = self._rows(draft_table, batch)
-        with torch.cuda.stream(self.side):
+        with self.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             for t in (*sampled(batch), send):
                 self._bcast(t)
