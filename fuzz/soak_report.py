@@ -43,10 +43,10 @@ def _quarters(values: Sequence[float | None]) -> tuple[float | None, float | Non
     return statistics.median(vals[:q]), statistics.median(vals[-q:])
 
 
-def _slope_per_h(ts: list[float], values: list[float | None],
-                 worlds: list[Any]) -> float | None:
-    """Least-squares slope (units per hour) over the longest stretch of one world
-    (a restarted or recycled rank starts small), its first quarter (warm-up) left out."""
+def _stretch(ts: list[float], values: list[float | None],
+             worlds: list[Any]) -> list[tuple[float, float]]:
+    """The longest stretch of one world (a restarted or recycled rank starts
+    small), its first quarter (warm-up) left out."""
     best: list[tuple[float, float]] = []
     run: list[tuple[float, float]] = []
     for i, (t, v) in enumerate(zip(ts, values)):
@@ -55,7 +55,11 @@ def _slope_per_h(ts: list[float], values: list[float | None],
         if v is not None:
             run.append((t, v))
     pts = max(best, run, key=len)
-    pts = pts[len(pts) // 4:]
+    return pts[len(pts) // 4:]
+
+
+def _slope_per_h(pts: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of ``pts``, in units per hour."""
     if len(pts) < 6 or pts[-1][0] - pts[0][0] <= 0:
         return None
     mt = statistics.fmean(t for t, _ in pts)
@@ -64,14 +68,30 @@ def _slope_per_h(ts: list[float], values: list[float | None],
     return sum((t - mt) * (v - mv) for t, v in pts) / var * 3600 if var else None
 
 
+def _keeps_rising(pts: list[tuple[float, float]]) -> bool:
+    """Each quarter of ``pts`` has a higher median than the one before, and the
+    last quarter's is above the band the first quarter moves in: a leak does;
+    a level that wanders or saws within its band (a heap trimmed each round)
+    does not, however its fitted slope comes out."""
+    q = len(pts) // 4
+    if q < 2:
+        return True
+    quarters = [[v for _, v in pts[i * q:(i + 1) * q]] for i in range(4)]
+    meds = [statistics.median(x) for x in quarters]
+    band = max(quarters[0]) - min(quarters[0])
+    return all(b > a for a, b in zip(meds, meds[1:])) and meds[3] - meds[0] > band
+
+
 def _trend(values: list[float | None], ts: list[float], worlds: list[Any],
            cap: float | None = None) -> dict[str, Any]:
     """``cap``: bytes a world may grow before it is recycled (None: unbounded)."""
     start, end = _quarters(values)
     vals = [v for v in values if v is not None]
     growth = (end - start) / start if start and end is not None else None
-    slope = _slope_per_h(ts, values, worlds)
-    rise = slope * PROJECTION_H if slope is not None else None
+    pts = _stretch(ts, values, worlds)
+    slope = _slope_per_h(pts)
+    rising = slope is not None and slope > 0 and _keeps_rising(pts)
+    rise = slope * PROJECTION_H if slope is not None and (rising or slope <= 0) else None
     if len(ts) < 2 or ts[-1] - ts[0] < PROJECTION_MIN_S:
         rise = None  # too short to project: judged on the quarters alone, cap or not
     capped = rise is not None and cap is not None and rise > cap

@@ -695,3 +695,24 @@ def test_recovery_after_dying_twice_records_the_first_and_drops_the_rest(tmp_pat
     assert f["kind"] == "crash" and "driver died twice" in f["message"]
     assert corpus.load(Path(f["path"])).scenario.steps[0].num_reqs == 2
     assert not (out / "journal.json").exists()
+
+
+def test_a_driver_whose_heap_wanders_within_its_band_is_not_projected():
+    # A 16-world GPU soak's driver: warm-up to ~560 MiB in 2.5 minutes, then
+    # 560-573 MiB, up and down again as each round's heap is trimmed. Its fitted
+    # slope (+80 MiB/h) is the wander, not a leak: it does not rise quarter
+    # over quarter.
+    # (One world's driver, every 50 s.)
+    every_50s = [524, 550, 565, 561, 563, 568, 567, 569, 571, 566, 563, 565]
+    samples = _samples(lambda i: 900, n=60)
+    for i, s in enumerate(samples):
+        s["driver_rss"] = int(every_50s[i // 5] * 2**20)
+    rep = _memory_verdict(samples)
+    assert rep["memory"]["driver_rss"]["slope_per_h"] > 0
+    assert rep["memory"]["driver_rss"]["projected_growth"] is None
+    assert rep["memory_growing"] == [], rep["memory"]
+    # The same run rising steadily after its warm-up is still projected, and growing.
+    for i, s in enumerate(samples):
+        s["driver_rss"] = int((every_50s[i // 5] if i < 15 else 561 + 0.25 * (i - 15)) * 2**20)
+    rep = _memory_verdict(samples)
+    assert rep["memory_growing"] == ["driver_rss"], rep["memory"]
