@@ -789,3 +789,18 @@ def test_a_tensor_handed_back_with_an_event_recorded_after_its_writes_scores_low
     assert [f.tensors for f in early if f.hazard is Hazard.EARLY_EVENT] == [("out",)]
     write = next(f for f in early if f.hazard is Hazard.UNORDERED and "out" in f.tensors)
     assert "event-handoff" not in write.factors and write.score > out.score
+
+
+def test_a_fresh_tensor_a_side_stream_writes_unordered_is_no_handoff(tmp_path):
+    # Made on the current stream here and written by the side stream with no wait:
+    # the block's last owner may still be in use on the current stream, and no
+    # wait of the caller's after the event orders the write's start.
+    fresh = _HANDOFF.replace("def load(self, rows, out):\n",
+                             "def load(self, rows):\n            out = torch.empty_like(rows)\n")
+    found = {f.tensors: f for f in _scan(_write(tmp_path, "f.py", fresh))
+             if f.hazard is Hazard.UNORDERED}
+    out = next(f for t, f in found.items() if "out" in t)
+    assert "event-handoff" not in out.factors and "write" in out.factors
+    passed_in = {f.tensors: f for f in _scan(_write(tmp_path, "p.py", _HANDOFF))
+                 if f.hazard is Hazard.UNORDERED}[("out",)]
+    assert out.score > passed_in.score

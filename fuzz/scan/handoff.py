@@ -5,7 +5,9 @@ returns the event (or stores it where the caller reaches it: an attribute of
 ``self`` or of an argument) leaves the ordering of what it wrote to whoever
 waits on that event. Its unordered or lifetime findings on tensors the caller
 can reach are still reported, scored lower, with the wait they rely on named
-(``hazards.FACTORS['event-handoff']``). An event recorded before the work
+(``hazards.FACTORS['event-handoff']``); not an unordered write to what the
+function itself made or wrote on the other stream, whose start no later wait
+can order. An event recorded before the work
 covers none of it: that is ``event-before-work``, unchanged.
 """
 
@@ -68,7 +70,10 @@ class Handoffs:
         for (b, a, kind), g in list(groups.items()):
             if kind == "early":
                 continue
-            handed = {k: e for k in g["written"] if (e := self.handoff(k, b))}
+            # What this function itself wrote or made on the other stream, the side
+            # stream then writes unordered: no wait of the caller's after the event
+            # orders that write's start (a fresh block's last owner may still use it).
+            handed = {k: e for k in g["written"] - g["here"] if (e := self.handoff(k, b))}
             if not handed:
                 continue
             rest = g["tensors"] - set(handed)

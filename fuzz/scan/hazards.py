@@ -286,8 +286,10 @@ class _Judge(Handoffs):
                 kind = "early" if how.startswith("early") else how
                 g = groups.setdefault((o.stream, a, kind), {
                     "line": o.line, "tensors": set(), "write": False, "written": set(),
-                    "lines": {}, "event": how[6:] if kind == "early" else ""})
+                    "lines": {}, "event": how[6:] if kind == "early" else "", "here": set()})
                 g["tensors"].add(o.key)
+                if i >= 0:  # written (or made) on ``a`` in this very function
+                    g["here"].add(o.key)
                 g["lines"].setdefault(o.key, o.line)
                 g["write"] = bool(g["write"]) or o.write
                 if o.write:
