@@ -12,7 +12,9 @@ what the gates force, with each kind: the crafted reuse and write-after-read
 cases of ``fuzz bench`` (value and reuse oracles: what manifests), and gate
 timeouts. ``curve`` runs ``fuzz soak --worlds N`` over the built-ins for
 each N and gives the total examples/s, the speed-up and the GPU's
-utilization. ``soak`` runs one long campaign and keeps its merged report.
+utilization. ``soak`` runs one long campaign and keeps its merged report. ``curve`` and
+``soak`` also give the cores each role used (drivers, ranks, controller) and
+the host's busy share.
 Each writes ``DIR/<command>.json`` and ``.md`` as it goes.
 """
 
@@ -286,12 +288,14 @@ def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
 
 def soak(out: Path, minutes: float, worlds: int) -> None:
     soak_dir = out / "soak"
+    cpu: list[dict[str, Any]] = []
     with _GpuSampler() as gpu:
         proc = _fuzz(["soak", "--device", "cuda", "--worlds", str(worlds), "--budget",
                       f"{minutes * 60:.0f}s", "--stats-every", "10s", "--out", str(soak_dir),
-                      "--corpus", str(out / "corpus")], timeout=minutes * 60 + 240)
+                      "--corpus", str(out / "corpus")], timeout=minutes * 60 + 240, cpu=cpu)
     (out / "soak.log").write_text(proc.stdout + proc.stderr)
     summary = {"exit": proc.returncode, "gpu_util_pct": gpu.mean_util(),
+               "cpu": cpu[0] if cpu else None,
                "gpu_mem_mib": {"first": gpu.mem_mib[:3], "last": gpu.mem_mib[-3:],
                                "max": max(gpu.mem_mib, default=None)}}
     _save(out, "soak-gpu", summary, [json.dumps(summary)])
