@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from streamfuzz.fuzz import stop
 from streamfuzz.fuzz.commands import say_error
 from streamfuzz.fuzz.commands.bench import bench_command
 from streamfuzz.fuzz.commands.checks import pick_device, pick_world_size
@@ -51,19 +52,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (a job's time limit, ``kill``) is handled as Ctrl-C: what was
     found is saved as shrunk so far and the report written, where the default
-    action would end the process at once. ``soak`` installs its own."""
+    action would end the process at once. Both are noted as well as raised
+    (``streamfuzz.fuzz.stop.note_signal``). ``soak`` installs its own."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: Any) -> None:
+        stop.note_signal()
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, interrupt)
+    old = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
+        stop.clear_signal()
 
 
 def _command(argv: Sequence[str] | None) -> int:

@@ -27,6 +27,7 @@ from hypothesis.errors import Flaky
 
 from streamfuzz.fuzz import corpus, profiles, stages, targets
 from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz import stop as stop_signals
 from streamfuzz.fuzz.campaign import CampaignResult
 from streamfuzz.fuzz.coverage import Coverage
 from streamfuzz.fuzz.errors import FuzzError
@@ -474,6 +475,8 @@ class _Campaign:
             # Hypothesis drew something else this time: judge from here on.
             self.deferred = self.deferred_verdict = None
         elapsed = time.monotonic() - self.start
+        if stop_signals.signalled():  # a Ctrl-C that Python swallowed
+            raise KeyboardInterrupt
         if self.stop is not None and self.stop():
             raise _Stopped(StopReason.ASKED)
         if result.failure is None and self.budget_s is not None and elapsed > self.budget_s:

@@ -51,3 +51,23 @@ _SAID = {
     StopReason.SIGINT: "stopped by SIGINT (Ctrl-C)",
     StopReason.SIGTERM: "stopped by SIGTERM",
 }
+
+
+_signalled = False
+
+
+def note_signal() -> None:
+    """A signal asked this process to stop. Kept as well as raised: Python only
+    prints an interrupt raised inside a gc callback (Hypothesis times its
+    collections with one), and the run must still end at its next example."""
+    global _signalled
+    _signalled = True
+
+
+def signalled() -> bool:
+    return _signalled
+
+
+def clear_signal() -> None:
+    global _signalled
+    _signalled = False

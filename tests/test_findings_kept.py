@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 
+import pytest
 from hypothesis import strategies as st
 
 from streamfuzz.fuzz import cli, corpus, driver, profiles, ranks
@@ -154,6 +155,43 @@ def test_ctrl_c_before_any_finding_reports_what_ran(tmp_path, monkeypatch, capsy
                                                                            True)
     assert data["examples"] == 5 + ran
     assert not list(tmp_path.glob(".r.json*"))  # written atomically, no temp file left
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_python_swallows_still_ends_the_run(tmp_path, monkeypatch, capsys,
+                                                      sigint_raises):
+    """A KeyboardInterrupt raised inside a gc callback (Hypothesis times its
+    collections with one) is only printed by Python; the run must end anyway."""
+    import gc
+
+    real = run_cmd.Progress.__call__
+    swallowed: list[bool] = []
+
+    def ctrl_c_in_a_gc_callback():
+        def callback(phase, info):
+            if phase == "start":
+                gc.callbacks.remove(callback)
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, in the callback
+
+        gc.callbacks.append(callback)
+        gc.collect()
+        swallowed.append(True)  # reached: the interrupt did not come out of the collection
+
+    def progress(self, examples, elapsed, failed):
+        real(self, examples, elapsed, failed)
+        if examples == 3:
+            ctrl_c_in_a_gc_callback()
+
+    monkeypatch.setattr(run_cmd.Progress, "__call__", progress)
+    report = tmp_path / "r.json"
+    rc = cli.main(["run", "--device", "cpu", "--target", "main-gather", "--seed", "1",
+                   "--profile", "ci", "--max-examples", "200",
+                   "--corpus", str(tmp_path / "corpus"), "--report", str(report)])
+    out, err = capsys.readouterr()
+    assert swallowed == [True]  # Python swallowed the interrupt ...
+    assert rc == 130, (out, err)  # ... and the run ended at its next example
+    data = json.loads(report.read_text())
+    assert data["interrupted"] and data["targets"][0]["examples"] <= 5
 
 
 def test_ctrl_c_while_the_ranks_start_reports_that_no_target_ran(tmp_path, monkeypatch, capsys,
