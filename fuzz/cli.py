@@ -10,7 +10,6 @@ Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import threading
 import traceback
@@ -62,12 +61,10 @@ def _terminate_as_interrupt() -> Iterator[None]:
         stop.note_signal()
         raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        with stop.handled(interrupt):
+            yield
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
         stop.clear_signal()
 
 

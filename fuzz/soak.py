@@ -46,7 +46,7 @@ from streamfuzz.fuzz.messages import Memory
 from streamfuzz.fuzz.options import DEFAULT, RunOptions
 from streamfuzz.fuzz.protocol.scenario import ScenarioError
 from streamfuzz.fuzz.ranks import RankPool
-from streamfuzz.fuzz.stop import StopReason
+from streamfuzz.fuzz.stop import StopReason, handled
 from streamfuzz.fuzz.verdict import Failure, Verdict
 
 Scenario = Any
@@ -559,12 +559,8 @@ def stop_on_signals(soak: Soak) -> Iterator[None]:
         seen.append(signum)
         soak.request_stop(StopReason(signal.Signals(signum).name))
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with handled(handler):
         yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _hms(seconds: float) -> str:

@@ -8,7 +8,11 @@ have always used.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
+from typing import Any
 
 
 class StopReason(str, Enum):
@@ -51,6 +55,18 @@ _SAID = {
     StopReason.SIGINT: "stopped by SIGINT (Ctrl-C)",
     StopReason.SIGTERM: "stopped by SIGTERM",
 }
+
+
+@contextmanager
+def handled(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` for SIGINT and SIGTERM inside the block; the handlers before
+    it again after."""
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 _signalled = False

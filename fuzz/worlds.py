@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from streamfuzz.fuzz import host
-from streamfuzz.fuzz.stop import StopReason
+from streamfuzz.fuzz.stop import StopReason, handled
 
 GPU_WORLDS_CAP = 16
 """Worlds on one set of GPUs at most, by default: at 16 the GPU is most of the
@@ -179,7 +179,10 @@ class Controller:
 
     def run(self) -> list[int]:
         """Every world's exit status; Ctrl-C and SIGTERM are relayed, not raised."""
-        old = {s: signal.signal(s, self._relay) for s in (signal.SIGINT, signal.SIGTERM)}
+        with handled(self._relay):
+            return self._run()
+
+    def _run(self) -> list[int]:
         self.started = time.monotonic()
         try:
             for w in self.worlds:
@@ -198,8 +201,6 @@ class Controller:
                 t.join(timeout=5)
         finally:
             self.wall_s = time.monotonic() - self.started
-            for s, h in old.items():
-                signal.signal(s, h)
             for w in self.worlds:  # an error of our own: no world outlives us
                 if w.proc is not None and w.proc.poll() is None:
                     w.proc.kill()
