@@ -7,12 +7,13 @@ waits on that event. Its unordered or lifetime findings on tensors the caller
 can reach are still reported, scored lower, with the wait they rely on named
 (``hazards.FACTORS['event-handoff']``); not an unordered write to what the
 function itself made or wrote on the other stream, whose start no later wait
-can order. An event recorded before the work
-covers none of it: that is ``event-before-work``, unchanged.
+can order. An event recorded before the work covers none of it: that is
+``event-before-work``, unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -58,9 +59,14 @@ class Handoffs:
                 return self.t.name(e)
         return ""
 
+    @functools.cached_property
+    def _kept_outright(self) -> set[str]:
+        return {o.key for o in self.ops if o.kind is K.KEEP and not o.other}
+
     def escapes(self, k: str) -> bool:
-        """Is ``k`` returned or stored (itself, or in a container that is)?"""
-        outer = {o.key for o in self.ops if o.kind is K.KEEP and not o.other}
+        """Is ``k`` returned or stored (itself, or in a container that is)? A reference
+        put in a local container outlives the call only with the container."""
+        outer = self._kept_outright
         return any(o.kind is K.KEEP and o.key == k and (not o.other or o.other in outer)
                    for o in self.ops)
 
@@ -85,4 +91,3 @@ class Handoffs:
             groups[(b, a, kind + "+handoff")] = {
                 "line": min(g["lines"][k] for k in handed), "tensors": set(handed),
                 "write": True, "event": ", ".join(sorted(set(handed.values())))}
-

@@ -352,14 +352,11 @@ class _Judge(Handoffs):
     def lifetime(self) -> Iterator[Finding]:
         keys = sorted({o.key for o in self.ops if o.kind is K.USE and self.tensorish(o.key)})
         merged: dict[str, Finding] = {}
-        # A reference put in a local container outlives the call only with the container.
-        escaped = {o.key for o in self.ops if o.kind is K.KEEP and not o.other}
         for k in keys:
             if not (self.local(k) or self.param_owned(k)) or k in self.t.host:
                 continue  # host memory: its lifetime is the pinned allocator's (events)
             recorded = {o.stream for o in self.ops if o.kind is K.RECORD and o.key == k}
-            kept = any(o.kind is K.KEEP and o.key == k and (not o.other or o.other in escaped)
-                       for o in self.ops)
+            kept = self.escapes(k)
             for start, a, end, freed in self._generations(k):
                 # read as a copy's source to a device: held by the host allocator
                 uses = [(p, self.ops[p]) for p in range(start + 1, end)
