@@ -1,9 +1,9 @@
 """Facts about this machine that the driver needs before and beside its ranks:
-how many GPUs there are and their free memory (without loading CUDA here),
-how many CPU ranks fit,
-this process's resident memory, a ``host:port``; and what
-every process the driver starts shares with it: it dies with its parent, and an
-early rank's start is told in ``EARLY_START_ENV``."""
+how many GPUs there are and their free memory (without loading CUDA here), how
+many CPU ranks fit, this process's resident memory, a ``host:port``; and what
+every process the driver starts shares with it: it dies with its parent, an
+early rank's start is told in ``EARLY_START_ENV``, and a world's ranks meet
+through the file ``STORE_ENV`` names."""
 
 from __future__ import annotations
 

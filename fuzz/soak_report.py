@@ -90,8 +90,8 @@ def _trend(values: list[float | None], ts: list[float], worlds: list[Any],
     growth = (end - start) / start if start and end is not None else None
     pts = _stretch(ts, values, worlds)
     slope = _slope_per_h(pts)
-    rising = slope is not None and slope > 0 and _keeps_rising(pts)
-    rise = slope * PROJECTION_H if slope is not None and (rising or slope <= 0) else None
+    rise = slope * PROJECTION_H if slope is not None and (
+        slope <= 0 or _keeps_rising(pts)) else None
     if len(ts) < 2 or ts[-1] - ts[0] < PROJECTION_MIN_S:
         rise = None  # too short to project: judged on the quarters alone, cap or not
     capped = rise is not None and cap is not None and rise > cap
