@@ -5,7 +5,8 @@
 #   busy    GPU-busy ms per example and crafted-case rates, per gate kind
 #   patterns bench/patterns.py: the correct patterns, examples/s and gate timeouts
 #   curve   soak throughput with CURVE_WORLDS worlds (default 1,2,4,8), and 8 with the
-#           PTX kernel gates unless CURVE_PTX=0
+#           PTX kernel gates unless CURVE_PTX=0; CURVE_MPS is the campaigns' --mps (auto),
+#           CURVE_LABEL names the variant's files
 #   fuzz    `make fuzz` as the README says, on the node's default worlds
 #   soak    a soak of SOAK_MIN minutes (default 9) with SOAK_WORLDS worlds (default 8)
 #   soak-start  the same soak, started in the background into build/soak-bg (so that
@@ -37,9 +38,12 @@ for step in "$@"; do
         --out "$w/patterns" > "$w/patterns.log" 2>&1
       say "patterns: exit $?"; cat "$w/patterns/patterns.md" 2>/dev/null | tee -a "$out/summary.txt" ;;
     curve)
+      label=${CURVE_LABEL:-}
       PYTHONPATH=. timeout 420 "$py" bench/worlds.py curve --seconds 35 --out "$w/curve" \
-        --worlds "${CURVE_WORLDS:-1,2,4,8}" > "$w/curve.log" 2>&1
-      say "curve: exit $?"; cat "$w/curve/curve.md" 2>/dev/null | tee -a "$out/summary.txt"
+        --worlds "${CURVE_WORLDS:-1,2,4,8}" --mps "${CURVE_MPS:-auto}" --label "$label" \
+        > "$w/curve${label:+-$label}.log" 2>&1
+      say "curve $label: exit $?"
+      cat "$w/curve/curve${label:+-$label}.md" 2>/dev/null | tee -a "$out/summary.txt"
       [ "${CURVE_PTX:-1}" = 0 ] && continue
       PYTHONPATH=. timeout 120 "$py" bench/worlds.py curve --worlds 8 --seconds 35 --gates ptx \
         --out "$w/curve" > "$w/curve-ptx.log" 2>&1
@@ -62,7 +66,7 @@ b = max(r, key=lambda x: x['total_ex_s'] or 0); assert b['total_ex_s']; print(b[
           "$w/curve/curve.json") || { say "soak-start: no curve to pick from"; continue; }
       fi
       PYTHONPATH=. setsid nohup "$py" bench/worlds.py soak --minutes "${SOAK_MIN:-10}" \
-        --worlds "$n" --out build/soak-bg > build/soak-bg/run.log 2>&1 < /dev/null &
+        --worlds "$n" --mps "${SOAK_MPS:-auto}" --out build/soak-bg > build/soak-bg/run.log 2>&1 < /dev/null &
       echo $! > build/soak-bg/pid
       say "soak-start: pid $(cat build/soak-bg/pid), ${SOAK_MIN:-10} min, $n worlds"
       # SOAK_START_UNTIL: the step returns that many seconds after the script started.

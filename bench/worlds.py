@@ -239,7 +239,7 @@ def _busy_md(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
-          env: dict[str, str], label: str, device: str = "cuda") -> None:
+          env: dict[str, str], label: str, device: str = "cuda", mps: str = "auto") -> None:
     rows: list[dict[str, Any]] = []
     for n in counts:
         cpu: list[dict[str, Any]] = []
@@ -247,7 +247,7 @@ def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
             t0 = time.monotonic()
             with _GpuSampler() as gpu:
                 proc = _fuzz(["soak", "--device", device, "--worlds", str(n), "--budget",
-                              f"{seconds}s", "--stats-every", "5s", "--out",
+                              f"{seconds}s", "--stats-every", "5s", "--mps", mps, "--out",
                               str(Path(tmp) / "soak"), "--corpus", str(Path(tmp) / "c")],
                              {**env, **({"STREAMFUZZ_GATES": kind} if kind else {})},
                              timeout=seconds + 240, cpu=cpu)
@@ -260,6 +260,7 @@ def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
             [rep.get("examples_per_s")]
         total = rep.get("examples_per_s")
         row = {"worlds": n, "gates": kind or "default", "exit": proc.returncode,
+               "gpu_sharing": rep.get("config", {}).get("gpu_sharing"),
                "examples": rep.get("examples"), "total_ex_s": total, "per_world_ex_s": per,
                "gpu_util_pct": gpu.mean_util(), "gpu_mem_max_mib": max(gpu.mem_mib, default=None),
                "held_by": rep.get("held_by"), "memory_growing": rep.get("memory_growing"),
@@ -268,16 +269,18 @@ def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
                "error": None if rep else proc.stderr[-600:]}
         rows.append(row)
         base = rows[0]["total_ex_s"] or 0
-        md = ["| worlds | gates | total examples/s | speed-up | per world | GPU busy | "
-              "GPU memory max | distinct failures | cores: drivers / ranks / controller "
-              "| host busy |", "|---|---|---|---|---|---|---|---|---|---|"]
+        md = ["| worlds | gates | GPU shared by | total examples/s | speed-up | per world | "
+              "GPU busy | GPU memory max | distinct failures | cores: drivers / ranks / "
+              "controller | host busy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             up = f"{r['total_ex_s'] / base:.2f}x" if base and r["total_ex_s"] else "?"
             pw = ", ".join(f"{x:.0f}" for x in r["per_world_ex_s"] if x is not None)
             util = f"{r['gpu_util_pct']:.0f}%" if r["gpu_util_pct"] is not None else "?"
             c = r["cpu"] or {}
             by = c.get("cores_by_role", {})
-            md.append(f"| {r['worlds']} | {r['gates']} | {r['total_ex_s']} | {up} | {pw} | "
+            shared = "MPS" if "MPS server" in (r["gpu_sharing"] or "") else "time slices"
+            md.append(f"| {r['worlds']} | {r['gates']} | {shared} | {r['total_ex_s']} | {up} | "
+                      f"{pw} | "
                       f"{util} | {r['gpu_mem_max_mib']} MiB | {r['failures']} | "
                       f"{by.get('driver', 0):.1f} / {by.get('rank', 0):.1f} / "
                       f"{by.get('controller', 0):.1f} | {c.get('host_busy_pct', '?')}% |")
@@ -286,12 +289,13 @@ def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
         print(json.dumps(row), flush=True)
 
 
-def soak(out: Path, minutes: float, worlds: int) -> None:
+def soak(out: Path, minutes: float, worlds: int, mps: str = "auto") -> None:
     soak_dir = out / "soak"
     cpu: list[dict[str, Any]] = []
     with _GpuSampler() as gpu:
         proc = _fuzz(["soak", "--device", "cuda", "--worlds", str(worlds), "--budget",
-                      f"{minutes * 60:.0f}s", "--stats-every", "10s", "--out", str(soak_dir),
+                      f"{minutes * 60:.0f}s", "--stats-every", "10s", "--mps", mps,
+                      "--out", str(soak_dir),
                       "--corpus", str(out / "corpus")], timeout=minutes * 60 + 240, cpu=cpu)
     (out / "soak.log").write_text(proc.stdout + proc.stderr)
     summary = {"exit": proc.returncode, "gpu_util_pct": gpu.mean_util(),
@@ -320,6 +324,8 @@ def main() -> None:
     s = sub.add_parser("soak")
     s.add_argument("--minutes", type=float, default=10.0)
     s.add_argument("--worlds", type=int, default=8)
+    for q in (c, s):
+        q.add_argument("--mps", default="auto", help="the campaign's --mps (default auto)")
     for q in (b, c, s):
         q.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
@@ -328,9 +334,9 @@ def main() -> None:
     elif a.command == "curve":
         env = dict(kv.split("=", 1) for kv in a.env)
         curve(a.out, [int(x) for x in a.worlds.split(",")], a.seconds, a.gates, env, a.label,
-              a.device)
+              a.device, a.mps)
     else:
-        soak(a.out, a.minutes, a.worlds)
+        soak(a.out, a.minutes, a.worlds, a.mps)
 
 
 if __name__ == "__main__":

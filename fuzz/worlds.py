@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from streamfuzz.fuzz import host
+from streamfuzz.fuzz import host, mps
+from streamfuzz.fuzz.errors import BadInput
 from streamfuzz.fuzz.stop import StopReason, handled
 
 GPU_WORLDS_CAP = 16
@@ -163,14 +164,19 @@ class Controller:
     """Starts the worlds, relays their output and signals, waits for them."""
 
     def __init__(self, argv: list[str], count: int,
-                 per_world: Any, env: dict[str, str] | None = None) -> None:
-        """``per_world(index, shared)`` gives the options a world adds to ``argv``."""
+                 per_world: Any, env: dict[str, str] | None = None, mps_mode: str = "") -> None:
+        """``per_world(index, shared)`` gives the options a world adds to ``argv``;
+        ``mps_mode`` is ``auto`` or ``on`` where a private MPS server is wanted
+        (``streamfuzz.fuzz.mps.wanted``), else empty."""
         self.shared = Path(tempfile.mkdtemp(prefix="streamfuzz-worlds-"))
         self.worlds = [World(i, [sys.executable, "-m", _PACKAGE, *argv,
                                  *per_world(i, self.shared), "--worlds", "1",
                                  "--world-of", str(WorldOf(i, count, self.shared))])
                        for i in range(count)]
         self._env = env
+        self._mps_mode = mps_mode
+        self._mps: mps.Server | None = None
+        self.gpu_sharing = ""
         self._lock = threading.Lock()
         self._pumps: list[threading.Thread] = []
         self.signals: list[int] = []
@@ -185,6 +191,7 @@ class Controller:
     def _run(self) -> list[int]:
         self.started = time.monotonic()
         try:
+            self._share_gpu()
             for w in self.worlds:
                 w.proc = subprocess.Popen(w.argv, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, bufsize=1,
@@ -204,7 +211,26 @@ class Controller:
             for w in self.worlds:  # an error of our own: no world outlives us
                 if w.proc is not None and w.proc.poll() is None:
                     w.proc.kill()
+            if self._mps is not None:
+                self._mps.stop()
         return [w.rc if w.rc is not None else 70 for w in self.worlds]
+
+    def _share_gpu(self) -> None:
+        """Start the private MPS server the campaign asked for, if any."""
+        if not self._mps_mode:
+            return
+        server = mps.Server(self.shared)
+        try:
+            server.start()
+        except mps.MpsUnavailable as exc:
+            if self._mps_mode == "on":
+                raise BadInput(f"--mps on: no MPS server: {exc}") from None
+            self.gpu_sharing = f"time slices (no MPS server: {exc})"
+        else:
+            self._mps, self.gpu_sharing = server, "a private MPS server"
+            self._env = {**(self._env or os.environ), **server.env}
+        print(f"streamfuzz: the worlds share the GPU by {self.gpu_sharing}", file=sys.stderr,
+              flush=True)
 
     def cleanup(self) -> None:
         import shutil
@@ -282,11 +308,12 @@ def run_worlds(args: Any, count: int, device: str, world_size: int) -> int:
     _discard_early_ranks()
     print(f"streamfuzz: {count} worlds of {world_size} {device} rank(s), "
           f"{share} examples each at most", file=sys.stderr, flush=True)
-    ctl = Controller(args.argv, count, per_world)
+    ctl = Controller(args.argv, count, per_world, mps_mode=_mps_mode(args, device, count,
+                                                                     world_size))
     try:
         exits = ctl.run()
         reports = [worlds_report.read(ctl.shared / f"world-{i}.json") for i in range(count)]
-        merged = worlds_report.merge_run(reports, exits, ctl.wall_s)
+        merged = worlds_report.merge_run(reports, exits, ctl.wall_s, ctl.gpu_sharing or None)
         print("\n" + "\n".join(worlds_report.run_table(merged)))
         if args.report:
             Path(args.report).parent.mkdir(parents=True, exist_ok=True)
@@ -313,14 +340,15 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
     _discard_early_ranks()
     print(f"soak: {count} worlds of {world_size} {device} rank(s) -> {out}/world-*",
           file=sys.stderr, flush=True)
-    ctl = Controller(args.argv, count, per_world)
+    ctl = Controller(args.argv, count, per_world, mps_mode=_mps_mode(args, device, count,
+                                                                     world_size))
     try:
         exits = ctl.run()
     finally:
         ctl.cleanup()
     stop = StopReason(signal.Signals(ctl.signals[0]).name) if ctl.signals else None
     try:
-        rep = worlds_report.merge_soak(out, dirs, exits, stop)
+        rep = worlds_report.merge_soak(out, dirs, exits, stop, ctl.gpu_sharing or None)
     except RuntimeError as exc:
         print(f"soak: {exc}; see {out}/world-*/soak.log", file=sys.stderr)
         return 70
@@ -331,6 +359,11 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
           f"in total ({rates}); {len(rep['distinct_failures'])} distinct failures; "
           f"memory {memory}; report in {out}/report.md", file=sys.stderr)
     return _status(exits, ctl.signals, bool(rep["failures"]))
+
+
+def _mps_mode(args: Any, device: str, count: int, world_size: int) -> str:
+    mode = getattr(args, "mps", mps.DEFAULT_MODE)
+    return mode if mps.wanted(mode, device, count, world_size) else ""
 
 
 def _status(exits: list[int], signals: list[int], found: bool) -> int:

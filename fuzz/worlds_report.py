@@ -33,8 +33,9 @@ def read(path: Path) -> dict[str, Any] | None:
 
 # -- fuzz run ---------------------------------------------------------------------
 def merge_run(reports: list[dict[str, Any] | None], exits: list[int],
-              wall_s: float) -> dict[str, Any]:
-    """One ``fuzz run`` report out of every world's."""
+              wall_s: float, gpu_sharing: str | None = None) -> dict[str, Any]:
+    """One ``fuzz run`` report out of every world's; ``gpu_sharing`` says how
+    worlds on one GPU shared it (``Controller.gpu_sharing``), None off a GPU."""
     got = [(i, r) for i, r in enumerate(reports) if r is not None]
     base = dict(got[0][1]) if got else {}
     per_world: list[dict[str, Any]] = []
@@ -56,6 +57,7 @@ def merge_run(reports: list[dict[str, Any] | None], exits: list[int],
         **base,
         "target": names[0] if len(names) == 1 else names,
         "worlds": len(exits),
+        "gpu_sharing": gpu_sharing,
         "examples": sum(w["examples"] for w in per_world),
         "elapsed_s": round(wall_s, 3),
         "examples_per_s": round(sum(w["examples_per_s"] for w in per_world), 3),
@@ -146,7 +148,7 @@ def run_table(merged: dict[str, Any]) -> list[str]:
 
 # -- fuzz soak --------------------------------------------------------------------
 def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
-               stop_reason: str | None) -> dict[str, Any]:
+               stop_reason: str | None, gpu_sharing: str | None = None) -> dict[str, Any]:
     """Merge every world's soak report into ``out``'s report.json, .md and .png."""
     reps = [read(d / "report.json") for d in world_dirs]
     got = [(i, r) for i, r in enumerate(reps) if r is not None]
@@ -187,7 +189,7 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
     starts = [r["throughput"]["start"] for _, r in got]
     ends = [r["throughput"]["end"] for _, r in got]
     rep = {
-        "config": dict(base["config"], worlds=len(exits)),
+        "config": dict(base["config"], worlds=len(exits), gpu_sharing=gpu_sharing),
         "stop_reason": stop_reason or base["stop_reason"],
         "starts": max(r["starts"] for _, r in got),
         "elapsed_s": max(r["elapsed_s"] for _, r in got),
@@ -234,6 +236,8 @@ def _worlds_md(rep: dict[str, Any]) -> str:
                      f"{w['exit']} | {w['out']} |")
     lines.append(f"| total | {rep['examples']} | {rep['examples_per_s']:.1f} | "
                  f"{'GROWING' if rep['memory_growing'] else 'flat'} | | |")
+    if rep["config"].get("gpu_sharing"):
+        lines += ["", f"The worlds shared the GPU by {rep['config']['gpu_sharing']}."]
     return "\n".join(lines) + "\n"
 
 

@@ -418,3 +418,30 @@ def test_a_runs_first_cuda_rank_starts_cuda_and_nccl_beside_its_imports(tmp_path
     assert ("early_context" in phases) == (early != "0"), phases
     assert ("early_nccl" in phases) == (early == "1"), phases
     assert ("early_idle" in phases) == (early != "0"), phases
+
+
+def test_worlds_sharing_the_gpu_run_under_a_private_mps_server(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from streamfuzz.fuzz import mps
+    from tests.helpers import ROOT
+
+    if shutil.which(mps.CONTROL) is None:
+        pytest.skip(f"{mps.CONTROL} is not on PATH")
+    report = tmp_path / "r.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "streamfuzz", "run", "--device", "cuda", "--world-size", "1",
+         "--worlds", "2", "--mps", "on", "--target", "main-gather", "pre-fix",
+         "--max-examples", "60", "--seed", "0", "--profile", "ci", "--shrink-budget", "1",
+         "--corpus", str(tmp_path / "corpus"), "--report", str(report)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    data = json.loads(report.read_text())
+    assert data["gpu_sharing"] == "a private MPS server"
+    assert {t["target"]: bool(t["failure"]) for t in data["targets"]} == {
+        "main-gather": False, "pre-fix": True}
+    left = subprocess.run(["pgrep", "-f", f"{mps.CONTROL} -f"], capture_output=True, text=True)
+    assert not left.stdout.strip(), "the campaign's control daemon outlived it"

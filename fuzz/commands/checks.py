@@ -54,6 +54,8 @@ def pick_worlds(args: argparse.Namespace, device: str, world: int) -> int:
     """How many worlds: ``--worlds``, else what the node holds (1 inside a world)."""
     if args.world_of is not None:
         return 1
+    if getattr(args, "mps", "off") == "on" and device != "cuda":
+        raise UsageError(f"--mps on shares a GPU between worlds, but the ranks run on {device}")
     if args.worlds is not None:
         if device == "cpu":
             check_cpu_world(args.worlds * world, f"--worlds {args.worlds} of {world} ranks")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from streamfuzz.fuzz import profiles, targets
+from streamfuzz.fuzz import mps, profiles, targets
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.commands import UsageError
 from streamfuzz.fuzz.options import (
@@ -153,6 +153,11 @@ def _add_worlds(q: argparse.ArgumentParser) -> None:
                         "sharing the example database and the corpus (default: as many as "
                         "the node holds; several share one GPU)")
     q.add_argument("--world-of", type=_world_of, default=None, help=argparse.SUPPRESS)
+    q.add_argument("--mps", choices=mps.MODES, default=mps.DEFAULT_MODE,
+                   help="worlds of one rank sharing a GPU run under a private MPS server, "
+                        "started for the campaign and stopped with it; auto: where the "
+                        "control program is found and no MPS runs already, else the GPU "
+                        "is time-sliced; on: that or an error (default auto)")
 
 
 def _common(q: argparse.ArgumentParser) -> None:
