@@ -558,6 +558,27 @@ def test_a_steady_slope_is_bounded_when_the_ranks_are_recycled():
     assert rep["memory_growing"] == ["driver_rss"], rep["memory"]
 
 
+_STEPPED_DRIVER = [38, 49, 61, 71, 82, 94, 94, 521, 518, 528, 538, 547, 556, 549, 551, 553,
+                   555, 558, 568, 564, 561, 559, 562, 564, 568, 563, 562, 561, 563, 566, 571,
+                   564, 563, 564, 567, 569, 575, 567, 567, 568, 570, 573, 578, 564, 566, 567,
+                   569, 571, 574, 563, 565, 567, 569, 571, 574, 563, 565, 567, 563]
+"""A driver's RSS in MiB every 10 s, one of 24 worlds on a 16-core GPU node for
+10 minutes: its heap stepped up 70 s in (its targets' modules and caches),
+later than with fewer worlds, then held."""
+
+
+def test_a_driver_that_steps_up_in_its_first_quarter_and_holds_is_flat():
+    samples = _samples(lambda i: 900, n=len(_STEPPED_DRIVER))
+    for s, mib in zip(samples, _STEPPED_DRIVER):
+        s["driver_rss"] = mib * 2**20
+    rep = _memory_verdict(samples)
+    assert rep["memory_growing"] == [], rep["memory"]["driver_rss"]
+    # The same step at the end of a run is growth.
+    for s, mib in zip(samples, reversed(_STEPPED_DRIVER)):
+        s["driver_rss"] = (600 - mib) * 2**20 + 500 * 2**20
+    assert _memory_verdict(samples)["memory_growing"] == ["driver_rss"]
+
+
 def test_worlds_that_start_bigger_each_time_are_growing_despite_recycling():
     rep = _memory_verdict(_samples(lambda i: 1100 + 0.6 * (i % 20) + 40 * (i // 20), n=120,
                                    world_at=lambda i: i // 20), recycle_mib=32)

@@ -222,3 +222,25 @@ def _children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(x) for x in text.split()]
+
+
+def _check_many(path, n):
+    from streamfuzz.fuzz.commands.checks import check_dir
+
+    for _ in range(n):
+        check_dir(path, "--corpus")
+
+
+def test_worlds_checking_one_new_corpus_folder_at_once_all_pass(tmp_path):
+    # Each world tries the folder for real and removes it again if it made it
+    # and it is still empty: another world's try must not see it vanish.
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_check_many, args=(tmp_path / "corpus", 300))
+             for _ in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -76,21 +77,33 @@ def check_dir(path: Path, flag: str) -> None:
     line, exit 2. Tried for real (root passes any permission check); the
     folders made for the try are removed again, so that a run that writes
     nothing there leaves nothing behind (every writer makes its own folder)."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{flag} {path}: exists and is not a directory")
-    made = [p for p in (path, *path.parents) if not p.exists()]
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".streamfuzz-probe.", suffix=".tmp", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: not a writable directory "
-                         f"({exc.strerror or exc})") from None
-    finally:
-        for p in made:  # deepest first; one that another writer filled meanwhile stays
-            with contextlib.suppress(OSError):
-                p.rmdir()
+    with contextlib.suppress(FileNotFoundError):  # one stat: a folder may come and go
+        if not stat.S_ISDIR(path.stat().st_mode):
+            raise UsageError(f"{flag} {path}: exists and is not a directory")
+    for attempt in range(_PROBE_TRIES):
+        made = [p for p in (path, *path.parents) if not p.exists()]
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".streamfuzz-probe.", suffix=".tmp", dir=path)
+            os.close(fd)
+            os.unlink(probe)
+            return
+        except (FileNotFoundError, FileExistsError):
+            # Another process checking the same folder (a world beside this one)
+            # removed the empty folder it had made for its own try: try again.
+            if attempt == _PROBE_TRIES - 1:
+                raise UsageError(f"{flag} {path}: not a writable directory (it vanished "
+                                 f"{_PROBE_TRIES} times while being tried)") from None
+        except OSError as exc:
+            raise UsageError(f"{flag} {path}: not a writable directory "
+                             f"({exc.strerror or exc})") from None
+        finally:
+            for p in made:  # deepest first; one that another writer filled meanwhile stays
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+
+
+_PROBE_TRIES = 20
 
 
 def check_file(path: Path, flag: str) -> None:
