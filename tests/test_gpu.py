@@ -434,7 +434,7 @@ def test_worlds_sharing_the_gpu_run_under_a_private_mps_server(tmp_path):
     report = tmp_path / "r.json"
     out = subprocess.run(
         [sys.executable, "-m", "streamfuzz", "run", "--device", "cuda", "--world-size", "1",
-         "--worlds", "2", "--mps", "on", "--target", "main-gather", "pre-fix",
+         "--worlds", "2", "--mps", "on", "--target", "main-gather", "--target", "pre-fix",
          "--max-examples", "60", "--seed", "0", "--profile", "ci", "--shrink-budget", "1",
          "--corpus", str(tmp_path / "corpus"), "--report", str(report)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
