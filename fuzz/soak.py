@@ -7,9 +7,9 @@ outlive the driver is written to the campaign directory before it matters:
 
 * ``journal.json``: the examples in flight once the next is dispatched (at
   most two: the driver sends an example before reading the last one's
-  verdict), fsynced first. A start that finds one replays them, in order,
-  before anything else (the driver died mid-example, perhaps because of one)
-  and records the first that fails.
+  verdict), renamed into place (``_Journal``). A start that finds one replays
+  them, in order, before anything else (the driver died mid-example, perhaps
+  because of one) and records the first that fails.
 * ``state.json``: running totals, rewritten atomically at every failure, stats
   sample and round end, so a restarted campaign resumes its budget and counts.
 * ``stats.jsonl``: one memory/throughput sample per line (a line cut by a kill
@@ -32,7 +32,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +122,7 @@ class Soak:
         self.tty = self.stream.isatty()
         self.stop_reason: StopReason | None = None
         self.journal = self.out / "journal.json"
+        self._journal = _Journal(self.journal)
         self.state_path = self.out / "state.json"
         self.stats_path = self.out / "stats.jsonl"
         self.state = self._load_state()
@@ -194,7 +195,7 @@ class Soak:
             self._sample(force=True)
             self._save_state()
             if clean:  # otherwise the example in flight may be what broke us: keep it
-                _unlink(self.journal)
+                self._journal.remove()
             report = self._report()
             self._clear_line()
             why = self.stop_reason.value if self.stop_reason else "error"
@@ -250,9 +251,7 @@ class Soak:
         ranks = self._sample()
         if ranks is not None:
             self._maybe_recycle(ranks)
-        write_json_atomic(self.journal, {"target": self._target, "round": self.state["rounds"],
-                                         "scenarios": [s.to_dict() for s in in_flight],
-                                         "replays": 0})
+        self._journal.write(self._target, self.state["rounds"], in_flight)
 
     def _on_verdict(self, scenario: Scenario, verdict: Verdict, labels: list[str]) -> None:
         self.state["examples"] += 1
@@ -340,22 +339,21 @@ class Soak:
             return
         except (OSError, ValueError, KeyError, TypeError, ScenarioError) as exc:
             self._say(f"soak: unreadable journal ignored ({exc})")
-            _unlink(self.journal)
+            self._journal.remove()
             return
         self._target = target
         if not scenarios:
-            _unlink(self.journal)
+            self._journal.remove()
             return
         if int(data.get("replays", 0)) >= 1:
             # The first was being replayed when the driver died again: record, do not retry.
             fail = Failure("crash", "the driver died twice while running this example")
             self._record(target, fail, self._save(target, fail, scenarios[0], shrunk=False),
                          shrunk=False, flaky=False, recovered=True)
-            _unlink(self.journal)
+            self._journal.remove()
             return
         for i, scenario in enumerate(scenarios):
-            write_json_atomic(self.journal, {"target": target, "round": data.get("round"),
-                                             "scenarios": raw[i:], "replays": 1})
+            self._journal.write(target, data.get("round"), scenarios[i:], replays=1)
             of = f"; {i + 1} of {len(scenarios)}" if len(scenarios) > 1 else ""
             self._say(f"soak: replaying the example in flight when the last run ended "
                       f"({target}{of})")
@@ -367,7 +365,7 @@ class Soak:
                 self._say(f"soak: recovered {verdict.first.kind} saved to {path}")
                 break
             self._say("soak: it passes now")
-        _unlink(self.journal)
+        self._journal.remove()
 
     # -- failures --------------------------------------------------------------
     def _save(self, target: str, failure: Failure, scenario: Scenario, *, shrunk: bool) -> Path:
@@ -570,6 +568,47 @@ def _hms(seconds: float) -> str:
 
 def _kinds_text(kinds: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "0"
+
+
+class _Journal:
+    """``journal.json``, rewritten at every example the driver dispatches.
+
+    One ``pwrite`` at offset 0 of a file kept open, padded with spaces to the
+    file's length: a killed driver has written all of it or none, and what a
+    killed process wrote is in the page cache still. Written by the rule of
+    reports and corpus entries (a fresh temporary file, fsync, rename, fsync
+    of the folder), or even by a plain rename, it took a quarter of a soak
+    driver's time: ext4 flushes a file that replaces another. A journal cut
+    by the machine's own crash reads as unreadable and is ignored. Each
+    example is in flight for two writes; its dict is made once.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._size = 0
+        self._made: list[tuple[Any, dict[str, Any]]] = []
+
+    def write(self, target: str, round_: Any, scenarios: Sequence[Any],
+              replays: int = 0) -> None:
+        made = [(s, next((d for k, d in self._made if k is s), None) or s.to_dict())
+                for s in scenarios]
+        self._made = made
+        data = json.dumps({"target": target, "round": round_,
+                           "scenarios": [d for _, d in made], "replays": replays},
+                          separators=(",", ":")).encode()
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            self._size = os.fstat(self._fd).st_size
+        os.pwrite(self._fd, data.ljust(self._size), 0)
+        self._size = max(self._size, len(data))
+
+    def remove(self) -> None:
+        """No example in flight: the next start has nothing to replay."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd, self._made = None, []
+        _unlink(self.path)
 
 
 def _unlink(path: Path) -> None:

@@ -737,3 +737,27 @@ def test_a_driver_whose_heap_wanders_within_its_band_is_not_projected():
         s["driver_rss"] = int((every_50s[i // 5] if i < 15 else 561 + 0.25 * (i - 15)) * 2**20)
     rep = _memory_verdict(samples)
     assert rep["memory_growing"] == ["driver_rss"], rep["memory"]
+
+
+def test_the_journal_reads_whole_after_a_shorter_rewrite_and_after_removal(tmp_path):
+    from streamfuzz.fuzz.draft.scenario import Scenario, Step
+    from streamfuzz.fuzz.soak import _Journal
+
+    long = Scenario(steps=tuple(Step(idx_mapping=(0, 1, 2)) for _ in range(5)))
+    short = Scenario()
+    journal = _Journal(tmp_path / "journal.json")
+    journal.write("main-gather", 3, [short, long])
+    journal.write("main-gather", 3, [long])
+    data = json.loads((tmp_path / "journal.json").read_text())
+    assert data == {"target": "main-gather", "round": 3, "scenarios": [long.to_dict()],
+                    "replays": 0}
+    journal.write("main-gather", 4, [short])  # shorter than the file: padded, still whole
+    assert json.loads((tmp_path / "journal.json").read_text())["scenarios"] == [short.to_dict()]
+    journal.remove()
+    assert not (tmp_path / "journal.json").exists()
+    journal.write("pre-fix", 5, [long], replays=1)  # a fresh file after a removal
+    data = json.loads((tmp_path / "journal.json").read_text())
+    assert (data["target"], data["replays"], len(data["scenarios"])) == ("pre-fix", 1, 1)
+    # A later start finds the file and opens it as it is.
+    _Journal(tmp_path / "journal.json").write("pre-fix", 6, [short])
+    assert json.loads((tmp_path / "journal.json").read_text())["round"] == 6
