@@ -159,8 +159,12 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
     series = _series(samples)
     # Samples written before worlds had ids still change at every restart.
     worlds = [(x.get("restarts") or 0, x.get("world")) for x in samples]
+    # The driver is one process from its start to its end, whatever its ranks
+    # do: a world id is "start.generation of the ranks".
+    drivers = [str(x.get("world") or "").partition(".")[0] for x in samples]
     cap = (config.get("recycle_mib") or 0) * _MIB or None
-    memory = {k: _trend(v, series["t"], worlds, cap if re.fullmatch(r"rank\d+_rss", k) else None)
+    memory = {k: _trend(v, series["t"], drivers if k == "driver_rss" else worlds,
+                        cap if re.fullmatch(r"rank\d+_rss", k) else None)
               for k, v in series.items() if k not in ("t", "rate")}
     growing = sorted(k for k, v in memory.items()
                      if k.endswith(("rss", "gpu_reserved"))

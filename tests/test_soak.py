@@ -579,6 +579,27 @@ def test_a_driver_that_steps_up_in_its_first_quarter_and_holds_is_flat():
     assert _memory_verdict(samples)["memory_growing"] == ["driver_rss"]
 
 
+_DRIVER_ACROSS_RECYCLES = [38, 63, 93, 521, 534, 556, 553, 559, 564, 567, 572, 565, 568, 574, 567,
+                           572, 565, 566, 573, 563, 568, 560, 565, 569, 562, 568, 561, 567, 574,
+                           567, 572, 564, 568, 571, 566, 572, 566]
+"""A driver's RSS in MiB every 10 s (16 worlds, 6 minutes), its ranks recycled
+after samples 4 and 20: the longest stretch of one set of ranks, 13 samples,
+happened to rise by a few MiB from quarter to quarter."""
+
+
+def test_a_drivers_memory_is_judged_over_its_whole_life_not_its_ranks():
+    samples = _samples(lambda i: 900, n=len(_DRIVER_ACROSS_RECYCLES),
+                       world_at=lambda i: 1 if i < 4 else 2 if i < 20 else 3)
+    for s, mib in zip(samples, _DRIVER_ACROSS_RECYCLES):
+        s["driver_rss"] = mib * 2**20
+    rep = _memory_verdict(samples)
+    assert rep["memory_growing"] == [], rep["memory"]["driver_rss"]
+    # A driver that leaks across the same recycles still grows.
+    for i, s in enumerate(samples):
+        s["driver_rss"] = int((560 + 0.6 * i) * 2**20)
+    assert _memory_verdict(samples)["memory_growing"] == ["driver_rss"]
+
+
 def test_worlds_that_start_bigger_each_time_are_growing_despite_recycling():
     rep = _memory_verdict(_samples(lambda i: 1100 + 0.6 * (i % 20) + 40 * (i // 20), n=120,
                                    world_at=lambda i: i // 20), recycle_mib=32)
