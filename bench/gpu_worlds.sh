@@ -5,7 +5,7 @@
 #   busy    GPU-busy ms per example and crafted-case rates, per gate kind
 #   patterns bench/patterns.py: the correct patterns, examples/s and gate timeouts
 #   curve   soak throughput with CURVE_WORLDS worlds (default 1,2,4,8), and 8 with the
-#           PTX kernel gates unless CURVE_PTX=0; CURVE_MPS is the campaigns' --mps (auto),
+#           PTX kernel gates unless CURVE_PTX=0; CURVE_MPS is the campaigns' --mps (off),
 #           CURVE_LABEL names the variant's files
 #   fuzz    `make fuzz` as the README says, on the node's default worlds
 #   soak    a soak of SOAK_MIN minutes (default 9) with SOAK_WORLDS worlds (default 8)
@@ -40,7 +40,7 @@ for step in "$@"; do
     curve)
       label=${CURVE_LABEL:-}
       PYTHONPATH=. timeout 420 "$py" bench/worlds.py curve --seconds 35 --out "$w/curve" \
-        --worlds "${CURVE_WORLDS:-1,2,4,8}" --mps "${CURVE_MPS:-auto}" --label "$label" \
+        --worlds "${CURVE_WORLDS:-1,2,4,8}" --mps "${CURVE_MPS:-off}" --label "$label" \
         > "$w/curve${label:+-$label}.log" 2>&1
       say "curve $label: exit $?"
       cat "$w/curve/curve${label:+-$label}.md" 2>/dev/null | tee -a "$out/summary.txt"
@@ -66,7 +66,7 @@ b = max(r, key=lambda x: x['total_ex_s'] or 0); assert b['total_ex_s']; print(b[
           "$w/curve/curve.json") || { say "soak-start: no curve to pick from"; continue; }
       fi
       PYTHONPATH=. setsid nohup "$py" bench/worlds.py soak --minutes "${SOAK_MIN:-10}" \
-        --worlds "$n" --mps "${SOAK_MPS:-auto}" --out build/soak-bg > build/soak-bg/run.log 2>&1 < /dev/null &
+        --worlds "$n" --mps "${SOAK_MPS:-off}" --out build/soak-bg > build/soak-bg/run.log 2>&1 < /dev/null &
       echo $! > build/soak-bg/pid
       say "soak-start: pid $(cat build/soak-bg/pid), ${SOAK_MIN:-10} min, $n worlds"
       # SOAK_START_UNTIL: the step returns that many seconds after the script started.

@@ -239,7 +239,7 @@ def _busy_md(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
-          env: dict[str, str], label: str, device: str = "cuda", mps: str = "auto") -> None:
+          env: dict[str, str], label: str, device: str = "cuda", mps: str = "off") -> None:
     rows: list[dict[str, Any]] = []
     for n in counts:
         cpu: list[dict[str, Any]] = []
@@ -289,7 +289,7 @@ def curve(out: Path, counts: list[int], seconds: int, kind: str | None,
         print(json.dumps(row), flush=True)
 
 
-def soak(out: Path, minutes: float, worlds: int, mps: str = "auto") -> None:
+def soak(out: Path, minutes: float, worlds: int, mps: str = "off") -> None:
     soak_dir = out / "soak"
     cpu: list[dict[str, Any]] = []
     with _GpuSampler() as gpu:
@@ -325,7 +325,7 @@ def main() -> None:
     s.add_argument("--minutes", type=float, default=10.0)
     s.add_argument("--worlds", type=int, default=8)
     for q in (c, s):
-        q.add_argument("--mps", default="auto", help="the campaign's --mps (default auto)")
+        q.add_argument("--mps", default="off", help="the campaign's --mps (default off)")
     for q in (b, c, s):
         q.add_argument("--out", type=Path, required=True)
     a = p.parse_args()

@@ -9,10 +9,14 @@ process on the node connects to it, and it stops with the campaign. A
 controller killed with -9 takes the control daemon with it (it runs in the
 foreground, as the controller's child, with PDEATHSIG).
 
-``auto`` starts one only where several worlds of one rank share a GPU, the
-control program is on PATH, and no MPS is set up already; where it cannot
-start, the worlds time-slice as before and one line says why. ``on`` makes
-that a usage error instead, before any world starts.
+Off by default: under MPS a fatal fault of one client (a device-side
+assert, an illegal address) ends every client on the GPU, so one world's
+crash would reach the others' ranks and read there as their targets'
+crashes. Ask for it where targets never fault on the device. ``auto`` starts
+one only where several worlds of one rank share a GPU, the control program
+is on PATH, and no MPS is set up already; where it cannot start, the worlds
+time-slice as before and one line says why. ``on`` makes that a usage error
+instead, before any world starts.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import sys
 import time
 from pathlib import Path
 
+from streamfuzz.fuzz.errors import FuzzError
+
 MODES = ("auto", "on", "off")
-DEFAULT_MODE = "auto"
+DEFAULT_MODE = "off"
 
 CONTROL = "nvidia-cuda-mps-control"
 
@@ -54,7 +60,7 @@ for step, rc in (("cuInit", lambda: cuda.cuInit(0)),
 second), to learn that clients can reach the server before any world starts."""
 
 
-class MpsUnavailable(Exception):
+class MpsUnavailable(FuzzError, RuntimeError):
     """Why no private server runs; the caller words it for ``auto`` or ``on``."""
 
 

@@ -157,7 +157,8 @@ def _add_worlds(q: argparse.ArgumentParser) -> None:
                    help="worlds of one rank sharing a GPU run under a private MPS server, "
                         "started for the campaign and stopped with it; auto: where the "
                         "control program is found and no MPS runs already, else the GPU "
-                        "is time-sliced; on: that or an error (default auto)")
+                        "is time-sliced; on: that or an error. Under MPS a device fault in "
+                        "one world ends every world's ranks (default off)")
 
 
 def _common(q: argparse.ArgumentParser) -> None:
