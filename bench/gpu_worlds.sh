@@ -16,7 +16,6 @@
 #   cpu     where the node's cores go with CPU_WORLDS worlds (default 8), as the soak runs
 #           and with each CPU_VARIANTS entry (label:KEY=VALUE,...) set for the campaign
 #   spy     bench/spy.py on one CUDA world (py-spy at build/tools/py-spy or on PATH)
-#   mps     the CPU step's world count under an MPS daemon started for it (then stopped)
 set -uo pipefail
 out=${1:?usage: bench/gpu_worlds.sh OUTDIR STEP...}; shift
 source "$(dirname "$0")/_steps.sh"
@@ -93,15 +92,6 @@ b = max(r, key=lambda x: x['total_ex_s'] or 0); assert b['total_ex_s']; print(b[
       PYTHONPATH=. timeout 200 "$py" bench/spy.py --device cuda --target main-gather \
         --seconds 10 --out "$w/spy" ${spy:+--py-spy "$spy"} > "$w/spy.log" 2>&1
       say "spy: exit $?"; head -40 "$w/spy/spy.md" 2>/dev/null >> "$out/summary.txt" ;;
-    mps)
-      ctl=$(command -v nvidia-cuda-mps-control) || { say "mps: no nvidia-cuda-mps-control"; continue; }
-      export CUDA_MPS_PIPE_DIRECTORY=$w/mps-pipe CUDA_MPS_LOG_DIRECTORY=$w/mps-log
-      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-      "$ctl" -d; say "mps: daemon started (exit $?)"
-      PYTHONPATH=. timeout 150 "$py" bench/worlds.py curve --worlds "${CPU_WORLDS:-8}" \
-        --seconds "${CPU_SECONDS:-30}" --label mps --out "$w/cpu" > "$w/cpu-mps.log" 2>&1
-      say "cpu mps: exit $? $(tail -1 "$w/cpu/curve-mps.md" 2>/dev/null)"
-      echo quit | "$ctl"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
   esac
 done
 pack
