@@ -193,6 +193,9 @@ class Controller:
         try:
             self._share_gpu()
             for w in self.worlds:
+                if self.signals:  # Ctrl-C or SIGTERM before this world started: it never does
+                    w.rc = 130
+                    continue
                 w.proc = subprocess.Popen(w.argv, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, bufsize=1,
                                           env=self._env, start_new_session=True)
@@ -202,8 +205,8 @@ class Controller:
                     t.start()
                     self._pumps.append(t)
             for w in self.worlds:
-                assert w.proc is not None
-                w.rc = _wait(w.proc)
+                if w.proc is not None:
+                    w.rc = _wait(w.proc)
             for t in self._pumps:
                 t.join(timeout=5)
         finally:

@@ -25,6 +25,7 @@ _FAKE = textwrap.dedent("""\
     import os, sys, time
     pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
     if sys.argv[1:] == ["-f"]:
+        time.sleep(float(os.environ.get("FAKE_MPS_DELAY", "0")))
         if os.environ.get("FAKE_MPS_FAIL"):
             sys.exit("cannot open the GPU")
         open(os.path.join(pipe, "control"), "w").close()
@@ -141,3 +142,21 @@ def test_mps_on_without_a_gpu_is_refused_before_any_work(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "streamfuzz: error: --mps on shares a GPU between worlds, but the ranks run on cpu"]
     assert not (tmp_path / "c").exists()
+
+
+def test_a_ctrl_c_while_the_server_starts_starts_no_world(tmp_path, fake_control, monkeypatch):
+    import signal
+    import threading
+
+    monkeypatch.setenv("FAKE_MPS_DELAY", "1.0")
+    ctl = Controller([], 2, lambda i, shared: [], mps_mode="on")
+    for w in ctl.worlds:
+        w.argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    assert ctl.run() == [130, 130]
+    assert time.monotonic() - t0 < 20
+    assert ctl.signals == [signal.SIGINT]
+    assert all(w.proc is None for w in ctl.worlds)
+    assert (ctl.shared / "mps-pipe" / "quit").exists(), "the server it started is stopped"
+    ctl.cleanup()
