@@ -7,9 +7,10 @@ outlive the driver is written to the campaign directory before it matters:
 
 * ``journal.json``: the examples in flight once the next is dispatched (at
   most two: the driver sends an example before reading the last one's
-  verdict), renamed into place (``_Journal``). A start that finds one replays
-  them, in order, before anything else (the driver died mid-example, perhaps
-  because of one) and records the first that fails.
+  verdict), in one write that a killed driver made whole or not at all
+  (``_Journal``). A start that finds one replays them, in order, before
+  anything else (the driver died mid-example, perhaps because of one) and
+  records the first that fails.
 * ``state.json``: running totals, rewritten atomically at every failure, stats
   sample and round end, so a restarted campaign resumes its budget and counts.
 * ``stats.jsonl``: one memory/throughput sample per line (a line cut by a kill

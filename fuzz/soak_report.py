@@ -84,9 +84,9 @@ def _keeps_rising(pts: list[tuple[float, float]]) -> bool:
 
 def _after_warm_up(values: Sequence[float | None]) -> tuple[float | None, float | None]:
     """Medians of the second and the last quarter: the first is warm-up. A
-    driver's heap steps up when its caches fill and its targets' modules load,
-    later the more worlds share the node; from the first quarter, that step
-    read as growth."""
+    driver's heap steps up in its first minutes (at its first weight-sync
+    round), later the more worlds share the node; from the first quarter,
+    that step read as growth."""
     vals = [v for v in values if v is not None]
     if len(vals) < 8:
         return _quarters(vals)
