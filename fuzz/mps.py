@@ -79,27 +79,33 @@ class Server:
         self.pipe.mkdir(parents=True, exist_ok=True)
         self.log.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env}
-        self._proc = subprocess.Popen([control, "-f"], env=env, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      preexec_fn=_end_with_us, start_new_session=True)
+        # Its output to a file, never a pipe: a daemon that logs for hours would
+        # fill a pipe nobody reads and stop, and every world with it.
+        out = self.log / "control.out"
+        with open(out, "wb") as fh:
+            self._proc = subprocess.Popen([control, "-f"], env=env, stdin=subprocess.DEVNULL,
+                                          stdout=fh, stderr=subprocess.STDOUT,
+                                          preexec_fn=_end_with_us, start_new_session=True)
         deadline = time.monotonic() + _READY_S
         while not (self.pipe / "control").exists():
             if self._proc.poll() is not None:
-                err = (self._proc.stderr.read() if self._proc.stderr else b"").decode()
                 raise MpsUnavailable(f"{CONTROL} -f exited {self._proc.returncode}"
-                                     + (f": {err.strip().splitlines()[-1]}" if err.strip()
-                                        else ""))
+                                     + _last_line(out))
             if time.monotonic() > deadline:
                 self.stop()
                 raise MpsUnavailable(f"{CONTROL} made no control pipe in {_READY_S:.0f} s")
             time.sleep(0.02)
-        probe = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                               text=True, timeout=60)
+        try:
+            probe = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                                   text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise MpsUnavailable("a CUDA client did not start under it in 60 s") from None
         if probe.returncode != 0:
             self.stop()
             last = (probe.stderr.strip().splitlines() or ["no message"])[-1]
-            raise MpsUnavailable(f"a CUDA client could not start under it ({last}); "
-                                 f"its log is in {self.log}")
+            raise MpsUnavailable(f"a CUDA client could not start under it ({last})"
+                                 + _last_line(self.log / "control.log"))
 
     def stop(self) -> None:
         """Quit the daemon (its server with it); kill it if it does not go."""
@@ -126,6 +132,15 @@ def wanted(mode: str, device: str, worlds: int, world_size: int) -> bool:
         return True
     return (worlds > 1 and world_size == 1 and PIPE_ENV not in os.environ
             and not (_SYSTEM_PIPE / "control").exists())
+
+
+def _last_line(path: Path) -> str:
+    """``: LAST LINE`` of a log, or nothing: the log itself goes with the campaign."""
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return f": {lines[-1].strip()}" if lines else ""
 
 
 def _end_with_us() -> None:
