@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 
 from streamfuzz.fuzz.draft.scenario import Scenario, ScenarioError
-from streamfuzz.strategies import scenarios
+from streamfuzz.strategies import scenarios, weight_sync_scenarios
 
 
 @settings(max_examples=100, deadline=None)
@@ -51,3 +51,20 @@ def test_delays_written_before_gates_still_load_as_spins():
     gate = _one_step(delays=[{"point": "pre_call", "stream": "side", "until": "after_churn"}])
     again = Scenario.from_dict(json.loads(json.dumps(Scenario.from_dict(gate).to_dict())))
     assert again.steps[0].delays[0].until == "after_churn"
+
+
+@settings(max_examples=50, deadline=None)
+@given(draft=scenarios(), sync=weight_sync_scenarios())
+def test_to_dict_gives_what_asdict_gives_as_plain_json_values(draft, sync):
+    import dataclasses
+
+    def walk(value):
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v) for v in value]
+        return value
+
+    for scn in (draft, sync):
+        assert scn.to_dict() == walk(dataclasses.asdict(scn))
+        assert json.loads(json.dumps(scn.to_dict())) == scn.to_dict()

@@ -7,7 +7,7 @@ to the strategies and upgrades of Hypothesis.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from streamfuzz.fuzz.protocol.scenario import (
@@ -115,7 +115,7 @@ class Scenario:
     steps: tuple[Step, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return plain(asdict(self))
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> Scenario:

@@ -7,6 +7,7 @@ builds on these.
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 from streamfuzz.fuzz.errors import BadInput
@@ -54,8 +55,19 @@ def fields_of(data: Any, cls: type[DataclassInstance], where: str) -> dict[str, 
 
 
 def plain(value: Any) -> Any:
+    """JSON's values for ``value``: a dataclass as a dict of its fields, a tuple
+    as a list, in one walk. ``asdict`` and then a second walk cost twice this,
+    and a soak writes the examples in flight at every example."""
+    names = _FIELDS.get(type(value))
+    if names is None and is_dataclass(value) and not isinstance(value, type):
+        names = _FIELDS[type(value)] = tuple(f.name for f in fields(value))
+    if names is not None:
+        return {name: plain(getattr(value, name)) for name in names}
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     return value
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}

@@ -7,7 +7,7 @@ entry replays after the strategies change.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from streamfuzz.fuzz.protocol.scenario import check, fields_of, plain, polls_held
@@ -89,7 +89,7 @@ class WeightSyncScenario:
         return sum(p.nbytes for p in self.params)
 
     def to_dict(self) -> dict[str, Any]:
-        return plain(asdict(self))
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> WeightSyncScenario:
