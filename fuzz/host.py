@@ -145,11 +145,19 @@ def die_with_parent(parent: int | None = None) -> None:
         parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
     if not parent or not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if not signal_at_parent_death(signal.SIGKILL):
         return
     if os.getppid() != parent:  # it died before prctl took effect
         os._exit(0)
+
+
+def signal_at_parent_death(signum: int) -> bool:
+    """Have the kernel send ``signum`` to this process when its parent dies
+    (Linux's PR_SET_PDEATHSIG); False where that cannot be asked."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+    return True

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from streamfuzz.fuzz import host
 from streamfuzz.fuzz.errors import FuzzError
 
 MODES = ("auto", "on", "off")
@@ -134,6 +135,10 @@ def wanted(mode: str, device: str, worlds: int, world_size: int) -> bool:
             and not (_SYSTEM_PIPE / "control").exists())
 
 
+def _end_with_us() -> None:
+    host.signal_at_parent_death(signal.SIGTERM)
+
+
 def _last_line(path: Path) -> str:
     """``: LAST LINE`` of a log, or nothing: the log itself goes with the campaign."""
     try:
@@ -142,9 +147,3 @@ def _last_line(path: Path) -> str:
         return ""
     return f": {lines[-1].strip()}" if lines else ""
 
-
-def _end_with_us() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -18,7 +18,6 @@ merges the reports (``streamfuzz.fuzz.worlds_report``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import os
 import signal
@@ -286,9 +285,7 @@ def _wait(proc: subprocess.Popen[str]) -> int:
 def end_with_parent() -> None:
     """In a world: SIGTERM once the controller dies (Linux), so that a killed
     controller leaves no world running; the world saves what it found and stops."""
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if not host.signal_at_parent_death(signal.SIGTERM):
         return
     if os.getppid() == 1:  # it died before the line above
         os.kill(os.getpid(), signal.SIGTERM)
