@@ -122,8 +122,7 @@ class Soak:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty()
         self.stop_reason: StopReason | None = None
-        self.journal = self.out / "journal.json"
-        self._journal = _Journal(self.journal)
+        self._journal = _Journal(self.out / "journal.json")
         self.state_path = self.out / "state.json"
         self.stats_path = self.out / "stats.jsonl"
         self.state = self._load_state()
@@ -330,7 +329,7 @@ class Soak:
         """Replay the examples a killed driver left in the journal, in order,
         until one fails: one sent behind a failure is dropped, as a run drops it."""
         try:
-            data = json.loads(self.journal.read_text())
+            data = json.loads(self._journal.path.read_text())
             target = str(data["target"])
             # "scenario": one example, as journals written before two could be in flight.
             raw = data["scenarios"] if "scenarios" in data else [data["scenario"]]
