@@ -39,6 +39,11 @@ GPU_WORLDS_CAP = 16
 """Worlds on one set of GPUs at most, by default: at 16 the GPU is most of the
 time busy (bench/README.md has the curve and the soak)."""
 
+ENV_WORLDS = "STREAMFUZZ_WORLDS"
+"""The number of worlds where ``--worlds`` is not given: a machine's or a test
+suite's own default (a CI runner whose jobs share its cores), never above what
+``--worlds`` itself may ask."""
+
 CUDA_WORLD_MIB = 3500
 """GPU memory a world's rank is budgeted on its device, context and NCCL
 included (16 worlds peaked at 51 GiB on one H100; bench/README.md)."""

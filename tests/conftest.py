@@ -9,6 +9,12 @@ import pytest
 
 from streamfuzz.fuzz import profiles
 from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.worlds import ENV_WORLDS
+
+# One world for every command a test starts, unless it asks for more with --worlds:
+# what a test prints and how long it runs must not depend on the cores of the
+# machine (16 on a GPU node, where pytest-xdist already runs 8 tests at once).
+os.environ[ENV_WORLDS] = "1"
 
 # The fast tier (``make test-fast``): modules whose tests start no process, neither
 # ranks nor ``python -m streamfuzz`` nor pytest; in them, a test that asks for ``cpu_pool``

@@ -1,6 +1,7 @@
 """Parallel worlds: claims across processes, the merged reports, and real
 ``fuzz run`` / ``fuzz soak`` campaigns of two worlds on CPU."""
 
+import argparse
 import json
 import multiprocessing
 import os
@@ -13,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from streamfuzz.fuzz import host, worlds_report
+from streamfuzz.fuzz.commands import UsageError
+from streamfuzz.fuzz.commands.checks import pick_worlds
 from streamfuzz.fuzz.worlds import (
     CUDA_WORLD_MIB,
+    ENV_WORLDS,
     GPU_WORLDS_CAP,
     Claims,
     WorldOf,
@@ -106,6 +110,39 @@ def test_default_worlds_on_a_gpu_node_take_a_core_a_rank_and_fit_the_gpu_memory(
     monkeypatch.setattr(host, "gpu_free_mib", lambda: None)  # no NVML: cores and the cap
     monkeypatch.setattr(host, "cores", lambda: 6)
     assert default_worlds("cuda", 1)[0] == 6
+
+
+@pytest.mark.fast
+def test_the_environment_gives_the_default_the_flag_wins_and_a_bad_value_is_refused(
+        monkeypatch):
+    monkeypatch.setattr(host, "cores", lambda: 16)
+    monkeypatch.setattr(host, "gpu_free_mib", lambda: 80_000.0)
+    args = argparse.Namespace(world_of=None, worlds=None, mps="off")
+    monkeypatch.delenv(ENV_WORLDS)
+    assert pick_worlds(args, "cuda", 1) == 16
+    monkeypatch.setenv(ENV_WORLDS, " 3 ")
+    assert pick_worlds(args, "cuda", 1) == 3
+    assert pick_worlds(argparse.Namespace(world_of=None, worlds=2, mps="off"), "cuda", 1) == 2
+    monkeypatch.setenv(ENV_WORLDS, "")  # set but empty: as if unset
+    assert pick_worlds(args, "cuda", 1) == 16
+    for bad in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv(ENV_WORLDS, bad)
+        with pytest.raises(UsageError, match=f"{ENV_WORLDS}='{bad}': not a number of worlds"):
+            pick_worlds(args, "cuda", 1)
+    monkeypatch.setenv(ENV_WORLDS, "100000")  # more CPU ranks than any machine holds
+    with pytest.raises(UsageError, match=f"{ENV_WORLDS}=100000 of 2 ranks: this machine"):
+        pick_worlds(args, "cpu", 2)
+
+
+def test_a_bad_worlds_variable_is_one_line_before_any_work(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), ENV_WORLDS: "many"}
+    p = subprocess.run([sys.executable, "-m", "streamfuzz", "run", "--device", "cpu",
+                        "--corpus", str(tmp_path / "corpus"), "--report",
+                        str(tmp_path / "r.json")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", p.stdout + p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and ENV_WORLDS in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def _world_report(examples, elapsed, targets, failures=()):

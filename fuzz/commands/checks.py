@@ -52,18 +52,31 @@ def pick_world_size(device: str, gpus: int, requested: int | None) -> int:
 
 
 def pick_worlds(args: argparse.Namespace, device: str, world: int) -> int:
-    """How many worlds: ``--worlds``, else what the node holds (1 inside a world)."""
+    """How many worlds: ``--worlds``, else ``$STREAMFUZZ_WORLDS``, else what the
+    node holds (1 inside a world)."""
     if args.world_of is not None:
         return 1
     if getattr(args, "mps", "off") == "on" and device != "cuda":
         raise UsageError(f"--mps on shares a GPU between worlds, but the ranks run on {device}")
-    if args.worlds is not None:
-        if device == "cpu":
-            check_cpu_world(args.worlds * world, f"--worlds {args.worlds} of {world} ranks")
-        return int(args.worlds)
-    from streamfuzz.fuzz.worlds import default_worlds
+    from streamfuzz.fuzz.worlds import ENV_WORLDS, default_worlds
 
-    return default_worlds(device, world)[0]
+    asked, what = args.worlds, f"--worlds {args.worlds}"
+    if asked is None and os.environ.get(ENV_WORLDS, "").strip():
+        asked = _env_worlds(ENV_WORLDS)
+        what = f"{ENV_WORLDS}={asked}"
+    if asked is None:
+        return default_worlds(device, world)[0]
+    if device == "cpu":
+        check_cpu_world(asked * world, f"{what} of {world} ranks")
+    return int(asked)
+
+
+def _env_worlds(name: str) -> int:
+    text = os.environ[name].strip()
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{name}={os.environ[name]!r}: not a number of worlds (an integer "
+                         f">= 1); unset it to run as many worlds as the node holds")
+    return int(text)
 
 
 def check_cpu_world(size: int, what: str) -> None:
