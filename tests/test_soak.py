@@ -126,6 +126,22 @@ def test_failure_that_does_not_reproduce_is_kept_as_flaky(tmp_path):
     assert d["flaky_occurrences"] >= 1 and corpus.load(Path(d["path"])).flaky
 
 
+def test_the_heap_is_released_at_most_once_a_minute_not_after_every_round(
+        tmp_path, monkeypatch):
+    from streamfuzz.fuzz import soak as soak_mod
+
+    released = []
+    monkeypatch.setattr(soak_mod, "_release_heap", lambda: released.append(time.monotonic()))
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        cfg = _cfg(tmp_path / "a", ["main-gather"], 600.0, round_examples=3, max_rounds=4)
+        Soak(pool, cfg, stream=sys.stdout).run()
+        assert released == []  # four rounds in well under a minute
+        monkeypatch.setattr(soak_mod, "_RELEASE_EVERY_S", 0.0)
+        cfg = _cfg(tmp_path / "b", ["main-gather"], 600.0, round_examples=3, max_rounds=4)
+        Soak(pool, cfg, stream=sys.stdout).run()
+    assert len(released) == 4
+
+
 def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path):
     cfg = _cfg(tmp_path, ["main-gather"], 6.0)
     with RankPool(2, "cpu", timeout=20.0) as pool:
