@@ -112,7 +112,7 @@ def _trend(values: list[float | None], ts: list[float], worlds: list[Any],
     # rank but 17% of a CPU one). Only worlds that each start bigger than the
     # last pass it, and the quarters catch those.
     limit = max(GROWTH_LIMIT, cap / start) if cap is not None and start else GROWTH_LIMIT
-    bounded = rise is not None and cap is not None and start is not None and (
+    bounded = rise is not None and cap is not None and start is not None and start > 0 and (
         rise > cap or rise / start > GROWTH_LIMIT)
     if rise is not None and cap is not None:
         rise = min(rise, cap)

@@ -60,21 +60,21 @@ def pick_worlds(args: argparse.Namespace, device: str, world: int) -> int:
         raise UsageError(f"--mps on shares a GPU between worlds, but the ranks run on {device}")
     from streamfuzz.fuzz.worlds import ENV_WORLDS, default_worlds
 
-    asked, what = args.worlds, f"--worlds {args.worlds}"
-    if asked is None and os.environ.get(ENV_WORLDS, "").strip():
-        asked = _env_worlds(ENV_WORLDS)
+    if args.worlds is not None:
+        asked, what = int(args.worlds), f"--worlds {args.worlds}"
+    elif os.environ.get(ENV_WORLDS, "").strip():
+        asked = _env_worlds(ENV_WORLDS, os.environ[ENV_WORLDS])
         what = f"{ENV_WORLDS}={asked}"
-    if asked is None:
+    else:
         return default_worlds(device, world)[0]
     if device == "cpu":
         check_cpu_world(asked * world, f"{what} of {world} ranks")
-    return int(asked)
+    return asked
 
 
-def _env_worlds(name: str) -> int:
-    text = os.environ[name].strip()
-    if not text.isdigit() or int(text) < 1:
-        raise UsageError(f"{name}={os.environ[name]!r}: not a number of worlds (an integer "
+def _env_worlds(name: str, text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise UsageError(f"{name}={text!r}: not a number of worlds (an integer "
                          f">= 1); unset it to run as many worlds as the node holds")
     return int(text)
 
