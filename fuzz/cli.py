@@ -1,4 +1,5 @@
-"""``python -m streamfuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate, scan.
+"""``python -m streamfuzz`` / ``streamfuzz``: run, replay, matrix, bench, soak, mutate, scan,
+check.
 
 Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 1 a failure was found and saved (or a replay disagreed), 2 bad usage or config,
@@ -88,6 +89,10 @@ def _command(argv: Sequence[str] | None) -> int:
         return soak_command(args)
     if args.command == "mutate":
         return mutate_command(args)
+    if args.command == "check":
+        from streamfuzz.fuzz.commands.check import check_command
+
+        return check_command(args)
     if args.command == "scan":
         from streamfuzz.fuzz.scan.command import main as scan
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import runpy
 import sys
 import threading
 from pathlib import Path
@@ -42,6 +43,9 @@ _SKIP_DIRS = (str(Path(torch.__file__).parent), str(_FUZZ.resolve() / "oracles")
 # Test runners around a checked block: everything outward of them is theirs too,
 # and a user's test file, which they call, is user code.
 _RUNNER_DIRS = _package_dirs("hypothesis", "_pytest", "pytest", "pluggy", "xdist", "execnet")
+# ``streamfuzz check`` runs a program through runpy, as ``python`` does.
+_RUNNER_PATHS = frozenset({"<frozen runpy>", runpy.__file__,
+                           str(_FUZZ / "commands" / "check.py")})
 # torch's by name (wherever that torch lives); the standard library's and this
 # package's by path, so that a user's own streams.py or threads.py stays theirs.
 _SKIP_FILES = ("_python_dispatch.py", "distributed_c10d.py", "c10d_logger.py",
@@ -70,7 +74,7 @@ def user_code(path: str) -> bool:
 
 
 def _file_kind(path: str) -> int:
-    kind = (_RUNNER if path.startswith(_RUNNER_DIRS) else
+    kind = (_RUNNER if path.startswith(_RUNNER_DIRS) or path in _RUNNER_PATHS else
             _USER if (not path.startswith(_SKIP_DIRS) and not path.endswith(_SKIP_FILES)
                       and path not in _SKIP_PATHS)
             else _SKIP)

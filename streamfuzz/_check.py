@@ -35,6 +35,8 @@ MAX_PENDING_POLLS = 64
 
 _default_device = "auto"  # the one default; the pytest plugin sets it from --streamfuzz-device
 _active: Check | None = None
+_whole: _Whole | None = None
+"""The process-wide simulation, while a whole process runs under the checker."""
 
 
 class StreamfuzzError(FuzzError):
@@ -111,6 +113,10 @@ class Check:
         # Where a free first seen at the block's end is reported when no user
         # frame is on the stack there (the plugin's block ends inside pytest).
         self._end_frames: tuple[tuple[str, int, str], ...] = ()
+        self._implicit = False
+        """A block ``pytest --streamfuzz`` put around a whole test: a block the
+        test opens itself takes precedence, and pauses this one meanwhile."""
+        self._paused: Check | None = None
 
     def name(self, what: torch.Tensor | torch.Stream, name: str) -> None:
         """Call a tensor's storage, or a stream, ``name`` in findings (as the
@@ -125,22 +131,49 @@ class Check:
 
     def __enter__(self) -> Check:
         global _active
+        if _active is not None and _active._implicit and _active._checker is not None:
+            self._paused = _active
+            _active._checker.detach()
+            _active = None
         if _active is not None:
             raise NestedCheckError("streamfuzz.checked() blocks do not nest: end the outer "
                                    "block first, or check the whole code in one block")
         self.device = _resolve(self.requested or _default_device)
         self.findings = []
-        _group.ensure()
+        if _whole is None:  # a whole program or suite makes its own groups
+            _group.ensure()
         stack = contextlib.ExitStack()
         try:
             self._checker = stack.enter_context(
                 _session(self.device, bool(self.oracles), self.pending_polls))
         except BaseException:
             stack.close()
+            self._resume()
             raise
         self._stack = stack
         _active = self
         return self
+
+    def _resume(self) -> None:
+        """The implicit block this one paused goes on."""
+        global _active
+        paused, self._paused = self._paused, None
+        if paused is not None and paused._checker is not None:
+            paused._checker.attach()
+            _active = paused
+
+    def abandon(self) -> None:
+        """End the block without judging it (a forked child's copy of its
+        parent's block: the parent judges it)."""
+        global _active
+        if _active is self:
+            _active = None
+        checker, stack = self._checker, self._stack
+        self._checker = self._stack = None
+        if checker is not None:
+            checker.detach()
+        if stack is not None:
+            stack.close()
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         __tracebackhide__ = True  # pytest: the finding is the user's, not this frame's
@@ -158,6 +191,7 @@ class Check:
         finally:
             if stack is not None:
                 stack.close()
+            self._resume()
         keep = set(self.oracles) | {"crash"}  # an oracle's own failure is always shown
         self.findings = [f for f in found if f.kind in keep]
         if not self.findings or self.collect:
@@ -208,6 +242,19 @@ def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
     from streamfuzz.fuzz.sim.cuda_on_cpu import Simulation
     from streamfuzz.fuzz.streams import SimStreams
 
+    if _whole is not None and _whole.sim is not None:
+        # The simulation the whole process runs on: its tensors, made before
+        # this block (at import, in fixtures), are already device memory.
+        shared = _whole.sim
+        checker = LifetimeChecker(shared, group_rank=_group.rank()).attach() if check else None
+        shared.hold_polls(pending_polls)
+        try:
+            yield checker
+        finally:
+            shared.hold_polls(0)
+            if checker is not None:
+                checker.detach()
+        return
     sim = SimStreams(Simulation('under streamfuzz.checked(device="cpu")',
                                 'run the block under checked(device="cuda") on a GPU'))
     on_cpu = LifetimeChecker(sim, group_rank=_group.rank()).attach() if check else None
@@ -218,3 +265,49 @@ def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
     finally:
         if on_cpu is not None:
             on_cpu.detach()
+
+
+class _Whole:
+    """A whole process under the checker (``pytest --streamfuzz``, ``streamfuzz
+    check``): on ``cpu`` one simulation from start to end, so that code run
+    before any block (imports, module level, fixtures) already sees CUDA and
+    its tensors are device memory; blocks then only attach their checker."""
+
+    def __init__(self, device: str, where: str, on_gpu: str) -> None:
+        self.device = device
+        self.sim: Any = None
+        self._stack = contextlib.ExitStack()
+        if device == "cpu":
+            from streamfuzz.fuzz.sim.cuda_on_cpu import Simulation
+            from streamfuzz.fuzz.streams import SimStreams
+
+            self.sim = SimStreams(Simulation(where, on_gpu))
+            self._stack.enter_context(self.sim.session())
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def begin_whole(device: str, where: str, on_gpu: str) -> str:
+    """Run the rest of this process under the checker on ``device`` (resolved
+    here, and returned); blocks then share its simulation. Once per process."""
+    global _whole, _default_device
+    if _whole is not None:
+        return _whole.device
+    resolved = _resolve(_valid_device(device))
+    _default_device = resolved
+    _whole = _Whole(resolved, where, on_gpu)
+    return resolved
+
+
+def end_whole() -> None:
+    """End what ``begin_whole`` began (the simulation's patches come off)."""
+    global _whole
+    whole, _whole = _whole, None
+    if whole is not None:
+        whole.close()
+
+
+def whole_device() -> str | None:
+    """The device the whole process runs under the checker on, or None."""
+    return _whole.device if _whole is not None else None

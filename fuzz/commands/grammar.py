@@ -364,7 +364,9 @@ def parser() -> argparse.ArgumentParser:
     for add in (_run_parser, _soak_parser, _replay_parser, _bench_parser, _matrix_parser,
                 _mutate_parser):
         add(sub)
+    from streamfuzz.fuzz.commands.check import add_parser as add_check
     from streamfuzz.fuzz.scan.command import add_parser as add_scan
 
     add_scan(sub)
+    add_check(sub)
     return p

@@ -1,0 +1,163 @@
+"""The processes a checked program starts are checked too, and report back.
+
+A checked program (``streamfuzz check``, ``pytest --streamfuzz``) exports the
+variables below; ``streamfuzz/_boot/sitecustomize.py``, put first on
+``PYTHONPATH``, makes every Python process started under them (``torchrun``'s
+workers, ``mp.spawn``, a spawned ``multiprocessing`` child) run as one
+checked region, the way coverage.py measures subprocesses. A child forked by
+``multiprocessing`` inherits the parent's simulation and starts a checker of
+its own. Each child writes its findings to one file of the folder at its exit;
+the parent reads them back and reports them as its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from streamfuzz.fuzz.verdict import Failure
+
+DIR_ENV = "STREAMFUZZ_CHECK_DIR"
+"""The folder children write their findings to; set, it turns the checking of children on."""
+DEVICE_ENV = "STREAMFUZZ_CHECK_DEVICE"
+ORACLES_ENV = "STREAMFUZZ_CHECK_ORACLES"
+_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
+
+_check: Any = None
+"""This process's checker over its whole run, once ``check_this_process`` started it."""
+_wrote = False
+
+
+@dataclass(frozen=True)
+class ChildFindings:
+    """What one child process found, as it wrote it at its exit."""
+
+    pid: int
+    argv: list[str]
+    findings: list[Failure]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "argv": self.argv,
+                "findings": [f.to_dict() for f in self.findings]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ChildFindings:
+        return cls(int(d["pid"]), [str(a) for a in d["argv"]],
+                   [Failure(**f) for f in d["findings"]])
+
+
+def export(folder: str, device: str, oracles: tuple[str, ...]) -> None:
+    """Have every Python process started from now on check itself on ``device``."""
+    os.environ[DIR_ENV] = folder
+    os.environ[DEVICE_ENV] = device
+    os.environ[ORACLES_ENV] = ",".join(oracles)
+    path = os.environ.get("PYTHONPATH", "")
+    if _BOOT not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = _BOOT + (os.pathsep + path if path else "")
+    os.register_at_fork(after_in_child=_forked)
+    import multiprocessing.util
+
+    multiprocessing.util.register_after_fork(_KEEP, _forked_by_multiprocessing)
+
+
+def gather(folder: str) -> list[ChildFindings]:
+    """The findings children wrote to ``folder`` since the last call (read once)."""
+    out = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            with open(path) as f:
+                out.append(ChildFindings.from_dict(json.load(f)))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return out
+
+
+def check_this_process() -> None:
+    """Run this whole process as one checked region (a child of a checked
+    program: ``sitecustomize`` calls this where ``DIR_ENV`` is set)."""
+    global _check
+    from streamfuzz import _check as check_module
+
+    device = check_module.begin_whole(os.environ.get(DEVICE_ENV, "auto"),
+                                      "in a process of a checked program",
+                                      "run the program with --device cuda on a GPU")
+    oracles = [o for o in os.environ.get(ORACLES_ENV, "").split(",") if o] or None
+    _check = check_module.checked(device=device, oracles=oracles, collect=True)
+    _check.__enter__()
+    atexit.register(_write)
+
+
+class _Keep:
+    """``multiprocessing.util.register_after_fork`` holds its objects weakly."""
+
+
+_KEEP = _Keep()
+
+
+def _forked() -> None:
+    """In a forked child: the parent's checker is the parent's; this child
+    gets its own, over the rest of its run."""
+    global _check, _wrote
+    from streamfuzz import _check as check_module
+
+    inherited = check_module._active
+    if inherited is not None:
+        inherited.abandon()
+    _wrote = False
+    _check = None
+    if os.environ.get(DIR_ENV) and check_module.whole_device() is not None:
+        oracles = [o for o in os.environ.get(ORACLES_ENV, "").split(",") if o] or None
+        _check = check_module.checked(oracles=oracles, collect=True)
+        _check.__enter__()
+        atexit.register(_write)
+
+
+def _forked_by_multiprocessing(_: object) -> None:
+    """A ``multiprocessing`` child ends with ``os._exit``, after its finalizers
+    (registered here: its start clears those it inherited), not ``atexit``."""
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _write, exitpriority=-100)
+
+
+def _write() -> None:
+    """End this process's checker and write what it found (once)."""
+    global _wrote, _check
+    folder = os.environ.get(DIR_ENV)
+    if _wrote or _check is None or not folder:
+        return
+    _wrote = True
+    check, _check = _check, None
+    try:
+        check.__exit__(None, None, None)
+    except Exception as exc:  # its own bug must not hide the program's exit
+        print(f"streamfuzz: the checker of process {os.getpid()} failed at exit: {exc}",
+              file=sys.stderr)
+        return
+    if not os.path.isdir(folder):
+        return  # the checked program ended before this helper of it (a resource tracker)
+    record = ChildFindings(os.getpid(), list(sys.argv), list(check.findings))
+    path = os.path.join(folder, f"{os.getpid()}.json")
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(record.to_dict(), f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"streamfuzz: process {os.getpid()} could not report its findings: {exc}",
+              file=sys.stderr)
