@@ -9,6 +9,10 @@ every mode runs the same examples, in interleaved rounds:
   simulated CUDA streams alone; the baseline without a GPU, where plain
   torch.cuda code cannot run at all.
 * ``checked``: a block with every oracle, as a test gets by default.
+* ``csan`` (GPU only): no block, under PyTorch's CUDA Sanitizer, what a user
+  runs instead (``TORCH_CUDA_SANITIZER=1``). Measured in a process of its own
+  (``--only csan``), since the sanitizer's GPU-trace hooks stay registered
+  once made and would slow every later mode.
 
 Also the first block of a process (one-rank group, imports), paid once per
 test process (once per pytest-xdist worker).
@@ -42,7 +46,7 @@ def _test(mode: str, device: str, examples: int) -> Any:
               suppress_health_check=list(HealthCheck))
     @given(steps=batches)
     def test(steps: list[list[int]]) -> None:
-        if mode == "plain":
+        if mode in ("plain", "csan"):
             run_steps(MainGather(), steps)
             return
         with streamfuzz.checked(device=device, oracles=() if mode == "simulated" else None):
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--examples", type=int, default=100)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", type=Path, default=None, help="also write JSON here")
+    p.add_argument("--only", choices=("csan",), default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.examples < 1 or a.rounds < 1:
         print("checked_overhead: --examples and --rounds must be at least 1", file=sys.stderr)
@@ -68,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print("checked_overhead: --device cuda needs a CUDA GPU", file=sys.stderr)
         return 2
 
+    if a.only == "csan":
+        return _csan_rounds(a.examples, a.rounds)
     t0 = time.perf_counter()
     with streamfuzz.checked(device=device):
         pass
@@ -86,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             wall[m].append(time.perf_counter() - t0)
             cpu[m].append(time.process_time() - c0)
 
+    if device == "cuda":
+        csan = _csan_in_own_process(a.examples, a.rounds)
+        if csan is not None:
+            modes.append("csan")
+            wall["csan"], cpu["csan"] = csan["wall"], csan["cpu"]
     base = "plain" if device == "cuda" else "simulated"
     # This process's CPU time as well as wall time: on a shared host the first
     # is what the check costs, the best wall time what an unloaded run waits.
@@ -113,6 +125,36 @@ def main(argv: list[str] | None = None) -> int:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(info, indent=1) + "\n")
     return 0
+
+
+def _csan_rounds(examples: int, rounds: int) -> int:
+    """``--only csan``: the example test under the CUDA Sanitizer; JSON on stdout."""
+    from torch.cuda._sanitizer import enable_cuda_sanitizer
+
+    enable_cuda_sanitizer()
+    test = _test("csan", "cuda", examples)
+    test()  # warm
+    wall, cpu = [], []
+    for _ in range(rounds):
+        t0, c0 = time.perf_counter(), time.process_time()
+        test()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    print(json.dumps({"wall": wall, "cpu": cpu}))
+    return 0
+
+
+def _csan_in_own_process(examples: int, rounds: int) -> dict[str, list[float]] | None:
+    import subprocess
+
+    r = subprocess.run([sys.executable, __file__, "--device", "cuda", "--only", "csan",
+                        "--examples", str(examples), "--rounds", str(rounds)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"checked_overhead: the CSAN process failed:\n{r.stderr[-2000:]}",
+              file=sys.stderr)
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
