@@ -169,6 +169,9 @@ class SimStreams:
     stream_type = SimStream
     event_type = SimEvent
     """What ``torch.cuda.Stream`` and ``torch.cuda.Event`` are in a session."""
+    generic_stream_type = stream_types.GenericStream
+    generic_event_type = stream_types.GenericEvent
+    """What ``torch.Stream`` and ``torch.Event`` are in a session."""
     device = cuda_on_cpu.DEVICE
     """What ``ctx.device`` is: tensors made on it stand for device memory."""
 
@@ -201,9 +204,12 @@ class SimStreams:
         """Whether the host does not know a stream's, event's or work handle's
         work done (the lifetime checker's answer); None: every poll says done."""
 
-    def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
+    def Stream(self, priority: int = 0,  # noqa: N802
+               kind: type[SimStream] | None = None) -> SimStream:
+        """A new stream, of ``kind`` where the program derived a class of its own."""
         stream_id = next(stream_types.stream_ids)
-        s = SimStream._make(self, stream_id, priority, self._names.of(stream_id, site_name()))
+        s = (kind or SimStream)._make(self, stream_id, priority,
+                                      self._names.of(stream_id, site_name()))
         stream_types.STREAMS[stream_id] = s
         self._add(s)
         return s

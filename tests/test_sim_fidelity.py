@@ -153,6 +153,61 @@ def test_the_default_device_cuda_makes_device_memory(device):
     del y
 
 
+# -- optimizers, and the stream and event types engine code derives from -------------
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_optimizer_made_in_the_block_steps_device_memory(device, optimizer, waits):
+    """Verdict: a race where a side stream snapshots the weights that the step
+    on main writes, unordered; clean once the side stream waits. (Making an
+    optimizer imports torch's compiler, which derives a class from ``torch.Event``.)"""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        layer = torch.nn.Linear(4, 4, device="cuda")
+        opt = optimizer(layer.parameters(), lr=0.1)
+        layer(torch.ones(2, 4, device="cuda")).sum().backward()
+        opt.step()
+        side = torch.cuda.Stream()
+        if waits:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            snapshot = layer.weight.detach().clone()
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del snapshot
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_stream_and_event_types_derived_in_the_block_are_simulated(device, waits):
+    """Verdict: a race where a lane stream reads what main wrote, with no wait
+    for main's event; clean once it waits. The lane and the event are of
+    classes the block derives from ``torch.cuda.Stream`` and ``torch.Event``."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        class Lane(torch.cuda.Stream):  # torch's constructor takes the arguments
+            def __init__(self, priority: int = 0) -> None:
+                super().__init__()
+                self.label = "copy"
+
+        class Marker(torch.Event):
+            def __init__(self, enable_timing: bool = False) -> None:
+                super().__init__()
+                self.label = "ready"
+
+        lane, ready = Lane(priority=-1), Marker(enable_timing=True)
+        assert isinstance(lane, Lane) and isinstance(lane, torch.cuda.Stream)
+        assert isinstance(lane, torch.Stream) and lane.label == "copy" and lane.priority == -1
+        assert isinstance(ready, Marker) and isinstance(ready, torch.Event)
+        assert ready.label == "ready" and issubclass(Marker, torch.Event)
+        assert not isinstance(torch.cuda.current_stream(), Lane)
+        x = torch.ones(4, device="cuda")
+        ready.record()
+        if waits:
+            lane.wait_event(ready)
+        with torch.cuda.stream(lane):
+            y = x * 2
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del y
+
+
 # -- streams and events made before the block ------------------------------------------
 @functools.cache
 def _copy_stream(device: str) -> torch.cuda.Stream:

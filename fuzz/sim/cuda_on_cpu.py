@@ -138,17 +138,7 @@ def _accelerator_patches(api: Any) -> dict[str, Any]:
 
 
 TORCH_STREAM = torch.Stream
-"""torch's own ``Stream``: a session swaps a ``_GenericStream`` in for it."""
-
-
-class _StreamType(type):
-    """``isinstance`` and ``issubclass`` against the stand-in ask torch's own ``Stream``."""
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, TORCH_STREAM)
-
-    def __subclasscheck__(cls, sub: type) -> bool:
-        return issubclass(sub, TORCH_STREAM)
+"""torch's own ``Stream``: a session swaps ``stream_types.GenericStream`` in for it."""
 
 
 TORCH_GENERATOR = torch.Generator
@@ -180,23 +170,8 @@ class _Generator(metaclass=_GeneratorType):
 def _torch_patches(api: Any) -> dict[str, Any]:
     """``torch.Event`` and ``torch.Stream``, the device-generic ones, on ``api``'s
     types; ``torch.Generator`` making CPU generators for the device."""
-
-    def event(device: Any = None, **kwargs: Any) -> Any:
-        check_index(device)
-        return api.event_type(**kwargs)
-
-    class _GenericStream(metaclass=_StreamType):
-        """``torch.Stream(device, priority=...)``, the device-generic stream: on a
-        CUDA device (or the current accelerator, which is CUDA here) a new simulated
-        stream; on the CPU, torch's own."""
-
-        def __new__(cls, device: Any = None, *, priority: int = 0, **kwargs: Any) -> Any:
-            if device is not None and torch.device(device).type == "cpu":
-                return TORCH_STREAM(device, priority=priority, **kwargs)
-            check_index(device)
-            return api.stream_type(priority=priority)
-
-    return {"Event": event, "Stream": _GenericStream, "Generator": _Generator}
+    return {"Event": api.generic_event_type, "Stream": api.generic_stream_type,
+            "Generator": _Generator}
 
 
 _KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
