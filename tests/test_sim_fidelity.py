@@ -208,6 +208,35 @@ def test_stream_and_event_types_derived_in_the_block_are_simulated(device, waits
     del y
 
 
+# -- the device module ------------------------------------------------------------------
+def _overlap_step(waits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Engine code that picks its stream API for whatever accelerator there is."""
+    module = torch.get_device_module()
+    accelerator = torch.accelerator.current_accelerator()
+    x = torch.ones(4, device=accelerator)
+    side = module.Stream()
+    if waits:
+        side.wait_stream(module.current_stream())
+    with module.stream(side):
+        return x, x * 2
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_device_module_of_the_accelerator_is_torch_cuda(device, waits):
+    """Verdict: a race where the side stream that ``torch.get_device_module()``
+    made reads what main wrote, unordered; clean once it waits."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        kept = _overlap_step(waits)
+        modules = [torch.get_device_module(), torch.get_device_module("cuda"),
+                   torch.get_device_module(torch.device("cuda", 0))]
+        accelerators = [torch._C._get_accelerator(), torch.accelerator.current_accelerator()]
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    assert all(m is torch.cuda for m in modules), modules
+    assert [a.type for a in accelerators] == ["cuda", "cuda"]
+    del kept
+
+
 # -- streams and events made before the block ------------------------------------------
 @functools.cache
 def _copy_stream(device: str) -> torch.cuda.Stream:

@@ -174,6 +174,12 @@ def _torch_patches(api: Any) -> dict[str, Any]:
             "Generator": _Generator}
 
 
+_ACCELERATOR = {"_get_accelerator": lambda: torch.device("cuda")}
+"""What torch asks for the accelerator where no device is named
+(``torch.get_device_module()``, c10d's and FSDP's default device): CUDA, so
+that engine code that picks its stream API this way takes its CUDA path."""
+
+
 _KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
                    "cast", "lru_cache", "classproperty", "NewType", "Any", "Callable",
                    "Optional"})
@@ -274,5 +280,6 @@ def session(api: Any, simulation: Simulation = FUZZ) -> Iterator[Memory]:
         stack.enter_context(_patched(torch.cuda.graphs, _cuda_graphs()))
         stack.enter_context(_patched(torch.cuda.nvtx, _nvtx_patches()))
         stack.enter_context(_patched(torch, _torch_patches(api)))
+        stack.enter_context(_patched(torch._C, _ACCELERATOR))
         stack.enter_context(DeviceMode(memory))
         yield memory
