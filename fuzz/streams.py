@@ -322,6 +322,10 @@ class SimStreams:
             self.land()
         self.emit("host_read", t, op)
 
+    def resized(self, storage: torch.UntypedStorage, before: int) -> None:
+        """``storage.resize_`` ran on the current stream, from ``before`` bytes."""
+        self.emit("resize", storage, before, self._current)
+
     def touches_arriving(self, args: tuple, kwargs: dict) -> bool:
         """Whether an op's tensors share a storage with a broadcast still arriving."""
         arriving = self._arriving

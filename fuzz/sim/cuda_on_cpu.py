@@ -48,7 +48,7 @@ from streamfuzz.fuzz.sim.device import (
     running,
     running_as,
 )
-from streamfuzz.fuzz.sim.memory import DeviceMode, Memory, storage_key
+from streamfuzz.fuzz.sim.memory import DeviceMode, Memory, resizes_seen, storage_key
 
 __all__ = ["DEVICE", "FUZZ", "SIMULATED_DEVICE", "TORCH_STREAM", "DeviceProperties", "Memory",
            "NotSimulated", "Simulation", "running", "session", "storage_key"]
@@ -266,7 +266,7 @@ def _default_device_kept() -> Iterator[None]:
 def session(api: Any, simulation: Simulation = FUZZ) -> Iterator[Memory]:
     """torch.cuda and torch.accelerator on ``api``'s simulated streams, for one
     example or block; ``simulation`` names what runs it in messages."""
-    memory = Memory(api.host_read)
+    memory = Memory(api.host_read, api.resized)
     cuda = _cuda_patches(api)
     cuda.update(_unsimulated(torch.cuda, frozenset(cuda)))
     cuda["_sleep"] = not_simulated("torch.cuda._sleep")
@@ -281,5 +281,6 @@ def session(api: Any, simulation: Simulation = FUZZ) -> Iterator[Memory]:
         stack.enter_context(_patched(torch.cuda.nvtx, _nvtx_patches()))
         stack.enter_context(_patched(torch, _torch_patches(api)))
         stack.enter_context(_patched(torch._C, _ACCELERATOR))
+        stack.enter_context(resizes_seen(memory))
         stack.enter_context(DeviceMode(memory))
         yield memory
