@@ -295,6 +295,35 @@ def test_a_resize_from_zero_stands_for_the_work_queued_before_it(device, wait, e
     assert _verdict(device, _gather_into_a_reallocated_buffer(wait)) == expected
 
 
+# -- set_: a tensor pointed at another storage ------------------------------------------
+def _aliased_on_a_copy_stream(use_alias: bool):
+    """A pipeline's ``record_stream`` workaround: on a copy stream that has
+    not waited for main's write of ``x``, a shift-free alias of ``x``'s storage
+    (``new_empty`` then ``set_``) is recorded, then detached. Only metadata:
+    no data is touched, unless the alias is used."""
+    def probe():
+        x = torch.ones(256, device="cuda")                 # main writes x
+        copy = torch.cuda.Stream()
+        with torch.cuda.stream(copy):
+            alias = x.new_empty([0]).set_(x.untyped_storage())
+            alias.record_stream(copy)
+            alias.set_()
+            window = torch.empty(0, device="cuda").set_(x.untyped_storage(), 64, (16,), (1,))
+            same = torch.zeros_like(x).set_(x)
+            if use_alias:
+                window.add_(1)                             # a write: unordered with main's
+        torch.cuda.synchronize()
+        del same
+    return probe
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_alias, expected", [(False, []), (True, ["race"])],
+                         ids=["metadata-only", "alias-written"])
+def test_set_points_a_tensor_at_a_storage_and_touches_no_data(device, use_alias, expected):
+    assert _verdict(device, _aliased_on_a_copy_stream(use_alias)) == expected
+
+
 # -- opaque work, described ------------------------------------------------------------
 def _raw_copy(dst: torch.Tensor, src: torch.Tensor, gpu: bool) -> None:
     """A copy no aten op reports: on simulated streams the bytes move by memmove;
