@@ -169,6 +169,8 @@ class SimStreams:
     stream_type = SimStream
     event_type = SimEvent
     """What ``torch.cuda.Stream`` and ``torch.cuda.Event`` are in a session."""
+    stream_context_type = stream_types.SimStreamContext
+    """What ``torch.cuda.stream`` and ``torch.cuda.StreamContext`` are in a session."""
     generic_stream_type = stream_types.GenericStream
     generic_event_type = stream_types.GenericEvent
     """What ``torch.Stream`` and ``torch.Event`` are in a session."""
@@ -230,18 +232,8 @@ class SimStreams:
             if s.stream_id != 0 and s.stream_id not in self._by_id:
                 self._add(s)
 
-    @contextlib.contextmanager
-    def stream(self, s: Any) -> Iterator[None]:
-        if s is None:
-            yield
-            return
-        if isinstance(s, SimStream) and s._api is not self:
-            self.adopt(s)
-        before, self._current = self._current, s
-        try:
-            yield
-        finally:
-            self._current = before
+    def stream(self, s: Any) -> stream_types.SimStreamContext:
+        return stream_types.SimStreamContext(s)
 
     @property
     def _current(self) -> SimStream:

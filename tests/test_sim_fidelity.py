@@ -237,6 +237,40 @@ def test_the_device_module_of_the_accelerator_is_torch_cuda(device, waits):
     del kept
 
 
+# -- stream contexts --------------------------------------------------------------------
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_stored_stream_context_enters_again(device, waits):
+    """Verdict: a race where the second entry of a stored ``torch.cuda.stream(side)``
+    reads main's second write, unordered; clean once side waits. Entered
+    again inside itself, it keeps one saved stream, as torch's does: its
+    outer exit then leaves side current."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        on_side = torch.cuda.stream(side)
+        assert isinstance(on_side, torch.cuda.StreamContext)
+        x = torch.ones(4, device="cuda")
+        side.wait_stream(main)
+        with on_side:
+            first = x * 2
+        assert torch.cuda.current_stream() == main
+        main.wait_stream(side)
+        x.add_(1)
+        if waits:
+            side.wait_stream(main)
+        with on_side:
+            second = x * 2
+            with on_side:
+                assert torch.cuda.current_stream() == side
+            assert torch.cuda.current_stream() == side
+        after_nested = torch.cuda.current_stream()
+        torch.cuda.set_stream(main)
+        torch.cuda.synchronize()
+    assert after_nested == side
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del first, second
+
+
 # -- streams and events made before the block ------------------------------------------
 @functools.cache
 def _copy_stream(device: str) -> torch.cuda.Stream:

@@ -69,9 +69,6 @@ class _Device:
 
 
 def _cuda_patches(api: Any) -> dict[str, Any]:
-    def stream(s: Any = None) -> Any:
-        return api.stream(s)
-
     def current_stream(device: Any = None) -> Any:
         check_index(device)
         return api.current_stream()
@@ -104,7 +101,7 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
 
     return {
         "Stream": api.stream_type, "Event": api.event_type,
-        "stream": stream, "StreamContext": stream,
+        "stream": api.stream_context_type, "StreamContext": api.stream_context_type,
         "current_stream": current_stream, "default_stream": default_stream,
         "set_stream": set_stream, "synchronize": synchronize,
         "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,

@@ -146,6 +146,28 @@ class SimStream(TORCH_STREAM):
         return isinstance(other, SimStream) and other.stream_id == self.stream_id
 
 
+class SimStreamContext:
+    """``torch.cuda.stream(s)`` and ``torch.cuda.StreamContext(s)`` on the
+    simulation running when it is entered. An object, as torch's is, so that
+    a stored one enters again; entered inside itself, it keeps one saved
+    stream, as torch's does (its outer exit then leaves ``s`` current)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self._before: Any = None
+
+    def __enter__(self) -> None:
+        if self.stream is None:
+            return
+        api = _active("torch.cuda.stream(...)")
+        self._before = api.current_stream()
+        api.set_stream(self.stream)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.stream is not None:
+            _active("torch.cuda.stream(...)").set_stream(self._before)
+
+
 class SimEvent:
     """An event on simulated streams: its clock is kept by the listeners.
 
