@@ -168,7 +168,8 @@ class SimStreams:
     kind = "sim"
     stream_type = SimStream
     event_type = SimEvent
-    """What ``torch.cuda.Stream`` and ``torch.cuda.Event`` are in a session."""
+    external_stream_type = stream_types.SimExternalStream
+    """What ``torch.cuda.Stream``, ``Event`` and ``ExternalStream`` are in a session."""
     stream_context_type = stream_types.SimStreamContext
     """What ``torch.cuda.stream`` and ``torch.cuda.StreamContext`` are in a session."""
     generic_stream_type = stream_types.GenericStream
@@ -210,11 +211,30 @@ class SimStreams:
                kind: type[SimStream] | None = None) -> SimStream:
         """A new stream, of ``kind`` where the program derived a class of its own."""
         stream_id = next(stream_types.stream_ids)
+        while stream_id in stream_types.EXTERNAL:
+            stream_id = next(stream_types.stream_ids)
         s = (kind or SimStream)._make(self, stream_id, priority,
                                       self._names.of(stream_id, site_name()))
         stream_types.STREAMS[stream_id] = s
         self._add(s)
         return s
+
+    def external(self, handle: int, kind: type[SimStream] | None = None) -> SimStream:
+        """The stream whose handle (``cuda_stream``, its id) is ``handle``, as
+        an object of ``kind``: one this run or an earlier one made, else a
+        stream of its own that a library made outside torch."""
+        kind = kind or SimStream
+        known = self._by_id.get(handle) or stream_types.STREAMS.get(handle)
+        if known is None:
+            s = kind._make(self, handle, 0, self._names.of(handle, site_name()))
+            stream_types.EXTERNAL.add(handle)
+            stream_types.STREAMS[handle] = s
+            self._add(s)
+            return s
+        self.adopt(known)
+        if isinstance(known, kind):
+            return known
+        return kind._make(self, handle, known.priority, known._name)
 
     def _add(self, s: SimStream) -> None:
         self.created.append(s)

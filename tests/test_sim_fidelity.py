@@ -271,6 +271,51 @@ def test_a_stored_stream_context_enters_again(device, waits):
     del first, second
 
 
+# -- external streams -------------------------------------------------------------------
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_external_stream_is_the_stream_its_handle_names(device, waits):
+    """Verdict: a race where work on ``ExternalStream(side.cuda_stream)`` (a
+    library's handle to ``side``) reads main's write, unordered; clean once
+    ``side`` itself waits for main: they are one stream."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        side = torch.cuda.Stream()
+        theirs = torch.cuda.ExternalStream(side.cuda_stream)
+        again = torch.cuda.Stream(stream_id=side.stream_id, device_index=side.device_index,
+                                  device_type=side.device_type)  # torch's own way back
+        assert isinstance(theirs, torch.cuda.ExternalStream)
+        assert isinstance(theirs, torch.cuda.Stream) and theirs == side == again
+        assert theirs.cuda_stream == side.cuda_stream and hash(theirs) == hash(side)
+        x = torch.ones(4, device="cuda")
+        if waits:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(theirs):
+            y = x * 2
+        torch.cuda.current_stream().wait_stream(side)
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del y
+
+
+@pytest.mark.parametrize("waits", [False, True])
+def test_an_external_stream_of_a_handle_made_elsewhere_is_a_stream_of_its_own(waits):
+    """Verdict: a race where a stream another library made (a handle no
+    simulated stream has) reads main's write, unordered; clean once it waits.
+    Every ``ExternalStream`` of that handle is that one stream."""
+    with streamfuzz.checked(device="cpu", collect=True) as check:
+        handle = 0x7F00_0000_1230
+        lib = torch.cuda.ExternalStream(handle)
+        assert lib == torch.cuda.ExternalStream(handle) and lib.cuda_stream == handle
+        assert lib != torch.cuda.current_stream() and lib != torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        if waits:
+            torch.cuda.ExternalStream(handle).wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(lib):
+            y = x * 2
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    assert "lib reads it" in "".join(f.message for f in check.findings) or waits
+    del y
+
+
 # -- streams and events made before the block ------------------------------------------
 @functools.cache
 def _copy_stream(device: str) -> torch.cuda.Stream:

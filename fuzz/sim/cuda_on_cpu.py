@@ -101,6 +101,7 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
 
     return {
         "Stream": api.stream_type, "Event": api.event_type,
+        "ExternalStream": api.external_stream_type,
         "stream": api.stream_context_type, "StreamContext": api.stream_context_type,
         "current_stream": current_stream, "default_stream": default_stream,
         "set_stream": set_stream, "synchronize": synchronize,

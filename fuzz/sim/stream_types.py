@@ -31,6 +31,8 @@ class Simulated(Protocol):
     def Stream(self, priority: int = 0,  # noqa: N802
                kind: type[SimStream] | None = None) -> SimStream: ...
     def Event(self, **kwargs: Any) -> SimEvent: ...  # noqa: N802
+    def external(self, handle: int,
+                 kind: type[SimStream] | None = None) -> SimStream: ...
     def adopt(self, s: SimStream) -> None: ...
     def current_stream(self) -> SimStream: ...
     def set_stream(self, s: SimStream) -> None: ...
@@ -54,9 +56,12 @@ class SimStream(TORCH_STREAM):
     _priority: int
     _entered: SimStream
 
-    def __new__(cls, device: Any = None, priority: int = 0, **_: Any) -> SimStream:
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:
+        api = _active("torch.cuda.Stream()")
+        if "stream_id" in kwargs:  # torch's way back to a stream it made already
+            return api.external(kwargs["stream_id"], cls)
         # A class the program derives from torch.cuda.Stream makes its own objects.
-        return _active("torch.cuda.Stream()").Stream(priority, cls)
+        return api.Stream(priority, cls)
 
     PRIORITIES = (0, -3)
     """``priority_range()``: (least, greatest), what torch gives on current GPUs."""
@@ -144,6 +149,18 @@ class SimStream(TORCH_STREAM):
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SimStream) and other.stream_id == self.stream_id
+
+
+class SimExternalStream(SimStream):
+    """``torch.cuda.ExternalStream(handle)``: the stream a library made,
+    known by its handle (``cuda_stream``, which is a simulated stream's id).
+    The handle of a simulated stream names that stream; any other is a stream
+    of its own, the same one for every ``ExternalStream`` of that handle."""
+
+    def __new__(cls, stream_ptr: int, device: Any = None,  # type: ignore[misc]
+                **kwargs: Any) -> SimStream:
+        check_index(device)
+        return _active("torch.cuda.ExternalStream()").external(stream_ptr, cls)
 
 
 class SimStreamContext:
@@ -333,6 +350,9 @@ ACTIVE: list[Simulated] = []
 stream_ids = itertools.count(1)
 """Simulated stream ids, unique in the process: a stream kept from an earlier
 run is never taken for one of the current run's."""
+
+EXTERNAL: set[int] = set()
+"""The handles ``ExternalStream`` made streams for: ids ``stream_ids`` skips."""
 
 STREAMS: weakref.WeakValueDictionary[int, SimStream] = weakref.WeakValueDictionary()
 """Every simulated stream still alive, by id: aten names a stream by its id
