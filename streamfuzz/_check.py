@@ -246,14 +246,14 @@ def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
         # The simulation the whole process runs on: its tensors, made before
         # this block (at import, in fixtures), are already device memory.
         shared = _whole.sim
-        checker = LifetimeChecker(shared, group_rank=_group.rank()).attach() if check else None
+        watching = LifetimeChecker(shared, group_rank=_group.rank()).attach() if check else None
         shared.hold_polls(pending_polls)
         try:
-            yield checker
+            yield watching
         finally:
             shared.hold_polls(0)
-            if checker is not None:
-                checker.detach()
+            if watching is not None:
+                watching.detach()
         return
     sim = SimStreams(Simulation('under streamfuzz.checked(device="cpu")',
                                 'run the block under checked(device="cuda") on a GPU'))

@@ -55,9 +55,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _xdist_controller(namespace: Any) -> bool:
-    """Whether this process hands tests to pytest-xdist workers (it runs none)."""
+    """Whether this process hands tests to pytest-xdist workers (it runs none).
+    A worker is started as ``python -c`` with ``PYTEST_XDIST_WORKER`` set; a
+    controller run by a worker's test inherits the variable, not the ``-c``."""
     workers = getattr(namespace, "numprocesses", None)
-    return bool(workers) and workers != "0" and "PYTEST_XDIST_WORKER" not in os.environ
+    worker = "PYTEST_XDIST_WORKER" in os.environ and sys.argv[:1] == ["-c"]
+    return bool(workers) and workers != "0" and not worker
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -71,6 +74,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     from streamfuzz import _check, _subprocesses
     from streamfuzz.fuzz.errors import CheckArgumentError
 
+    _subprocesses.hand_over()  # a checked program's child: each test is a block now
     try:
         device = _check.begin_whole(
             getattr(namespace, "streamfuzz_device", "auto"), "under pytest --streamfuzz",
@@ -335,7 +339,7 @@ _tally: collections.Counter[str] = collections.Counter()
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for key, value in report.user_properties:
         if key == _PROPERTY:
-            _tally[value] += 1
+            _tally[str(value)] += 1
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
