@@ -79,3 +79,18 @@ def test_bad_input_is_one_line_and_exit_2_before_the_program_runs(args, says):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["bug", "fixed"])
+def test_torchrun_workers_are_checked_and_a_receivers_race_is_reported(fixed):
+    ranks = str(PROGRAM.with_name("checked_ranks.py"))
+    r = _check("--device", "cpu", "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", ranks, *(["--fixed"] if fixed else []))
+    assert "3 processes" in r.stderr, r.stderr
+    if fixed:
+        assert r.returncode == 0 and "clean" in r.stderr, r.stderr
+    else:
+        assert r.returncode == 1, r.stderr
+        assert "] race: read-after-write race" in r.stderr
+        assert "side's write (c10d.broadcast_)" in r.stderr
+        assert r.stderr.count("[child process") == 1  # the receiver; the root only reads

@@ -36,8 +36,9 @@ def add_parser(sub: Any) -> None:
                         "auto (default): cuda where a GPU is visible")
     c.add_argument("--oracle", default=None, metavar="O[,O]",
                    help="which findings to report: lifetime, race (default both)")
-    c.add_argument("-m", dest="module", metavar="MODULE",
-                   help="run a module as `python -m MODULE` does, instead of a script")
+    c.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
+                   help="run a module as `python -m MODULE` does, instead of a script; "
+                        "what follows is its arguments")
     c.add_argument("program", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
                    help="the program and its arguments")
 
@@ -53,10 +54,16 @@ def _plan(args: argparse.Namespace) -> tuple[str, list[str], tuple[str, ...]]:
                                                if o.strip()]
     oracles = _check._valid_oracles(names)
     argv = list(args.program)
-    if args.module:
-        if importlib.util.find_spec(args.module) is None:
-            raise UsageError(f"check -m {args.module}: no such module here")
-        return "-m", [args.module, *argv], oracles
+    if args.module is not None:
+        if not args.module:
+            raise UsageError("check -m needs a module name")
+        try:
+            found = importlib.util.find_spec(args.module[0]) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise UsageError(f"check -m {args.module[0]}: no such module here")
+        return "-m", list(args.module), oracles
     if not argv:
         raise UsageError("check needs a program: SCRIPT [ARGS] or -m MODULE [ARGS]")
     script = argv[0]

@@ -420,17 +420,28 @@ class TensorTracker:
                                                       and bool(args[2]))
         return not non_blocking or PAGEABLE in host_writes
 
+    def _rank_in(self, group: Any) -> int:
+        """This process's rank in the op's group, as the op runs: a block may
+        start before the program joins its group (a whole program checked)."""
+        from torch._C._distributed_c10d import ProcessGroup  # type: ignore[attr-defined]
+
+        try:
+            return int(ProcessGroup.unbox(group).rank())
+        except (RuntimeError, AttributeError, TypeError):
+            return self.group_rank
+
     def _collective(self, name: str, arg_names: tuple[str, ...], arg_writes: tuple[bool, ...],
                     args: tuple, kwargs: dict, reads: list, writes: list,
                     kinds: set[str | None]) -> None:
         """c10d ops as NCCL runs them: async on the current stream. Their
         tensors are in lists (or lists of lists), never in other containers."""
         if name == "c10d::broadcast_" and len(args) > 2:  # the usual call: two arguments read
-            bound = {"tensors": args[0], "root_rank": args[2]}
+            bound = {"tensors": args[0], "process_group": args[1], "root_rank": args[2]}
         else:
             bound = {**dict(zip(arg_names, args)), **kwargs}
         if name == "c10d::broadcast_":
-            target = reads if bound.get("root_rank", 0) == self.group_rank else writes
+            root = bound.get("root_rank", 0) == self._rank_in(bound.get("process_group"))
+            target = reads if root else writes
             for leaf in tensors_in(bound.get("tensors")):
                 key, kind = self._classify(leaf)
                 kinds.add(kind)
