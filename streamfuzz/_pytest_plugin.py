@@ -24,7 +24,6 @@ asks for a check, so the plugin costs nothing to a suite that never does.
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
 import shutil
@@ -90,6 +89,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "streamfuzz(device=None, oracles=None, collect=False): run the test "
                    "(each example of a Hypothesis test) as a streamfuzz.checked() block")
+    if config.getoption("streamfuzz"):
+        from streamfuzz._pytest_whole import WholeSuite
+
+        config.pluginmanager.register(
+            WholeSuite(config.getoption("streamfuzz_device"), config.stash.get(_FOLDER, None),
+                       _wrap_examples), "streamfuzz-whole-suite")
     device = config.getoption("streamfuzz_device")
     if device != "auto":
         from streamfuzz import _check
@@ -111,20 +116,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if folder is not None:
         sys.modules["streamfuzz._check"].end_whole()
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _whole(config: pytest.Config) -> bool:
-    return bool(config.getoption("streamfuzz", False))
-
-
-def _own_block(item: pytest.Item) -> bool:
-    """Whether the test asks for its own block (marker, fixture), which takes
-    precedence over ``--streamfuzz``'s, or is a Hypothesis test, whose
-    examples are each a block."""
-    fn = getattr(item, "obj", None)
-    return (item.get_closest_marker("streamfuzz") is not None
-            or "stream_checker" in getattr(item, "fixturenames", ())
-            or hasattr(getattr(fn, "hypothesis", None), "inner_test"))
 
 
 _MARKER_KEYWORDS = ("device", "oracles", "collect", "pending_polls")
@@ -175,56 +166,7 @@ def _wrap_examples(fn: Any, options: dict[str, Any]) -> None:
     fn.hypothesis.inner_test = example
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> Any:
-    """``--streamfuzz``: the test's block starts before its fixtures do."""
-    __tracebackhide__ = True
-    _wrap_for_marker(item)
-    if not _whole(item.config) or item.config.stash.get(_FOLDER, None) is None:
-        return (yield)
-    if _own_block(item):
-        fn = getattr(item, "obj", None)
-        if (item.get_closest_marker("streamfuzz") is None
-                and hasattr(getattr(fn, "hypothesis", None), "inner_test")):
-            _wrap_examples(fn, {})
-        return (yield)
-    import streamfuzz
-
-    check = streamfuzz.checked(collect=True)
-    check._implicit = True
-    check.__enter__()
-    item.stash[_WHOLE] = check
-    try:
-        return (yield)
-    except BaseException as exc:
-        del item.stash[_WHOLE]
-        check.__exit__(type(exc), exc, exc.__traceback__)
-        _fail_on(item, check, exc)
-        raise
-
-
-def _fail_on(item: pytest.Item, check: Any, exc: BaseException | None) -> None:
-    """The block's findings and those of the processes it started, raised as
-    one ``StreamfuzzError`` (a note on ``exc`` where the test failed anyway)."""
-    __tracebackhide__ = True
-    import streamfuzz
-    from streamfuzz import _subprocesses
-    from streamfuzz.fuzz.verdict import Failure
-
-    found = list(check.findings)
-    for child in _subprocesses.gather(item.config.stash[_FOLDER]):
-        found += [Failure(f.kind, f"(in process {child.pid}, started by the test) {f.message}",
-                          f.rank, f.step) for f in child.findings]
-    if not found:
-        return
-    error = streamfuzz.StreamfuzzError(found, check.device or "?")
-    if exc is not None:
-        exc.add_note(str(error))
-        return
-    raise error
-
-
-def _wrap_for_marker(item: pytest.Item) -> None:
+def pytest_runtest_setup(item: pytest.Item) -> None:
     __tracebackhide__ = True
     options = _options(item)
     fn = getattr(item, "obj", None)
@@ -241,18 +183,6 @@ def _wrap_for_marker(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     __tracebackhide__ = True
-    whole = item.stash.get(_WHOLE, None)
-    if whole is not None:
-        del item.stash[_WHOLE]
-        try:
-            result = yield
-        except BaseException as exc:
-            whole.__exit__(type(exc), exc, exc.__traceback__)
-            _fail_on(item, whole, exc)
-            raise
-        whole.__exit__(None, None, None)
-        _fail_on(item, whole, None)
-        return result
     check = item.stash.get(_CHECK, None)
     if check is None:
         options = _options(item)
@@ -276,85 +206,3 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
             text = str(streamfuzz.StreamfuzzError(check.findings, check.device or "?"))
             item.add_report_section("call", "streamfuzz", text)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: Any) -> Any:
-    whole = item.stash.get(_WHOLE, None)  # left open: the call never ran
-    if whole is not None:
-        del item.stash[_WHOLE]
-        whole.abandon()
-    return (yield)
-
-
-def _not_simulated(exc: BaseException | None) -> str | None:
-    """The call the simulation does not model, where that is why a test failed
-    (also behind the test's own exception): a custom kernel with no CPU
-    implementation is one."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if type(exc).__name__ == "NotSimulated":
-            return str(exc).split(" is not simulated", 1)[0]
-        text = str(exc)
-        if isinstance(exc, NotImplementedError) and "with arguments from the 'CPU' backend" in text:
-            op = text.split("'", 2)[1] if text.count("'") >= 2 else "an operator"
-            return f"{op} (a kernel with no CPU implementation)"
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
-    report = yield
-    if not _whole(item.config):
-        return report
-    excinfo = call.excinfo
-    what = _not_simulated(excinfo.value) if report.failed and excinfo is not None else None
-    if what is not None:
-        report.outcome = "skipped"
-        report.longrepr = (str(item.path), (item.location[1] or 0) + 1,
-                           f"Skipped: not simulated: {what}")
-        report.user_properties.append((_PROPERTY, f"not simulated: {what}"))
-    elif report.when == "call":
-        from streamfuzz.fuzz.errors import FuzzError
-
-        error = excinfo.value if excinfo is not None else None
-        finding = type(error).__name__ == "StreamfuzzError" or any(
-            "streamfuzz: " in note and "finding(s)" in note
-            for note in getattr(error, "__notes__", ()) or ())
-        if isinstance(error, FuzzError) or finding:
-            report.user_properties.append((_PROPERTY, "finding" if finding else "failed"))
-        elif report.failed:
-            report.user_properties.append((_PROPERTY, "failed"))
-        elif report.passed:
-            report.user_properties.append((_PROPERTY, "clean"))
-    return report
-
-
-_tally: collections.Counter[str] = collections.Counter()
-"""Tests by outcome under the checker, in the process that prints the summary."""
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    for key, value in report.user_properties:
-        if key == _PROPERTY:
-            _tally[str(value)] += 1
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
-                            config: pytest.Config) -> None:
-    if not _whole(config):
-        return
-    tally = _tally
-    skipped = {k: n for k, n in tally.items() if k.startswith("not simulated: ")}
-    ran = tally["clean"] + tally["finding"] + tally["failed"]
-    device = config.getoption("streamfuzz_device")
-    tr = terminalreporter
-    tr.write_sep("-", "streamfuzz")
-    tr.write_line(f"{ran} test(s) ran under the checker (--streamfuzz-device {device}): "
-                  f"{tally['clean']} clean, {tally['finding']} failed with a finding, "
-                  f"{tally['failed']} failed otherwise; {sum(skipped.values())} skipped "
-                  f"as not simulated")
-    for what, n in sorted(skipped.items(), key=lambda kv: -kv[1])[:10]:
-        tr.write_line(f"  {n:4d}  {what}")
