@@ -151,7 +151,7 @@ def test_what_is_not_simulated_says_so_in_one_line():
     api = SimStreams()
     with api.session():
         for call in (torch.cuda.CUDAGraph, lambda: torch.cuda.graph(None),
-                     torch.cuda.memory_allocated, lambda: torch.cuda.set_device(1),
+                     torch.cuda.memory_snapshot, lambda: torch.cuda.set_device(1),
                      lambda: torch.cuda._sleep(10)):
             with pytest.raises(NotSimulated) as err:
                 call()

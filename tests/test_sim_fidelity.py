@@ -316,6 +316,82 @@ def test_an_external_stream_of_a_handle_made_elsewhere_is_a_stream_of_its_own(wa
     del y
 
 
+# -- random state and memory statistics ------------------------------------------------
+def _checkpointed_dropout(layer: torch.nn.Module, x: torch.Tensor, checkpoint: bool) -> None:
+    torch.cuda.manual_seed(0)
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(layer(t), 0.5, training=True)
+
+    out = (torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if checkpoint
+           else block(x))
+    out.sum().backward()
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_activation_checkpointing_replays_the_device_random_state(device, waits):
+    """Verdict: a race where a side stream reads the gradient that the
+    checkpointed backward wrote on main, unordered; clean once it waits. The
+    recomputed dropout draws the forward's mask: checkpointing saves and
+    restores ``torch.cuda``'s random state, so its gradient is the plain one."""
+    with torch.random.fork_rng(devices=[]), \
+            streamfuzz.checked(device=device, collect=True) as check:
+        layer = torch.nn.Linear(64, 64, device="cuda")
+        x = torch.ones(8, 64, device="cuda", requires_grad=True)
+        _checkpointed_dropout(layer, x, checkpoint=False)
+        plain, x.grad = x.grad, None
+        _checkpointed_dropout(layer, x, checkpoint=True)
+        side = torch.cuda.Stream()
+        if waits:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            copied = x.grad.clone()
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(plain, x.grad) and torch.cuda.initial_seed() == 0
+        state = torch.cuda.get_rng_state()
+        drawn = torch.rand(4, device="cuda")
+        torch.cuda.set_rng_state_all([state])
+        assert torch.equal(drawn, torch.rand(4, device="cuda"))
+        assert torch.equal(torch.cuda.get_rng_state_all()[0], torch.cuda.get_rng_state())
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del copied
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_statistics_count_live_device_memory(device):
+    """Verdict: clean. ``memory_allocated`` follows the device memory the block
+    holds, as the caching allocator counts it (each block rounded up to 512
+    bytes), through allocations, frees and ``resize_``; the peaks and what is
+    reserved hold it."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        x = torch.empty(1 << 20, device="cuda")
+        small = torch.ones(3, device="cuda")
+        assert torch.cuda.memory_allocated() - before == (4 << 20) + 512
+        peak = torch.cuda.max_memory_allocated()
+        assert peak >= before + (4 << 20) + 512
+        x.untyped_storage().resize_(0)
+        assert torch.cuda.memory_allocated() - before == 512
+        x.untyped_storage().resize_(1 << 20)
+        assert torch.cuda.memory_allocated() - before == (1 << 20) + 512
+        del x, small
+        assert torch.cuda.memory_allocated() == before
+        assert torch.cuda.max_memory_allocated() == peak
+        reserved = torch.cuda.memory_reserved()
+        assert reserved >= peak and torch.cuda.max_memory_reserved() >= reserved
+        free, total = torch.cuda.mem_get_info()
+        assert 0 < free <= total - reserved
+        stats = torch.cuda.memory_stats()
+        assert stats["allocated_bytes.all.current"] == before
+        assert stats["allocated_bytes.all.peak"] == peak
+        assert stats["reserved_bytes.all.current"] == reserved
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == before
+    assert check.findings == []
+
+
 # -- streams and events made before the block ------------------------------------------
 @functools.cache
 def _copy_stream(device: str) -> torch.cuda.Stream:
@@ -423,12 +499,12 @@ def test_what_is_not_simulated_names_the_call_and_how_the_block_runs_on_a_gpu():
     """Verdict: one ``NotSimulated`` line; under ``checked()`` it names
     ``checked(device="cuda")``, in a fuzz target the ``--device`` flag."""
     with pytest.raises(NotSimulated) as err, streamfuzz.checked(device="cpu", collect=True):
-        torch.cuda.memory_allocated()
+        torch.cuda.memory_snapshot()
     text = str(err.value)
-    assert "\n" not in text and text.startswith("torch.cuda.memory_allocated is not simulated")
+    assert "\n" not in text and text.startswith("torch.cuda.memory_snapshot is not simulated")
     assert 'checked(device="cuda")' in text and "--device" not in text
     with pytest.raises(NotSimulated) as err, SimStreams().session():
-        torch.cuda.memory_allocated()
+        torch.cuda.memory_snapshot()
     assert "--device cuda" in str(err.value) and "checked(" not in str(err.value)
 
 
