@@ -84,6 +84,26 @@ def test_a_generator_on_the_device_samples_device_memory(device):
     assert check.findings == []
 
 
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_integer_device_is_the_cuda_device(device, waits):
+    """Verdict: a race where the side stream reads, unordered, what main wrote
+    into memory made on device ``0``; clean once the side stream waits."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        assert torch.device(0) == torch.device("cuda", 0)
+        made = [torch.zeros(2, device=0), torch.ones(2).to(0), torch.ones(2).to(0, torch.half),
+                torch.empty(2, device=torch.device(0)), torch.ones(2).cuda(0)]
+        assert all(t.is_cuda and t.device == torch.device(0) for t in made)
+        buf = torch.zeros(4, device=0)
+        side = torch.cuda.Stream(0)
+        if waits:
+            side.wait_stream(torch.cuda.current_stream(0))
+        with torch.cuda.stream(side):
+            y = buf * 2
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del y
+
+
 # -- meta, and the default device ----------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 def test_meta_stays_meta_and_materializes_as_device_memory(device):

@@ -238,6 +238,15 @@ def _making(memory: Memory, kind: str, func: Any, *args: Any, **kwargs: Any) -> 
         memory.making = before
 
 
+def _torch_device(memory: Memory, *args: Any, **kwargs: Any) -> torch.device:
+    """``torch.device(i)``: an index alone names a device of the accelerator,
+    which is CUDA here (a CPU-only torch raises, having none)."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(
+            args[0], bool):
+        return torch.device("cuda", args[0])
+    return torch.device(*args, **kwargs)
+
+
 def _device(memory: Memory, t: torch.Tensor) -> torch.device:
     """``Tensor.device``: the CUDA device for device memory."""
     return DEVICE if memory.is_device(t) else _DEVICE_OF(t)
@@ -342,6 +351,7 @@ def _host_read(method: Any) -> Any:
 
 
 _METHODS: dict[Any, Any] = {
+    torch.device: _torch_device,
     _DEVICE_OF: _device,
     cast(Any, torch.Tensor.is_cuda).__get__: _is_cuda_tensor,
     _IS_CPU: _is_cpu_tensor,
