@@ -241,10 +241,28 @@ def _making(memory: Memory, kind: str, func: Any, *args: Any, **kwargs: Any) -> 
 def _torch_device(memory: Memory, *args: Any, **kwargs: Any) -> torch.device:
     """``torch.device(i)``: an index alone names a device of the accelerator,
     which is CUDA here (a CPU-only torch raises, having none)."""
-    if len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(
-            args[0], bool):
-        return torch.device("cuda", args[0])
+    if len(args) == 1 and not kwargs:
+        args = (_index(args[0]),)
     return torch.device(*args, **kwargs)
+
+
+def _index(device: Any) -> Any:
+    return torch.device("cuda", device) if isinstance(device, int) and not isinstance(
+        device, bool) else device
+
+
+def _parse_to(memory: Memory, *args: Any, **kwargs: Any) -> Any:
+    """``Module.to``'s parse of its arguments: the device as given (``device=
+    "cuda"`` too, an index, or a device tensor's), which the module then
+    passes to each tensor's ``to``."""
+    if "device" in kwargs:
+        kwargs["device"] = _index(kwargs["device"])
+    if args:
+        args = (_index(args[0]), *args[1:])
+    parsed = torch._C._nn._parse_to(*args, **kwargs)
+    if args and isinstance(args[0], torch.Tensor) and memory.is_device(args[0]):
+        return (DEVICE, *parsed[1:])
+    return parsed
 
 
 def _device(memory: Memory, t: torch.Tensor) -> torch.device:
@@ -352,6 +370,7 @@ def _host_read(method: Any) -> Any:
 
 _METHODS: dict[Any, Any] = {
     torch.device: _torch_device,
+    torch._C._nn._parse_to: _parse_to,
     _DEVICE_OF: _device,
     cast(Any, torch.Tensor.is_cuda).__get__: _is_cuda_tensor,
     _IS_CPU: _is_cpu_tensor,
