@@ -157,6 +157,8 @@ def test_what_is_not_simulated_says_so_in_one_line():
                 call()
             assert "\n" not in str(err.value) and "not simulated on --device cpu" in str(
                 err.value)
+    assert str(err.value) == ("torch.cuda._sleep is not simulated on --device cpu (see "
+                              "docs/cuda-on-cpu.md); run this target with --device cuda")
 
 
 def test_every_patch_is_restored_after_the_session_even_on_error():
