@@ -260,6 +260,17 @@ def test_stream_and_event_types_derived_in_the_block_are_simulated(device, waits
         assert isinstance(ready, Marker) and isinstance(ready, torch.Event)
         assert ready.label == "ready" and issubclass(Marker, torch.Event)
         assert not isinstance(torch.cuda.current_stream(), Lane)
+
+        class Timer(torch.cuda.Event):
+            pass
+
+        class Queue(torch.Stream):
+            pass
+
+        timer, queue = Timer(enable_timing=True), Queue()
+        assert isinstance(timer, Timer) and isinstance(timer, torch.cuda.Event)
+        assert isinstance(queue, Queue) and isinstance(queue, torch.Stream)
+        assert queue != lane and queue != torch.cuda.current_stream()
         x = torch.ones(4, device="cuda")
         ready.record()
         if waits:

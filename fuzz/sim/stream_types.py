@@ -169,20 +169,25 @@ class SimStreamContext:
     a stored one enters again; entered inside itself, it keeps one saved
     stream, as torch's does (its outer exit then leaves ``s`` current)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, api: Simulated | None = None) -> None:
         self.stream = stream
+        self._api = api
+        """The simulation it is bound to (``ctx.streams.stream``), else None."""
         self._before: Any = None
+
+    def _now(self) -> Simulated:
+        return self._api or _active("torch.cuda.stream(...)")
 
     def __enter__(self) -> None:
         if self.stream is None:
             return
-        api = _active("torch.cuda.stream(...)")
+        api = self._now()
         self._before = api.current_stream()
         api.set_stream(self.stream)
 
     def __exit__(self, *exc: Any) -> None:
         if self.stream is not None:
-            _active("torch.cuda.stream(...)").set_stream(self._before)
+            self._now().set_stream(self._before)
 
 
 class SimEvent:
