@@ -1,7 +1,9 @@
 """The simulated stream and event types, and which simulation runs now.
 
-Under CUDA on CPU they are ``torch.cuda.Stream`` and ``torch.cuda.Event``
-(``streamfuzz.fuzz.sim.cuda_on_cpu`` installs them for the length of an example). Each
+Under CUDA on CPU they are ``torch.cuda.Stream``, ``Event``, ``ExternalStream``
+and ``stream``, and ``torch.Stream`` and ``torch.Event``
+(``streamfuzz.fuzz.sim.cuda_on_cpu`` installs them for the length of an
+example); all are classes, since engine code and torch derive their own. Each
 is an identity for the listeners, never a queue: every op has already run.
 What they do goes to the simulation running now (``running()``), which a
 stream or event made in an earlier example or block joins on first use.
