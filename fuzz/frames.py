@@ -59,6 +59,11 @@ _SKIP_PATHS = frozenset(
 _MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})
 
 
+_counts: dict[int, list] | None = None
+"""While a run keeps a record (``streamfuzz._record``): per user function met
+in a walk, by its code object's id, ``[code, walks]``. The entry holds the
+code, so its id is not reused while counted."""
+
 _SKIP, _USER, _RUNNER = 0, 1, 2
 _FILE_KINDS: dict[str, int] = {}
 """Each source file's kind, decided once: frames are walked at every op. Keyed
@@ -84,10 +89,19 @@ def _file_kind(path: str) -> int:
     return kind
 
 
+def count_functions(counts: dict[int, list] | None) -> None:
+    """From now on, count every user function each walk meets in ``counts``
+    (``None``: stop). A walk is made where an op's stream work is recorded,
+    so this is the cheapest place to learn which functions did stream work."""
+    global _counts
+    _counts = counts
+
+
 def frames_here(limit: int = 4) -> Frames:
     """The innermost frames of the program under test, as plain strings."""
     out: list[tuple[str, int, str]] = []
     kinds = _FILE_KINDS
+    counts = _counts
     f: FrameType | None = sys._getframe(1)
     while f is not None:
         code = f.f_code
@@ -98,6 +112,12 @@ def frames_here(limit: int = 4) -> Frames:
         if kind == _USER:
             if code.co_name not in _MODE_HOOKS:
                 out.append((path, f.f_lineno, code.co_name))
+                if counts is not None:
+                    entry = counts.get(id(code))
+                    if entry is None:
+                        counts[id(code)] = [code, 1]
+                    else:
+                        entry[1] += 1
                 if len(out) == limit:
                     break
         elif kind == _RUNNER:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from streamfuzz import _group
+from streamfuzz import _group, _record
 from streamfuzz._explain import hide_own_lines
 from streamfuzz.fuzz.errors import CheckArgumentError, FuzzError, NestedCheckError
 from streamfuzz.fuzz.verdict import Failure
@@ -188,6 +188,7 @@ class Check:
 
                 checker.poll(frames_here() or self._end_frames)
                 found = checker.finish()
+                _record.note([s for s in checker.model.sites if s[0] in self.oracles])
         finally:
             if stack is not None:
                 stack.close()

@@ -9,6 +9,8 @@
   start are checked too, and their findings fail the test that started them.
 * ``--streamfuzz-device cpu|cuda|auto``: the device of every checked block that
   names none (default ``auto``).
+* ``--streamfuzz-record FILE`` (with ``--streamfuzz``): write the run's record
+  (``streamfuzz._record``) for ``streamfuzz scan PATH --record FILE``.
 * ``stream_checker``: a fixture whose test body runs as one checked block; the
   fixture is the ``streamfuzz.Check``, e.g. to ``name()`` a tensor.
 * ``@pytest.mark.streamfuzz(device=..., oracles=..., collect=...)``: the same
@@ -51,6 +53,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--streamfuzz", action="store_true", default=False,
                     help="run every test, unchanged, as one checked block (its child "
                          "processes too); on cpu, CUDA is simulated from the session's start")
+    group.addoption("--streamfuzz-record", default=None, metavar="FILE",
+                    help="with --streamfuzz: write the run's record to FILE (which functions "
+                         "did stream work, which a finding named), for `streamfuzz scan PATH "
+                         "--record FILE`")
 
 
 def _xdist_controller(namespace: Any) -> bool:
@@ -68,9 +74,12 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     """``--streamfuzz``: the simulation starts before any conftest or test module
     is imported, since those often decide at import whether CUDA is there."""
     namespace = early_config.known_args_namespace
+    record = getattr(namespace, "streamfuzz_record", None)
+    if record is not None:
+        _check_record(record, getattr(namespace, "streamfuzz", False))
     if not getattr(namespace, "streamfuzz", False) or _xdist_controller(namespace):
         return
-    from streamfuzz import _check, _subprocesses
+    from streamfuzz import _check, _record, _subprocesses
     from streamfuzz.fuzz.errors import CheckArgumentError
 
     _subprocesses.hand_over()  # a checked program's child: each test is a block now
@@ -82,7 +91,22 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         raise pytest.UsageError(f"--streamfuzz: {exc}") from None
     folder = tempfile.mkdtemp(prefix="streamfuzz-pytest-")
     early_config.stash[_FOLDER] = folder
+    if record is not None:
+        _record.start()
     _subprocesses.export(folder, device, _check.ORACLES)
+
+
+def _check_record(path: str, whole: bool) -> None:
+    """``--streamfuzz-record``: one usage line, before anything runs."""
+    if not whole:
+        raise pytest.UsageError("--streamfuzz-record needs --streamfuzz: the record is of "
+                                "the whole suite's run")
+    from streamfuzz._record import RecordError, check_writable
+
+    try:
+        check_writable(path, "--streamfuzz-record")
+    except RecordError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -94,7 +118,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.pluginmanager.register(
             WholeSuite(config.getoption("streamfuzz_device"), config.stash.get(_FOLDER, None),
-                       _wrap_examples), "streamfuzz-whole-suite")
+                       _wrap_examples, config.getoption("streamfuzz_record")),
+            "streamfuzz-whole-suite")
     device = config.getoption("streamfuzz_device")
     if device != "auto":
         from streamfuzz import _check

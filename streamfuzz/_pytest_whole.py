@@ -7,7 +7,9 @@ the test itself; what the processes it started found fails it too. A test
 that fails only because it reached a call the simulation does not model is
 reported as skipped, ``not simulated: <call>``. Each test's outcome under the
 checker rides on its report (``user_properties``), so the summary is right
-under pytest-xdist too, where it is printed by the controller.
+under pytest-xdist too, where it is printed by the controller. With
+``--streamfuzz-record`` each worker hands its part of the record
+(``streamfuzz._record``) to the controller at its end, which writes the file.
 """
 
 from __future__ import annotations
@@ -21,18 +23,24 @@ import pytest
 _BLOCK = pytest.StashKey[Any]()
 """The block a test runs in, from its setup to the end of its call."""
 _PROPERTY = "streamfuzz"
+_PART = "streamfuzz_record"
+"""A pytest-xdist worker's part of the record, in its ``workeroutput``."""
 
 
 class WholeSuite:
     """The hooks of ``--streamfuzz``. ``folder``: where the processes a test
-    starts report (None in a pytest-xdist controller, which runs no test)."""
+    starts report (None in a pytest-xdist controller, which runs no test).
+    ``record``: where the run's record goes (``--streamfuzz-record``)."""
 
     def __init__(self, device: str, folder: str | None,
-                 wrap_examples: Callable[[Any, dict[str, Any]], None]) -> None:
+                 wrap_examples: Callable[[Any, dict[str, Any]], None],
+                 record: str | None = None) -> None:
         self.device = device
         self.folder = folder
         self._wrap_examples = wrap_examples
         self.tally: collections.Counter[str] = collections.Counter()
+        self.record = record
+        self._written: Any = None
 
     # -- the block ------------------------------------------------------------
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -93,6 +101,7 @@ class WholeSuite:
 
         found = list(check.findings)
         for child in _subprocesses.gather(self.folder or ""):
+            _absorb(child.record)
             found += [Failure(f.kind, f"(in process {child.pid}, started by the test) "
                                       f"{f.message}", f.rank, f.step)
                       for f in child.findings]
@@ -124,6 +133,28 @@ class WholeSuite:
             if key == _PROPERTY:
                 self.tally[str(value)] += 1
 
+    # -- the record ---------------------------------------------------------------
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """pytest-xdist's controller: a worker ended, with its part of the record."""
+        _absorb(getattr(node, "workeroutput", {}).get(_PART))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.record is None:
+            return
+        from streamfuzz import _record, _subprocesses
+
+        for child in _subprocesses.gather(self.folder or ""):  # ended after their test
+            _absorb(child.record)
+        part = _record.this_process("pytest --streamfuzz", self.device)
+        output = getattr(session.config, "workeroutput", None)
+        if output is not None:  # a pytest-xdist worker: the controller writes
+            output[_PART] = part.to_dict()
+            return
+        _record.write(self.record, part)
+        self._written = part
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tally = self.tally
         skipped = {k: n for k, n in tally.items() if k.startswith("not simulated: ")}
@@ -136,6 +167,17 @@ class WholeSuite:
                       f"{sum(skipped.values())} skipped as not simulated")
         for what, n in sorted(skipped.items(), key=lambda kv: -kv[1])[:10]:
             tr.write_line(f"  {n:4d}  {what}")
+        if self._written is not None:
+            tr.write_line(f"record written to {self.record}: {len(self._written.functions)} "
+                          f"function(s) did stream work, {len(self._written.findings)} "
+                          f"finding(s), {self._written.processes} process(es); mark a scan "
+                          f"with it: python -m streamfuzz scan PATH --record {self.record}")
+
+
+def _absorb(part: Any) -> None:
+    from streamfuzz import _record
+
+    _record.absorb(part)
 
 
 def _hypothesis(fn: Any) -> bool:

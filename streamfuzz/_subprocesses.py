@@ -6,7 +6,8 @@ variables below; ``streamfuzz/_boot/sitecustomize.py``, put first on
 workers, ``mp.spawn``, a spawned ``multiprocessing`` child) run as one
 checked region, the way coverage.py measures subprocesses. A child forked by
 ``multiprocessing`` inherits the parent's simulation and starts a checker of
-its own. Each child writes its findings to one file of the folder at its exit;
+its own. Each child writes its findings to one file of the folder at its exit,
+with its part of the run's record where the run keeps one (``streamfuzz._record``);
 the parent reads them back and reports them as its own.
 """
 
@@ -40,15 +41,17 @@ class ChildFindings:
     pid: int
     argv: list[str]
     findings: list[Failure]
+    record: dict[str, Any] | None = None
+    """Its part of the run's record (``streamfuzz._record.Record.to_dict``), where kept."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"pid": self.pid, "argv": self.argv,
-                "findings": [f.to_dict() for f in self.findings]}
+                "findings": [f.to_dict() for f in self.findings], "record": self.record}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ChildFindings:
         return cls(int(d["pid"]), [str(a) for a in d["argv"]],
-                   [Failure(**f) for f in d["findings"]])
+                   [Failure(**f) for f in d["findings"]], d.get("record"))
 
 
 def export(folder: str, device: str, oracles: tuple[str, ...]) -> None:
@@ -92,7 +95,10 @@ def check_this_process() -> None:
     program: ``sitecustomize`` calls this where ``DIR_ENV`` is set)."""
     global _check
     from streamfuzz import _check as check_module
+    from streamfuzz import _record
 
+    if os.environ.get(_record.RECORD_ENV):
+        _record.start()
     device = check_module.begin_whole(os.environ.get(DEVICE_ENV, "auto"),
                                       "in a process of a checked program",
                                       "run the program with --device cuda on a GPU")
@@ -124,10 +130,12 @@ def _forked() -> None:
     gets its own, over the rest of its run."""
     global _check, _wrote
     from streamfuzz import _check as check_module
+    from streamfuzz import _record
 
     inherited = check_module._active
     if inherited is not None:
         inherited.abandon()
+    _record.forked()
     _wrote = False
     _check = None
     if os.environ.get(DIR_ENV) and check_module.whole_device() is not None:
@@ -161,7 +169,11 @@ def _write() -> None:
         return
     if not os.path.isdir(folder):
         return  # the checked program ended before this helper of it (a resource tracker)
-    record = ChildFindings(os.getpid(), list(sys.argv), list(check.findings))
+    from streamfuzz import _record
+
+    part = (_record.this_process("a child process", check.device or "?").to_dict()
+            if _record.recording() else None)
+    record = ChildFindings(os.getpid(), list(sys.argv), list(check.findings), part)
     path = os.path.join(folder, f"{os.getpid()}.json")
     tmp = path + ".tmp"
     try:

@@ -36,6 +36,10 @@ def add_parser(sub: Any) -> None:
                         "auto (default): cuda where a GPU is visible")
     c.add_argument("--oracle", default=None, metavar="O[,O]",
                    help="which findings to report: lifetime, race (default both)")
+    c.add_argument("--record", default=None, metavar="FILE",
+                   help="write the run's record to FILE (which functions did stream work, "
+                        "which a finding named), for `streamfuzz scan PATH --record FILE` "
+                        "(default: none)")
     c.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
                    help="run a module as `python -m MODULE` does, instead of a script; "
                         "what follows is its arguments")
@@ -46,8 +50,10 @@ def add_parser(sub: Any) -> None:
 def _plan(args: argparse.Namespace) -> tuple[str, list[str], tuple[str, ...]]:
     """What to run (``script`` or ``-m``), its argv, and the oracles: bad input
     is one line here, before anything starts."""
-    from streamfuzz import _check
+    from streamfuzz import _check, _record
 
+    if args.record is not None:
+        _record.check_writable(args.record, "check --record")
     if args.oracle is not None and not args.oracle.strip(" ,"):
         raise UsageError("--oracle: no oracle given, so nothing would judge the program")
     names = None if args.oracle is None else [o.strip() for o in args.oracle.split(",")
@@ -75,12 +81,14 @@ def _plan(args: argparse.Namespace) -> tuple[str, list[str], tuple[str, ...]]:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from streamfuzz import _check, _subprocesses
+    from streamfuzz import _check, _record, _subprocesses
 
     how, argv, oracles = _plan(args)
     device = _check._resolve(_check._valid_device(args.device))
     folder = tempfile.mkdtemp(prefix="streamfuzz-check-")
     try:
+        if args.record is not None:
+            _record.start()
         _subprocesses.export(folder, device, oracles)
         _check.begin_whole(device, _WHERE, _ON_GPU)
         check = _check.checked(device=device, oracles=oracles, collect=True)
@@ -94,8 +102,16 @@ def check_command(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     found = len(check.findings) + sum(len(c.findings) for c in children)
-    _report(argv[0] if how == "script" else f"-m {argv[0]}", device, oracles,
-            check.findings, children)
+    program = argv[0] if how == "script" else f"-m {argv[0]}"
+    _report(program, device, oracles, check.findings, children)
+    if args.record is not None:
+        for child in children:
+            _record.absorb(child.record)
+        record = _record.this_process(f"streamfuzz check {program}", device)
+        _record.write(args.record, record)
+        print(f"streamfuzz check: record written to {args.record} ({len(record.functions)} "
+              f"function(s) did stream work, {len(record.findings)} finding(s))",
+              file=sys.stderr)
     if status != 0:
         return status
     return 1 if found else 0

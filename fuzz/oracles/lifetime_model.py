@@ -56,6 +56,9 @@ class LifetimeModel:
         """Per stream, the storage it last freed and where: what an allocation may reuse."""
         self.findings: list[Failure] = []
         self.dropped = 0
+        self.sites: list[tuple[str, str, Frames]] = []
+        """Every finding's kind, first line and frames (its sites' in turn), those
+        past ``MAX_FINDINGS`` too: which functions it names (``streamfuzz._record``)."""
 
     # -- clocks --------------------------------------------------------------
     def _clock(self, s: Any) -> Clock:
@@ -235,7 +238,8 @@ class LifetimeModel:
                 f"example, not shown (the first {messages.MAX_FINDINGS} are)"))
         return found
 
-    def _add(self, kind: str, message: str) -> None:
+    def _add(self, kind: str, message: str, frames: Frames) -> None:
+        self.sites.append((kind, message.split("\n", 1)[0], frames))
         if len(self.findings) >= messages.MAX_FINDINGS:
             self.dropped += 1
             return
@@ -243,8 +247,10 @@ class LifetimeModel:
 
     def _lifetime(self, info: StorageInfo, use: Access, free_frames: Frames) -> None:
         self._add("lifetime", messages.freed_in_use(self.name_of, info, use, free_frames,
-                                                    use.stream in self.backends))
+                                                    use.stream in self.backends),
+                  free_frames + use.frames + info.alloc_frames)
 
     def _race(self, info: StorageInfo, prev: Access, now: Access) -> None:
         self._add("race", messages.race(self.name_of, info, prev, now,
-                                        self.last_freed.get(prev.stream)))
+                                        self.last_freed.get(prev.stream)),
+                  prev.frames + now.frames)
