@@ -39,12 +39,14 @@ class ScanResult:
 def scan(source: Source) -> ScanResult:
     """Every finding of ``source``, ranked by score (ties by file, line, class)."""
     pkg = Package(source.files())
-    traces = [t for t in pkg.traces() if t.uses_streams()]
+    walked = list(pkg.traces())
+    traces = [t for t in walked if t.uses_streams()]
     found: list[Finding] = []
     for t in traces:
         found.extend(hazards.judge(t))
     found.extend(package_hazards.cached_streams(pkg.caches))
     found.extend(package_hazards.sibling_omissions(pkg))
+    found.extend(package_hazards.attribute_lifetimes(pkg, walked))
     for f in found:
         lines = pkg.modules[f.file].lines
         text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""

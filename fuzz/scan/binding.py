@@ -11,6 +11,7 @@ import ast
 
 from streamfuzz.fuzz.scan.names import (
     CONTAINER_ANN,
+    STREAMISH,
     Namer,
     callee_name,
     dotted,
@@ -188,6 +189,11 @@ class Binding(Namer):
             return
         name = dotted(target)
         k = self.key(it) if isinstance(it, (ast.Name, ast.Attribute)) else None
+        if name and k and (k + "[]" in self.t.streams or STREAMISH.search(
+                k.rsplit(".", 1)[-1]) and k.endswith("streams")):
+            self.t.streams.add(k + "[]")  # for s in streams: each of them
+            self.alias[name] = k + "[]"
+            return
         if name and k and k not in self.t.streams and k not in self.t.events:
             self.alias[name] = k
             if name in self.t.tensors:

@@ -29,7 +29,7 @@ from streamfuzz.fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, K
+from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, STORAGE, K
 
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""
@@ -168,6 +168,11 @@ class Calls(Namer):
             for a in [*c.args, *(k.value for k in c.keywords)]:
                 self.keep(a, line, into=rk)
             return None
+        if rk and "." in rk and name in CONTAINER_METHODS and rk not in self.t.tensors and \
+                not rk.startswith("<"):
+            for a in [*c.args, *(k.value for k in c.keywords)]:
+                self.keep(a, line)  # self.pending.append(x): kept with the object
+            return None
         if rk in ("self", "cls"):
             rk = None
         tensor_recv = rk is not None and (name in TENSOR_METHODS or rk in self.t.tensors)
@@ -185,6 +190,13 @@ class Calls(Namer):
             return None
         if rk and tensor_recv:
             return self._tensor_method(c, name, rk)
+        if recv is not None and name in TENSOR_METHODS and c.args and self.is_module(recv):
+            first = arg_keys[0]  # torch.narrow(x, ...), torch.cumsum(x, 0): x is a tensor
+            if first:
+                self.t.tensors.add(first)
+                if name in VIEWS:
+                    self.emit(K.USE, line, stream=self.cur, key=first)
+                    return None
         full = dotted(c.func) or ""
         module_fn = full.startswith(("torch.", "F.", "np.", "numpy."))
         if rk and recv is not None and not module_fn:
@@ -212,14 +224,15 @@ class Calls(Namer):
     def _tensor_method(self, c: ast.Call, name: str, rk: str) -> str | None:
         line = c.lineno
         write = name.endswith("_") and not name.endswith("__")
+        if name == "resize_" and c.args and isinstance(c.args[0], ast.Constant) and \
+                c.args[0].value == 0:
+            # the storage goes back to the allocator: a free, not a kernel's write
+            self.emit(K.FREE, line, key=rk, flag=STORAGE)
+            return rk
         self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
                   flag=COPY_SOURCE if self._to_device(c, name) else "")
         if write:
-            if name == "resize_" and c.args and isinstance(c.args[0], ast.Constant) and \
-                    c.args[0].value == 0:
-                self.emit(K.FREE, line, key=rk)
-            else:
-                self.host_write(rk, line)
+            self.host_write(rk, line)
             return rk  # in-place ops return their receiver
         if name in VIEWS:
             return None
@@ -302,7 +315,7 @@ class Calls(Namer):
                 if eff.what == "record":
                     self.emit(K.RECORD, line, key=k, stream=ANY)
                 elif eff.what == "free":
-                    self.emit(K.FREE, line, key=k)
+                    self.emit(K.FREE, line, key=k, flag=eff.flag)
                 else:
                     self.t.tensors.add(k)
                     self.emit(K.USE, line, stream=self.cur, key=k, write=eff.write,

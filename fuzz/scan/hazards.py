@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from streamfuzz.fuzz.scan.handoff import TIMING, Handoffs, handoff_safe
+from streamfuzz.fuzz.scan.names import covers
 from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, CURRENT, SUBMITTER, THREAD, K, Op, Trace
 
 
@@ -62,6 +63,8 @@ FACTORS: dict[str, tuple[int, str]] = {
     "event-handoff": (-20, "an event recorded after this work is handed to the caller "
                            "(returned or stored where it can reach it): the caller's "
                            "contract is to wait on it"),
+    "other-method": (-5, "the other stream's use is left pending by another method of "
+                         "the class (or by a previous call of this one)"),
     "opaque-work": (-15, "the side stream's work is issued by calls whose tensors are not seen"),
     "test-code": (-30, "in tests, benchmarks or examples"),
 }
@@ -199,7 +202,8 @@ class _Judge(Handoffs):
         return best
 
     def _orders(self, o: Op, j: int, a: str, i: int, b: str) -> str | None:
-        if o.kind is K.WAIT and o.stream in (b, ANY) and o.other in (a, ANY):
+        if o.kind is K.WAIT and (o.stream == ANY or covers(o.stream, b)) and (
+                o.other == ANY or covers(o.other, a)):
             return "yes"
         if o.kind is K.WAIT and o.stream == b and a in (CURRENT, SUBMITTER) and \
                 o.other not in self.t.entered:
@@ -578,6 +582,43 @@ def judge(t: Trace) -> list[Finding]:
     for f in _Judge(t).findings():
         seen.setdefault((f.hazard, f.line, f.tensors, f.streams), f)
     return list(seen.values())
+
+
+def pending_attributes(t: Trace) -> dict[str, tuple[str, int]]:
+    """The object's attributes (``self.x``) a method leaves in use on another stream at
+    its end: used there with no ``record_stream`` for it, and the method's own stream
+    not ordered after that use. Attribute -> (that stream, the use's line)."""
+    judge = _Judge(t)
+    last: dict[str, dict[str, int]] = {}
+    for p, o in enumerate(t.ops):
+        if o.kind is K.USE and o.stream not in (t.base, ANY) and judge.tensorish(o.key) \
+                and o.flag != COPY_SOURCE and _attribute(t, o.key):
+            last.setdefault(o.key, {})[o.stream] = p
+    out: dict[str, tuple[str, int]] = {}
+    for k, streams in sorted(last.items()):
+        recorded = {o.stream for o in t.ops if o.kind is K.RECORD and o.key == k}
+        for s, p in sorted(streams.items()):
+            if s not in recorded and ANY not in recorded and \
+                    judge.ordered(s, p, t.base, len(t.ops)) != "yes":
+                out[_attribute(t, k)] = (s, t.ops[p].line)
+                break
+    return out
+
+
+def _attribute(t: Trace, k: str) -> str:
+    """The attribute of ``self`` that ``k`` is (made here and stored there), or ''."""
+    if k.startswith("self."):
+        return k
+    name = t.names.get(k, "") if k in t.persistent else ""
+    return name if name.startswith("self.") else ""
+
+
+def unordered_frees(t: Trace, k: str, stream: str) -> list[int]:
+    """The lines where ``t`` drops ``k`` with its own stream not yet ordered after
+    ``stream`` (no wait for it, no host sync, since the function began)."""
+    judge = _Judge(t)
+    return [o.line for p, o in enumerate(t.ops) if o.kind is K.FREE and o.key == k
+            and judge.ordered(stream, -1, t.base, p) != "yes"]
 
 
 def _all_paths(guards: list[tuple[int, ...]]) -> bool:

@@ -62,7 +62,15 @@ CONTAINER_MAKERS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict"
 CONTAINER_METHODS = {"append", "extend", "insert", "appendleft", "add", "update",
                      "setdefault"}
 """A container's methods that store references: no stream touches a tensor there."""
+MODULES = frozenset({"torch", "np", "numpy", "F", "math"})
+"""Module names that are never tensors, wherever the file imports them from."""
 _SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)
+
+
+def covers(s: str, t: str) -> bool:
+    """Does an order of stream ``s`` hold for stream ``t``? ``xs[]`` (each or any of a
+    set of streams, as a loop over them names them) covers ``xs[0]``, ``xs['copy']``."""
+    return s == t or (s.endswith("[]") and t.startswith(s[:-1]))
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -153,6 +161,7 @@ class Namer:
         self.guards: list[int] = []
         self.bound: set[str] = set()
         self.contexts = {**self.module.contexts, **self.facts.contexts}
+        self.modules = MODULES | self.module.modules
         for k in self.facts.alias:
             self.alias[k] = self.facts.alias[k]
         t = self.t
@@ -173,7 +182,12 @@ class Namer:
                 node = node.value
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                   and (node.func.attr in VIEWS or inplace(node.func.attr))):
-                node = node.func.value
+                if self.is_module(node.func.value):  # torch.narrow(x, ...): a view of x
+                    if not node.args:
+                        return None
+                    node = node.args[0]
+                else:
+                    node = node.func.value
             elif isinstance(node, ast.Attribute) and node.attr in ("data", "T", "mT"):
                 node = node.value
             elif isinstance(node, ast.Starred):
@@ -184,12 +198,20 @@ class Namer:
         if text is None:
             return None
         head, _, rest = text.partition(".")
+        if head in self.modules and head not in self.alias and head not in self.bound:
+            return None  # a module or a name in it, never a tensor
         if text in self.alias:
             return self.alias[text]
         if head in self.alias:
             base = self.alias[head]
             return f"{base}.{rest}" if rest else base
         return text
+
+    def is_module(self, node: ast.AST) -> bool:
+        text = dotted(node)
+        head = (text or "").split(".")[0]
+        return text is not None and head in self.modules and head not in self.alias and \
+            head not in self.bound
 
     def is_gather(self, node: ast.Subscript) -> bool:
         """``t[idx]`` with a tensor (or list) index makes a new tensor; slices are views."""
@@ -226,9 +248,15 @@ class Namer:
         if isinstance(node, ast.Subscript):  # streams[i]: one of a set of streams
             base = self.key(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) \
                 else None
-            if base and STREAMISH.search(base.rsplit(".", 1)[-1]):
-                self.t.streams.add(base + "[]")
-                return base + "[]"
+            if base and (STREAMISH.search(base.rsplit(".", 1)[-1]) or
+                         base + "[]" in self.t.streams):
+                lit = node.slice
+                # streams["copy"], streams[0]: a stream of its own; streams[i]: any of them
+                name = base + (f"[{ast.unparse(lit)}]" if isinstance(lit, ast.Constant) or (
+                    isinstance(lit, ast.UnaryOp) and isinstance(lit.operand, ast.Constant))
+                    else "[]")
+                self.t.streams.add(name)
+                return name
             return None
         k = self.key(node)
         if k is None:

@@ -27,6 +27,9 @@ COPY_SOURCE = "copy-source"
 holds until the copy's stream has passed it (a pageable one is staged before the
 call returns), or a tensor already on that device, for which the call queues nothing:
 either way, dropping it after the call cannot free memory the copy still reads."""
+STORAGE = "storage"
+"""A free's flag: the storage itself goes back (``untyped_storage().resize_(0)``),
+whatever other references to the tensor remain."""
 
 
 class K(str, Enum):
@@ -40,7 +43,7 @@ class K(str, Enum):
     HOST_READ = "host_read"
     HOST_WRITE = "host_write"
     NB_COPY = "nb_copy"      # key <- other without blocking (flag: d2h, h2d, ?)
-    FREE = "free"
+    FREE = "free"          # key's reference dropped (flag: STORAGE, its storage)
     KEEP = "keep"            # key outlives the call (stored, returned)
     COLLECTIVE = "collective"  # key handed to an async collective; other: its work
     WORK_WAIT = "work_wait"
@@ -119,3 +122,4 @@ class ClassFacts:
     events: set[str] = field(default_factory=set)
     alias: dict[str, str] = field(default_factory=dict)  # self.x_np -> self.x
     contexts: dict[str, str] = field(default_factory=dict)  # self.ctx -> the stream it enters
+    modules: set[str] = field(default_factory=set)  # names bound by ``import``: never tensors

@@ -18,14 +18,14 @@ from typing import NamedTuple
 
 from streamfuzz.fuzz.scan import host_args
 from streamfuzz.fuzz.scan.names import dotted, is_scalar_annotation
-from streamfuzz.fuzz.scan.ops import ClassFacts, K, Trace
+from streamfuzz.fuzz.scan.ops import CURRENT, STORAGE, ClassFacts, K, Trace
 from streamfuzz.fuzz.scan.sources import SourceFile
 from streamfuzz.fuzz.scan.streams_ast import Walker
 
 _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
 _OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
 _MAKES_STREAM = {"Stream": "stream", "ExternalStream": "stream", "Event": "event"}
-_DEPTH = 2  # how deep callee effects are followed
+_DEPTH = 4  # how deep callee effects are followed
 _MAX_EFFECTS = 24  # uses of a callee's parameters lent to its callers, at most
 
 
@@ -115,6 +115,9 @@ class Package:
     # -- indexing ------------------------------------------------------------
 
     def _index(self, m: Module) -> None:
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Import):
+                m.facts.modules |= {(a.asname or a.name).split(".")[0] for a in node.names}
         for stmt in m.tree.body:
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                 self._module_value(m, stmt, stmt.value)
@@ -256,6 +259,8 @@ class Package:
         self._summaries[key] = ()  # recursion guard
         t = self.walk(callee, depth + 1)
         params = set(t.params)
+        if _receiver(callee) is not None:
+            params.add(_receiver(callee) or "")  # what it does to its object's attributes
         found: dict[Effect, None] = {}
         for o in t.ops:
             root = o.key.split(".")[0] if o.key else ""
@@ -266,8 +271,8 @@ class Package:
                 found[Effect("sync")] = None
             elif o.kind is K.RECORD and root in params:
                 found[Effect("record", root, suffix)] = None
-            elif o.kind is K.FREE and root in params and suffix:
-                found[Effect("free", root, suffix)] = None
+            elif o.kind is K.FREE and root in params and (suffix or o.flag == STORAGE):
+                found[Effect("free", root, suffix, flag=o.flag)] = None
             elif o.kind is K.USE and root in params and o.stream == t.base and \
                     o.key in t.tensors and len(found) < _MAX_EFFECTS:
                 found.setdefault(Effect("use", root, suffix, o.write, o.flag), None)
@@ -286,7 +291,10 @@ class Package:
             names = [p.arg for p in callee.params()] if callee else []
             arg: ast.expr | None = next((k.value for k in call.keywords if k.arg == e.param),
                                         None)
-            if arg is None and e.param in names and names.index(e.param) < len(call.args):
+            if callee is not None and e.param == _receiver(callee) and isinstance(
+                    call.func, ast.Attribute):
+                arg = call.func.value  # self.x of the callee is receiver.x here
+            elif arg is None and e.param in names and names.index(e.param) < len(call.args):
                 arg = call.args[names.index(e.param)]
             if arg is not None and not isinstance(arg, ast.Starred):
                 out.append(Effect(e.what, ast.unparse(arg), e.suffix, e.write, e.flag))
@@ -370,6 +378,16 @@ def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFu
             elif isinstance(s, (ast.If, ast.Try)):
                 yield from visit(s.body, prefix, cls)
     yield from visit(tree.body, "", None)
+
+
+def _receiver(fn: Function) -> str | None:
+    """The name a method calls its object by (``self``), or None for a function."""
+    a = fn.node.args
+    first = [*a.posonlyargs, *a.args][:1]
+    decos = {dotted(d) for d in fn.node.decorator_list}
+    if fn.cls is None or not first or "staticmethod" in decos:
+        return None
+    return first[0].arg
 
 
 def _own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
@@ -497,6 +515,9 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
                 facts.streams.add(facts.contexts[name])
             elif made == "stream":
                 facts.streams.add(name)
+            elif isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
+                    v.func.attr in ("current_stream", "default_stream") and not v.args:
+                facts.alias.setdefault(name, CURRENT)  # the stream current where it is made
             elif made == "event":
                 facts.events.add(name)
             elif _pins(v):

@@ -1,0 +1,342 @@
+"""``streamfuzz scan``'s rules about code shapes, each in a hazard form that must be
+reported and a safe form that must not.
+
+Each pair is small and written here; the shapes are those of published bugs and of
+false alarms on engine releases, with names of our own, so that a rule learned here
+holds for code the scan has never seen.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from streamfuzz.fuzz.scan import scan
+from streamfuzz.fuzz.scan.hazards import Finding, Hazard
+from streamfuzz.fuzz.scan.sources import open_source
+from tests.helpers import ROOT
+
+
+@dataclass(frozen=True)
+class Rule:
+    hazard: str  # source whose function must be reported (as ``cls``, on ``tensor``)
+    safe: str  # its twin, in which that function must have no finding at all
+    cls: Hazard
+    function: str
+    tensor: str = ""  # a tensor the finding must name, where it matters
+
+
+RULES: dict[str, Rule] = {
+    "streams-in-a-dict-keyed-by-literals": Rule('''
+        import torch
+
+        class Pipe:
+            def __init__(self):
+                self._streams = {"copy": torch.cuda.Stream(), "compute": torch.cuda.Stream()}
+
+            def step(self, x):
+                main = torch.cuda.current_stream()
+                self._streams["copy"].wait_stream(main)
+                self._streams["compute"].wait_stream(main)
+                with torch.cuda.stream(self._streams["copy"]):
+                    staged = x.clone()
+                with torch.cuda.stream(self._streams["compute"]):
+                    out = staged + 1
+                main.wait_stream(self._streams["compute"])
+                staged.record_stream(self._streams["compute"])
+                x.record_stream(self._streams["copy"])
+                out.record_stream(main)
+                return out
+        ''', '''
+        import torch
+
+        class Pipe:
+            def __init__(self):
+                self._streams = {"copy": torch.cuda.Stream(), "compute": torch.cuda.Stream()}
+
+            def step(self, x):
+                main = torch.cuda.current_stream()
+                self._streams["copy"].wait_stream(main)
+                self._streams["compute"].wait_stream(main)
+                with torch.cuda.stream(self._streams["copy"]):
+                    staged = x.clone()
+                self._streams["compute"].wait_stream(self._streams["copy"])
+                with torch.cuda.stream(self._streams["compute"]):
+                    out = staged + 1
+                main.wait_stream(self._streams["compute"])
+                staged.record_stream(self._streams["compute"])
+                x.record_stream(self._streams["copy"])
+                out.record_stream(main)
+                return out
+        ''', Hazard.UNORDERED, "Pipe.step", "staged"),
+    "streams-in-a-list-by-index": Rule('''
+        import torch
+
+        def two_phase(x, streams):
+            main = torch.cuda.current_stream()
+            for s in streams:
+                s.wait_stream(main)
+            with torch.cuda.stream(streams[0]):
+                y = x.mul(2)
+            with torch.cuda.stream(streams[1]):
+                z = y.add(1)
+            main.wait_stream(streams[1])
+            y.record_stream(streams[1])
+            z.record_stream(main)
+            return z
+        ''', '''
+        import torch
+
+        def two_phase(x, streams):
+            main = torch.cuda.current_stream()
+            for s in streams:
+                s.wait_stream(main)
+            with torch.cuda.stream(streams[0]):
+                y = x.mul(2)
+            streams[1].wait_stream(streams[0])
+            with torch.cuda.stream(streams[1]):
+                z = y.add(1)
+            main.wait_stream(streams[1])
+            y.record_stream(streams[1])
+            z.record_stream(main)
+            return z
+        ''', Hazard.UNORDERED, "two_phase", "y"),
+    "free-through-helpers-in-another-method": Rule('''
+        import torch
+
+        def _free_storage(t):
+            t.untyped_storage().resize_(0)
+
+        class Offloader:
+            def __init__(self):
+                self.stream = torch.cuda.Stream()
+                self.buf = None
+
+            def start(self, x):
+                self.buf = torch.empty_like(x)
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    self.buf.copy_(x)
+
+            def finish(self):
+                self._drop()
+
+            def _drop(self):
+                self._release()
+
+            def _release(self):
+                _free_storage(self.buf)
+        ''', '''
+        import torch
+
+        def _free_storage(t):
+            t.untyped_storage().resize_(0)
+
+        class Offloader:
+            def __init__(self):
+                self.stream = torch.cuda.Stream()
+                self.buf = None
+
+            def start(self, x):
+                self.buf = torch.empty_like(x)
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    self.buf.copy_(x)
+                self.buf.record_stream(self.stream)
+
+            def finish(self):
+                self._drop()
+
+            def _drop(self):
+                self._release()
+
+            def _release(self):
+                _free_storage(self.buf)
+        ''', Hazard.LIFETIME, "Offloader._release", "self.buf"),
+    "del-in-another-method": Rule('''
+        import torch
+
+        class Stash:
+            def __init__(self):
+                self.side = torch.cuda.Stream()
+
+            def save(self, x):
+                self.side.wait_stream(torch.cuda.current_stream())
+                self.host = torch.empty(x.shape, device="cpu", pin_memory=True)
+                self.dev = x.clone()
+                with torch.cuda.stream(self.side):
+                    self.host.copy_(self.dev, non_blocking=True)
+
+            def drop(self):
+                del self.dev
+        ''', '''
+        import torch
+
+        class Stash:
+            def __init__(self):
+                self.side = torch.cuda.Stream()
+
+            def save(self, x):
+                self.side.wait_stream(torch.cuda.current_stream())
+                self.host = torch.empty(x.shape, device="cpu", pin_memory=True)
+                self.dev = x.clone()
+                with torch.cuda.stream(self.side):
+                    self.host.copy_(self.dev, non_blocking=True)
+
+            def drop(self):
+                torch.cuda.current_stream().wait_stream(self.side)
+                del self.dev
+        ''', Hazard.LIFETIME, "Stash.drop", "self.dev"),
+    "record-stream-then-resize-is-a-free": Rule('''
+        import torch
+
+        def stash(x, side):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                host = x.to("cpu", non_blocking=True)
+            x.untyped_storage().resize_(0)
+            return host
+        ''', '''
+        import torch
+
+        def stash(x, side):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                host = x.to("cpu", non_blocking=True)
+            x.record_stream(side)
+            x.untyped_storage().resize_(0)
+            return host
+        ''', Hazard.LIFETIME, "stash", "x"),
+    "event-recorded-on-a-saved-current-stream": Rule('''
+        import torch
+
+        class Handler:
+            def __init__(self):
+                self.main = torch.cuda.current_stream()
+                self.comm = torch.cuda.Stream()
+
+            def send(self, table, idx_mapping):
+                with torch.cuda.stream(self.comm):
+                    rows = table[idx_mapping]
+                    self._bcast(rows)
+                table.record_stream(self.comm)
+                idx_mapping.record_stream(self.comm)
+        ''', '''
+        import torch
+
+        class Handler:
+            def __init__(self):
+                self.main = torch.cuda.current_stream()
+                self.comm = torch.cuda.Stream()
+
+            def send(self, table, idx_mapping):
+                ready = torch.cuda.Event()
+                ready.record(self.main)
+                self.comm.wait_event(ready)
+                with torch.cuda.stream(self.comm):
+                    rows = table[idx_mapping]
+                    self._bcast(rows)
+                table.record_stream(self.comm)
+                idx_mapping.record_stream(self.comm)
+        ''', Hazard.UNORDERED, "Handler.send", "table"),
+    "buffers-made-in-a-list-on-the-side-stream": Rule('''
+        import torch
+
+        class Receiver:
+            def __init__(self):
+                self.main = torch.cuda.current_stream()
+                self.side = torch.cuda.Stream()
+                self.parked = []
+
+            def receive(self, n):
+                got = [torch.empty((n,), device="cuda"), torch.empty((n, 4), device="cuda")]
+                with torch.cuda.stream(self.side):
+                    for t in got:
+                        self._bcast(t)
+                        t.record_stream(self.main)
+                    done = torch.cuda.Event()
+                    done.record(self.side)
+                self.parked.append((got, done))
+        ''', '''
+        import torch
+
+        class Receiver:
+            def __init__(self):
+                self.main = torch.cuda.current_stream()
+                self.side = torch.cuda.Stream()
+                self.parked = []
+
+            def receive(self, n):
+                with torch.cuda.stream(self.side):
+                    got = [torch.empty((n,), device="cuda"),
+                           torch.empty((n, 4), device="cuda")]
+                    for t in got:
+                        self._bcast(t)
+                        t.record_stream(self.main)
+                    done = torch.cuda.Event()
+                    done.record(self.side)
+                self.parked.append((got, done))
+        ''', Hazard.UNORDERED, "Receiver.receive", "got"),
+}
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _scan(path: Path) -> list[Finding]:
+    return scan(open_source(str(path))).active
+
+
+def _of(found: list[Finding], rule: Rule) -> list[Finding]:
+    return [f for f in found if f.hazard is rule.cls and f.function == rule.function
+            and (not rule.tensor or rule.tensor in f.tensors)]
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_hazard_form_reported_safe_form_not(tmp_path, name):
+    rule = RULES[name]
+    bad = _of(_scan(_write(tmp_path, "hazard.py", rule.hazard)), rule)
+    assert bad, f"{name}: the hazard form was not reported as {rule.cls.value}"
+    good = [f for f in _scan(_write(tmp_path, "safe.py", rule.safe))
+            if f.function == rule.function]
+    assert not good, f"{name}: the safe form was reported: {[f.what for f in good]}"
+
+
+def test_the_readme_example_handler_is_clean():
+    found = scan(open_source(str(ROOT / "examples" / "my_handler.py"))).active
+    assert not [(f.site, f.what) for f in found]
+
+
+def test_a_module_is_never_a_tensor(tmp_path):
+    src = '''
+        import torch
+
+        def foreach_reduce(reduce_output, all_reduce_stream):
+            with torch.cuda.stream(all_reduce_stream):
+                grad = torch.as_strided(reduce_output, (4,), (1,))
+                grad.add_(1)
+            reduce_output.record_stream(all_reduce_stream)
+        '''
+    found = _scan(_write(tmp_path, "m.py", src))
+    assert not [f for f in found if "torch" in f.tensors]
+    assert [f.tensors for f in found if f.hazard is Hazard.UNORDERED] == [("reduce_output",)]
+
+
+def test_the_table_keeps_the_sites_file_and_line(tmp_path):
+    from streamfuzz.fuzz.scan.report import table
+
+    deep = tmp_path.joinpath(*[f"package_level_{i}" for i in range(6)])
+    deep.mkdir(parents=True)
+    src = RULES["record-stream-then-resize-is-a-free"].hazard
+    _write(deep, "a_rather_long_module_name_for_offload.py", src)
+    result = scan(open_source(str(tmp_path)))
+    site = result.active[0].site
+    assert len(site) > 48
+    row = table(result).splitlines()[2]
+    assert "a_rather_long_module_name_for_offload.py:" + str(result.active[0].line) in row
