@@ -280,6 +280,130 @@ RULES: dict[str, Rule] = {
                     done.record(self.side)
                 self.parked.append((got, done))
         ''', Hazard.UNORDERED, "Receiver.receive", "got"),
+    "stream-context-returned-by-a-method": Rule('''
+        import torch
+
+        class Copier:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+
+            def _copy_ctx(self):
+                return torch.cuda.stream(self.copy_stream)
+
+            def save(self, x, host):
+                with self._copy_ctx():
+                    host.copy_(x, non_blocking=True)
+                x.record_stream(self.copy_stream)
+                host.record_stream(self.copy_stream)
+        ''', '''
+        import torch
+
+        class Copier:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+
+            def _copy_ctx(self):
+                return torch.cuda.stream(self.copy_stream)
+
+            def save(self, x, host):
+                self.copy_stream.wait_stream(torch.cuda.current_stream())
+                with self._copy_ctx():
+                    host.copy_(x, non_blocking=True)
+                x.record_stream(self.copy_stream)
+                host.record_stream(self.copy_stream)
+        ''', Hazard.UNORDERED, "Copier.save", "x"),
+    "a-platforms-stream-switch-context-manager": Rule('''
+        from contextlib import contextmanager
+
+        import torch
+
+        @contextmanager
+        def switch_stream(stream):
+            prev = torch.cuda.current_stream()
+            torch.cuda.set_stream(stream)
+            try:
+                yield
+            finally:
+                torch.cuda.set_stream(prev)
+
+        def offload(x, side):
+            with switch_stream(side):
+                host = x.to("cpu", non_blocking=True)
+            x.record_stream(side)
+            return host
+        ''', '''
+        from contextlib import contextmanager
+
+        import torch
+
+        @contextmanager
+        def switch_stream(stream):
+            prev = torch.cuda.current_stream()
+            torch.cuda.set_stream(stream)
+            try:
+                yield
+            finally:
+                torch.cuda.set_stream(prev)
+
+        def offload(x, side):
+            side.wait_stream(torch.cuda.current_stream())
+            with switch_stream(side):
+                host = x.to("cpu", non_blocking=True)
+            x.record_stream(side)
+            return host
+        ''', Hazard.UNORDERED, "offload", "x"),
+    "a-wait-inside-the-helper-that-returns-the-stream": Rule('''
+        import torch
+
+        class Loader:
+            def __init__(self):
+                self.side_stream = torch.cuda.Stream()
+
+            def _side(self):
+                return self.side_stream
+
+            def load(self, src, dst):
+                with torch.cuda.stream(self._side()):
+                    dst.copy_(src, non_blocking=True)
+                src.record_stream(self.side_stream)
+                dst.record_stream(self.side_stream)
+        ''', '''
+        import torch
+
+        class Loader:
+            def __init__(self):
+                self.side_stream = torch.cuda.Stream()
+
+            def _side(self):
+                self.side_stream.wait_stream(torch.cuda.current_stream())
+                return self.side_stream
+
+            def load(self, src, dst):
+                with torch.cuda.stream(self._side()):
+                    dst.copy_(src, non_blocking=True)
+                src.record_stream(self.side_stream)
+                dst.record_stream(self.side_stream)
+        ''', Hazard.UNORDERED, "Loader.load", "src"),
+    "a-stream-given-by-a-call-of-another-package": Rule('''
+        import torch
+        from elsewhere import get_copy_stream
+
+        def stage(x, out):
+            with torch.cuda.stream(get_copy_stream()):
+                out.copy_(x, non_blocking=True)
+            x.record_stream(get_copy_stream())
+            out.record_stream(get_copy_stream())
+        ''', '''
+        import torch
+        from elsewhere import get_copy_stream
+
+        def stage(x, out):
+            get_copy_stream().wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(get_copy_stream()):
+                out.copy_(x, non_blocking=True)
+            x.record_stream(get_copy_stream())
+            out.record_stream(get_copy_stream())
+        ''', Hazard.UNORDERED, "stage", "x"),
 }
 
 

@@ -203,8 +203,10 @@ class Binding(Namer):
         if isinstance(value, ast.Call) and callee_name(value) in ("current_stream",
                                                                      "default_stream"):
             return self.stream_of(value)
-        if isinstance(value, (ast.Name, ast.Attribute, ast.IfExp)):
+        if isinstance(value, (ast.Name, ast.Attribute, ast.IfExp, ast.Subscript)):
             return self.stream_of(value)
+        if isinstance(value, ast.Call) and callee_name(value) not in ("Stream", "ExternalStream"):
+            return self.stream_of(value)  # a helper, or a call named like one, gives a stream
         return None
 
     def rebind(self, name: str, line: int) -> None:

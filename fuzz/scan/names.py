@@ -62,6 +62,9 @@ CONTAINER_MAKERS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict"
 CONTAINER_METHODS = {"append", "extend", "insert", "appendleft", "add", "update",
                      "setdefault"}
 """A container's methods that store references: no stream touches a tensor there."""
+NOT_STREAM_CALLS = {"stream", "Stream", "ExternalStream", "wait_stream", "record_stream",
+                    "set_stream", "current_stream", "default_stream", "cuda_stream", "use_stream"}
+"""Calls named like a stream that do not give one back."""
 MODULES = frozenset({"torch", "np", "numpy", "F", "math"})
 """Module names that are never tensors, wherever the file imports them from."""
 _SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)
@@ -151,11 +154,14 @@ class Namer:
     """
 
     def __init__(self, trace: Trace, facts: ClassFacts | None, module_facts: ClassFacts,
-                 callee: Callable[[ast.Call], Iterable[Any]] | None = None) -> None:
+                 callee: Callable[[ast.Call], Iterable[Any]] | None = None,
+                 helper: Callable[[ast.Call], tuple[str, ast.expr | str] | None] | None = None
+                 ) -> None:
         self.t = trace
         self.facts = facts or ClassFacts()
         self.module = module_facts
         self.callee = callee
+        self.helper = helper
         self.stack = [trace.base]
         self.alias: dict[str, str] = {}
         self.guards: list[int] = []
@@ -238,8 +244,13 @@ class Namer:
             name = callee_name(node)
             if name in ("current_stream", "default_stream"):
                 return self.stack[-1] if name == "current_stream" else self.t.base
-            if name in ("Stream", "ExternalStream") or STREAMISH.search(name):
-                return None
+            found = self.helped(node, "stream")
+            if found is not None:
+                return found
+            if name not in NOT_STREAM_CALLS and name.lower().endswith("stream"):
+                made = (dotted(node.func) or name) + "()"  # get_stream(): the stream it gives
+                self.t.streams.add(made)
+                return made
             return None
         if isinstance(node, ast.IfExp):
             return self.stream_of(node.body) or self.stream_of(node.orelse)
@@ -268,6 +279,24 @@ class Namer:
             self.t.streams.add(k)
             return k
         return None
+
+    def helped(self, call: ast.Call, kind: str) -> str | None:
+        """The stream a package helper returns (``kind='stream'``) or enters
+        (``'context'``), as this function names it."""
+        found = self.helper(call) if self.helper is not None else None
+        if found is None or found[0] != kind:
+            return None
+        what = found[1]
+        if isinstance(what, str):
+            self.t.streams.add(what)
+            return what
+        s = self.stream_of(what) if not isinstance(what, ast.Call) else None
+        if s is None:
+            s = self.key(what)
+            if s is None:
+                return None
+            self.t.streams.add(s)
+        return s
 
     def event_of(self, node: ast.AST) -> str | None:
         k = self.key(node)
@@ -300,7 +329,7 @@ class Namer:
                         return None
                     self.t.streams.add(s)
                 return s
-            return None
+            return self.helped(node, "context")
         k = self.key(node)
         if k is not None and k in self.t.streams:
             return k

@@ -51,6 +51,8 @@ class Function:
     cls: str | None
     text: str = ""
     classes: dict[str, str] | None = None  # local name -> its stated class (_classes_of)
+    # ('stream' | 'context', the stream it returns or enters), () if neither: _stream_helper
+    helper: tuple[str, ast.expr | None] | tuple[()] | None = None
 
     @property
     def name(self) -> str:
@@ -203,7 +205,8 @@ class Package:
                     t.events.add(p.arg)
                 elif "Stream" in ann:
                     t.streams.add(p.arg)
-            w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth))
+            w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth),
+                       helper=lambda call: self.stream_helper(fn, call))
             w.bound |= set(t.params)
             for p in params:
                 if is_scalar_annotation(p.annotation):
@@ -300,6 +303,36 @@ class Package:
                 out.append(Effect(e.what, ast.unparse(arg), e.suffix, e.write, e.flag))
         return out
 
+    def stream_helper(self, caller: Function, call: ast.Call) -> tuple[str, ast.expr | str] | None:
+        """A call of the package's own that returns a stream (``'stream'``) or enters one
+        as a context manager (``'context'``), with the stream as the caller names it:
+        the argument or the receiver's attribute it is, or the helper's name."""
+        callee = self.resolve(caller, call)
+        if callee is None:
+            return None
+        if callee.helper is None:
+            callee.helper = _stream_helper(callee)
+        if not callee.helper:
+            return None
+        kind, expr = callee.helper
+        if expr is None:
+            return kind, f"{callee.name}()"
+        names = [p.arg for p in callee.params()]
+        recv = _receiver(callee)
+        root = expr
+        while isinstance(root, (ast.Attribute, ast.Subscript)):
+            root = root.value
+        if isinstance(root, ast.Name) and root.id == recv and isinstance(call.func, ast.Attribute):
+            return kind, ast.parse(ast.unparse(expr).replace(recv, ast.unparse(call.func.value), 1),
+                                   mode="eval").body
+        if isinstance(expr, ast.Name) and expr.id in names:
+            arg = next((k.value for k in call.keywords if k.arg == expr.id), None)
+            i = names.index(expr.id)
+            if arg is None and i < len(call.args) and not isinstance(call.args[i], ast.Starred):
+                arg = call.args[i]
+            return (kind, arg) if arg is not None else None
+        return kind, f"{callee.name}()"
+
     def optional_waits(self) -> dict[str, list[tuple[Function, str, int]]]:
         """Functions with an ordering argument that defaults to None, by name:
         (function, parameter, position among the call's arguments)."""
@@ -378,6 +411,47 @@ def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFu
             elif isinstance(s, (ast.If, ast.Try)):
                 yield from visit(s.body, prefix, cls)
     yield from visit(tree.body, "", None)
+
+
+_CONTEXTS = {"stream", "StreamContext", "use_stream", "cuda_stream"}
+_MAKERS = {"Stream", "ExternalStream"}
+
+
+def _stream_helper(fn: Function) -> tuple[str, ast.expr | None] | tuple[()]:
+    """Does ``fn`` return a stream, or enter one for its caller (a context manager
+    that enters a stream context or sets the current stream, or returns such a
+    context)? The stream as ``fn`` names it (None: one it makes)."""
+    decos = {((dotted(d.func) if isinstance(d, ast.Call) else dotted(d)) or "").rsplit(".", 1)[-1]
+             for d in fn.node.decorator_list}
+    generator = "contextmanager" in decos or "asynccontextmanager" in decos
+    for node in sorted(_own_nodes(fn.node), key=lambda n: (getattr(n, "lineno", 0),
+                                                           getattr(n, "col_offset", 0))):
+        if generator and isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                c = item.context_expr
+                if isinstance(c, ast.Call) and _call_name(c) in _CONTEXTS and c.args:
+                    return "context", c.args[0]
+        if generator and isinstance(node, ast.Call) and _call_name(node) == "set_stream" and \
+                node.args:
+            return "context", node.args[0]
+        if isinstance(node, ast.Return) and node.value is not None:
+            v = node.value
+            if isinstance(v, ast.Call) and _call_name(v) in _CONTEXTS and v.args:
+                return "context", v.args[0]
+            if isinstance(v, ast.Call) and _call_name(v) in _MAKERS:
+                return "stream", None
+            if isinstance(v, (ast.Name, ast.Attribute, ast.Subscript)):
+                text = dotted(v.value if isinstance(v, ast.Subscript) else v) or ""
+                last = text.rsplit(".", 1)[-1]
+                if "stream" in last.lower() and (isinstance(v, ast.Subscript) or
+                                                 not last.endswith("streams")):
+                    return "stream", v
+    return ()
+
+
+def _call_name(c: ast.Call) -> str:
+    f = c.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
 
 
 def _receiver(fn: Function) -> str | None:

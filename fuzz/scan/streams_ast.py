@@ -112,6 +112,8 @@ class Walker(Calls, Binding):
         pushed = 0
         for item in s.items:
             stream = self.context_stream(item.context_expr)
+            if stream is not None and isinstance(item.context_expr, ast.Call):
+                self.helper_effects(item.context_expr)
             if stream is not None:
                 self.stack.append(stream)
                 self.t.entered.add(stream)
@@ -124,6 +126,15 @@ class Walker(Calls, Binding):
         self.walk(s.body)
         del self.stack[len(self.stack) - pushed:]
 
+
+    def helper_effects(self, c: ast.Call) -> None:
+        """What entering a stream through a package helper does before the work: a wait
+        the helper (or a helper that gives the stream) does first."""
+        if self.helped(c, "context") is not None:
+            self._package_call(c, callee_name(c))
+        for a in c.args:
+            if isinstance(a, ast.Call) and self.helped(a, "stream") is not None:
+                self._package_call(a, callee_name(a))
 
     def expr(self, node: ast.expr | None) -> str | None:
         """Record what evaluating ``node`` does; the key of a tensor it makes, if any."""
