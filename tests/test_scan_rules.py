@@ -404,6 +404,75 @@ RULES: dict[str, Rule] = {
             x.record_stream(get_copy_stream())
             out.record_stream(get_copy_stream())
         ''', Hazard.UNORDERED, "stage", "x"),
+    "a-wait-done-by-every-caller": Rule('''
+        import torch
+
+        class Offload:
+            def __init__(self):
+                self.d2h = torch.cuda.Stream()
+
+            def _copy_out(self, src, dst):
+                with torch.cuda.stream(self.d2h):
+                    dst.copy_(src, non_blocking=True)
+                src.record_stream(self.d2h)
+                dst.record_stream(self.d2h)
+
+            def save(self, src, dst):
+                self.d2h.wait_stream(torch.cuda.current_stream())
+                self._copy_out(src, dst)
+
+            def save_all(self, pairs):
+                for src, dst in pairs:
+                    self._copy_out(src, dst)
+        ''', '''
+        import torch
+
+        class Offload:
+            def __init__(self):
+                self.d2h = torch.cuda.Stream()
+
+            def _copy_out(self, src, dst):
+                with torch.cuda.stream(self.d2h):
+                    dst.copy_(src, non_blocking=True)
+                src.record_stream(self.d2h)
+                dst.record_stream(self.d2h)
+
+            def save(self, src, dst):
+                self.d2h.wait_stream(torch.cuda.current_stream())
+                self._copy_out(src, dst)
+
+            def save_all(self, pairs):
+                self.d2h.wait_stream(torch.cuda.current_stream())
+                for src, dst in pairs:
+                    self._copy_out(src, dst)
+        ''', Hazard.UNORDERED, "Offload._copy_out", "src"),
+    "a-stream-parameter-every-caller-passes-the-current-stream": Rule('''
+        import torch
+
+        def _launch(x, out, stream):
+            with torch.cuda.stream(stream):
+                out.copy_(x)
+
+        def run(x, out):
+            _launch(x, out, torch.cuda.current_stream())
+
+        def run_aside(x, out):
+            side = torch.cuda.Stream()
+            _launch(x, out, stream=side)
+        ''', '''
+        import torch
+
+        def _launch(x, out, stream):
+            with torch.cuda.stream(stream):
+                out.copy_(x)
+
+        def run(x, out):
+            _launch(x, out, torch.cuda.current_stream())
+
+        def run_here(x, out):
+            cur = torch.cuda.current_stream()
+            _launch(x, out, stream=cur)
+        ''', Hazard.UNORDERED, "_launch", "x"),
 }
 
 

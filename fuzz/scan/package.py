@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from streamfuzz.fuzz.scan import host_args
+from streamfuzz.fuzz.scan import callers, host_args
 from streamfuzz.fuzz.scan.names import dotted, is_scalar_annotation
-from streamfuzz.fuzz.scan.ops import CURRENT, STORAGE, ClassFacts, K, Trace
+from streamfuzz.fuzz.scan.ops import ANY, CURRENT, STORAGE, SUBMITTER, THREAD, ClassFacts, K, Op, Trace
 from streamfuzz.fuzz.scan.sources import SourceFile
 from streamfuzz.fuzz.scan.streams_ast import Walker
 
@@ -113,6 +113,7 @@ class Package:
                 if name in self.by_name:
                     self._host_votes.setdefault(name, []).append(host_args.host_args(call, hosted))
         self._summaries: dict[int, tuple[Effect, ...]] = {}
+        self._call_index: dict[str, list[tuple[Function, ast.Call]]] | None = None
 
     # -- indexing ------------------------------------------------------------
 
@@ -211,11 +212,39 @@ class Package:
             for p in params:
                 if is_scalar_annotation(p.annotation):
                     w.alias[p.arg] = f"<scalar {p.arg}>"
+            for name in callers.current_stream_params(self, fn):
+                w.alias[name] = t.base  # every caller passes its current stream
             w.walk(fn.node.body)
             learned = t
+        self._caller_waits(fn, t)
         t.persistent |= {k for k in t.tensors if k.startswith(("self.", "cls."))}
         t.persistent |= m.facts.tensors | m.facts.pinned
         return t
+
+    def _caller_waits(self, fn: Function, t: Trace) -> None:
+        """The waits every caller does before the call, as if done at the function's
+        entry: on the streams it enters or puts work on."""
+        used = (t.entered | {o.stream for o in t.ops if o.kind in (K.USE, K.ALLOC)}) - {
+            t.base, ANY, THREAD, SUBMITTER}
+        if not used:
+            return
+        waited = callers.entry_waits(self, fn, used, _receiver(fn))
+        if not waited:
+            return
+        t.ops[:0] = [Op(K.WAIT, fn.node.lineno, stream=s, other=t.base) for s in sorted(waited)]
+        t.entries = [(s, i + len(waited)) for s, i in t.entries]
+
+    def call_index(self) -> dict[str, list[tuple[Function, ast.Call]]]:
+        """Every call in the package, by the called name (built once)."""
+        if self._call_index is None:
+            self._call_index = {}
+            for fn in sorted(self.functions, key=lambda f: (f.file, f.node.lineno, f.qualname)):
+                for node in _own_nodes(fn.node):
+                    if isinstance(node, ast.Call):
+                        name = _call_name(node)
+                        if name in self.by_name:
+                            self._call_index.setdefault(name, []).append((fn, node))
+        return self._call_index
 
     def host_params(self, fn: Function) -> set[str]:
         """The parameters every call of ``fn`` in the package passes host memory
