@@ -473,6 +473,170 @@ RULES: dict[str, Rule] = {
             cur = torch.cuda.current_stream()
             _launch(x, out, stream=cur)
         ''', Hazard.UNORDERED, "_launch", "x"),
+    "a-previous-calls-trailing-wait": Rule('''
+        import torch
+
+        class Ring:
+            def __init__(self):
+                self.side = torch.cuda.Stream()
+                self.buf = torch.zeros(8, device="cuda")
+
+            def step(self, x):
+                with torch.cuda.stream(self.side):
+                    y = self.buf * 2
+                torch.cuda.current_stream().wait_stream(self.side)
+                y.record_stream(torch.cuda.current_stream())
+                self.buf.copy_(x)
+                return y
+        ''', '''
+        import torch
+
+        class Ring:
+            def __init__(self):
+                self.side = torch.cuda.Stream()
+                self.buf = torch.zeros(8, device="cuda")
+
+            def step(self, x):
+                with torch.cuda.stream(self.side):
+                    y = self.buf * 2
+                torch.cuda.current_stream().wait_stream(self.side)
+                y.record_stream(torch.cuda.current_stream())
+                self.buf.copy_(x)
+                self.side.wait_stream(torch.cuda.current_stream())
+                return y
+        ''', Hazard.UNORDERED, "Ring.step", "self.buf"),
+    "a-collectives-future-waited": Rule('''
+        import torch.distributed as dist
+
+        def reduce(grad):
+            work = dist.all_reduce(grad, async_op=True)
+            fut = work.get_future()
+            grad.mul_(0.5)
+            fut.wait()
+        ''', '''
+        import torch.distributed as dist
+
+        def reduce(grad):
+            work = dist.all_reduce(grad, async_op=True)
+            fut = work.get_future()
+            fut.wait()
+            grad.mul_(0.5)
+        ''', Hazard.ASYNC_COLLECTIVE, "reduce", "grad"),
+    "async-work-waited-in-another-method": Rule('''
+        import torch.distributed as dist
+
+        class Reducer:
+            def __init__(self):
+                self.pending = []
+
+            def start(self, grad):
+                dist.all_reduce(grad, async_op=True)
+                self.pending.append(grad)
+
+            def finish(self):
+                for work, grad in self.pending:
+                    work.wait()
+                    grad.mul_(0.5)
+        ''', '''
+        import torch.distributed as dist
+
+        class Reducer:
+            def __init__(self):
+                self.pending = []
+
+            def start(self, grad):
+                work = dist.all_reduce(grad, async_op=True)
+                self.pending.append((work, grad))
+
+            def finish(self):
+                for work, grad in self.pending:
+                    work.wait()
+                    grad.mul_(0.5)
+        ''', Hazard.ASYNC_COLLECTIVE, "Reducer.start"),
+    "disjoint-chunks-of-one-tensor": Rule('''
+        import torch
+
+        def fill(buf, a, b, side):
+            lo, hi = buf.chunk(2)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                lo.copy_(a)
+            lo.add_(b)
+            torch.cuda.current_stream().wait_stream(side)
+            a.record_stream(side)
+            buf.record_stream(side)
+        ''', '''
+        import torch
+
+        def fill(buf, a, b, side):
+            lo, hi = buf.chunk(2)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                lo.copy_(a)
+            hi.add_(b)
+            torch.cuda.current_stream().wait_stream(side)
+            a.record_stream(side)
+            buf.record_stream(side)
+        ''', Hazard.UNORDERED, "fill", "buf"),
+    "the-two-sides-of-one-cut": Rule('''
+        import torch
+
+        def fill(buf, a, b, n, side):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                buf[:n].copy_(a)
+            buf[:n].copy_(b)
+            torch.cuda.current_stream().wait_stream(side)
+            a.record_stream(side)
+            buf.record_stream(side)
+        ''', '''
+        import torch
+
+        def fill(buf, a, b, n, side):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                buf[:n].copy_(a)
+            buf[n:].copy_(b)
+            torch.cuda.current_stream().wait_stream(side)
+            a.record_stream(side)
+            buf.record_stream(side)
+        ''', Hazard.UNORDERED, "fill", "buf"),
+    "a-stream-and-its-buffer-chosen-in-one-branch": Rule('''
+        import torch
+
+        class Dual:
+            def __init__(self):
+                self.side = torch.cuda.Stream()
+                self.side_buf = torch.zeros(8, device="cuda")
+                self.main_buf = torch.zeros(8, device="cuda")
+
+            def put(self, x, aside):
+                if aside:
+                    stream, buf = self.side, self.side_buf
+                else:
+                    stream, buf = torch.cuda.current_stream(), self.main_buf
+                with torch.cuda.stream(stream):
+                    buf.copy_(x)
+                x.record_stream(stream)
+        ''', '''
+        import torch
+
+        class Dual:
+            def __init__(self):
+                self.side = torch.cuda.Stream()
+                self.side_buf = torch.zeros(8, device="cuda")
+                self.main_buf = torch.zeros(8, device="cuda")
+
+            def put(self, x, aside):
+                if aside:
+                    stream, buf = self.side, self.side_buf
+                else:
+                    stream, buf = torch.cuda.current_stream(), self.main_buf
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    buf.copy_(x)
+                x.record_stream(stream)
+        ''', Hazard.UNORDERED, "Dual.put", "self.side_buf"),
 }
 
 
@@ -533,3 +697,26 @@ def test_the_table_keeps_the_sites_file_and_line(tmp_path):
     assert len(site) > 48
     row = table(result).splitlines()[2]
     assert "a_rather_long_module_name_for_offload.py:" + str(result.active[0].line) in row
+
+
+def test_a_tensor_another_name_still_holds_is_not_freed_by_del(tmp_path):
+    src = '''
+        import torch
+
+        def stage(x, side):
+            side.wait_stream(torch.cuda.current_stream())
+            buf = x.clone()
+            with torch.cuda.stream(side):
+                host = buf.to("cpu", non_blocking=True)
+            keep = buf
+            del buf
+            return host, keep
+        '''
+    def lifetimes(name: str, text: str) -> list[tuple[str, ...]]:
+        return [f.factors for f in _scan(_write(tmp_path, name, text))
+                if f.hazard is Hazard.LIFETIME]
+
+    # returned through the alias: kept beyond the call, not freed here
+    assert lifetimes("alias.py", src) == [("kept",)]
+    dropped = textwrap.dedent(src).replace("keep = buf\n", "").replace(", keep", "")
+    assert lifetimes("dropped.py", dropped) == [("freed",)]

@@ -11,6 +11,7 @@ import ast
 
 from streamfuzz.fuzz.scan.names import (
     CONTAINER_ANN,
+    SPLITS,
     STREAMISH,
     Namer,
     callee_name,
@@ -34,7 +35,8 @@ class Binding(Namer):
             self.expr(value)
             k = self.key(s.target)
             if k:
-                self.emit(K.USE, s.lineno, stream=self.cur, key=k, write=True)
+                self.emit(K.USE, s.lineno, stream=self.cur, key=k, write=True,
+                          part=self.part(s.target))
                 self.host_write(k, s.lineno)
             return
         if isinstance(s, ast.AnnAssign) and CONTAINER_ANN.match(ast.unparse(s.annotation)):
@@ -47,7 +49,8 @@ class Binding(Namer):
                 k = self.key(tgt)
                 if k:
                     self.t.tensors.add(k)
-        made = self.expr(value)
+        # another name for the same storage is no stream work
+        made = None if isinstance(value, (ast.Name, ast.Attribute)) else self.expr(value)
         for tgt in targets:
             self.bind(tgt, value, s.lineno, made)
 
@@ -76,10 +79,17 @@ class Binding(Namer):
 
     def _bind_parts(self, tgt: ast.Tuple | ast.List, value: ast.expr | None,
                     line: int) -> None:
+        cut = self._cut(value)
+        if cut is not None and all(isinstance(t, ast.Name) for t in tgt.elts):
+            for i, t in enumerate(tgt.elts):  # a, b = x.chunk(2): two regions of x
+                self.rebind(t.id, line)  # type: ignore[attr-defined]
+                self.alias[t.id], self.parts[t.id] = cut, f"c{i}"  # type: ignore[attr-defined]
+            return
         split = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(tgt.elts)
         for i, t in enumerate(tgt.elts):
             v = value.elts[i] if split else None  # type: ignore[union-attr]
-            m = self.expr(v) if v is not None else None
+            m = self.expr(v) if v is not None and not isinstance(
+                v, (ast.Name, ast.Attribute)) else None  # another name: no stream work
             if v is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
                     isinstance(t, ast.Name):
                 m = self.fresh(t)  # unpacked from a call made on a side stream
@@ -96,12 +106,23 @@ class Binding(Namer):
             if made:
                 self.emit(K.KEEP, line, key=made, other=k)
         elif k:
-            self.emit(K.USE, line, stream=self.cur, key=k, write=True)
+            self.emit(K.USE, line, stream=self.cur, key=k, write=True, part=self.part(tgt))
             self.host_write(k, line)
         if value is not None:
             self.keep(value, line, into)
 
+    def _cut(self, value: ast.expr | None) -> str | None:
+        """The tensor ``x.chunk(n)`` / ``torch.split(x, n)`` cuts into parts, or None."""
+        if not isinstance(value, ast.Call) or callee_name(value) not in SPLITS or not \
+                isinstance(value.func, ast.Attribute):
+            return None
+        recv = value.func.value
+        if self.is_module(recv):
+            return self.key(value.args[0]) if value.args else None
+        return self.key(recv)
+
     def _bind_unknown(self, name: str, line: int, made: str | None) -> None:
+        self.parts.pop(name, None)
         self.alias.pop(name, None)
         self.rebind(name, line)
         if made and "." not in name:
@@ -156,6 +177,9 @@ class Binding(Namer):
     def _bind_local(self, name: str, value: ast.expr, line: int, made: str | None) -> None:
         vk = self.key(value) if made is None else None
         self.rebind(name, line)
+        self.parts.pop(name, None)
+        if vk and self.part(value):
+            self.parts[name] = self.part(value)  # lo = x[:n]: that side of x
         if is_container(value):
             self.t.containers.add(name)
         if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
@@ -210,8 +234,14 @@ class Binding(Namer):
         return None
 
     def rebind(self, name: str, line: int) -> None:
-        """A local name bound again: the storage it held is dropped here."""
+        """A local name bound again: the storage it held is dropped here, unless another
+        name still holds it."""
         old = self.alias.get(name, name)
-        if name in self.bound and old.startswith("<tmp@") and old not in self.t.persistent:
+        if name in self.bound and old.startswith("<tmp@") and old not in self.t.persistent \
+                and not self.held_elsewhere(name, old):
             self.emit(K.FREE, line, key=old)
         self.bound.add(name)
+
+    def held_elsewhere(self, name: str, key: str) -> bool:
+        """Does a local name other than ``name`` still hold the storage ``key``?"""
+        return any(v == key and n != name and "." not in n for n, v in self.alias.items())

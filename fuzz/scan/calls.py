@@ -140,6 +140,8 @@ class Calls(Namer):
             made_recv = self.expr(recv)  # a chained call or an index: its own work first
             if made_recv is not None:
                 rk = made_recv
+        if rk is not None and rk.startswith("<work@") and name in ("get_future", "then"):
+            return rk  # the work's future: waiting on it waits for the work
         arg_keys = [self.expr(a) or self.key(a) for a in c.args]
         for kw in c.keywords:
             if kw.arg in ("out",):
@@ -203,15 +205,16 @@ class Calls(Namer):
             self.emit(K.USE, line, stream=self.cur, key=rk)
         if module_fn and not NOT_TENSOR_TORCH.match(full):
             return self._module_call(c, full, arg_keys)
-        for k in arg_keys:
+        for k, a in zip(arg_keys, c.args):
             if k:
-                self.emit(K.USE, line, stream=self.cur, key=k)
+                self.emit(K.USE, line, stream=self.cur, key=k, part=self.part(a))
         self._package_call(c, name)
         return None
 
     def _copy(self, c: ast.Call, dst: str, src: str | None) -> None:
         line = c.lineno
-        self.emit(K.USE, line, stream=self.cur, key=dst, write=True)
+        recv = c.func.value if isinstance(c.func, ast.Attribute) else c.func
+        self.emit(K.USE, line, stream=self.cur, key=dst, write=True, part=self.part(recv))
         if is_true(kw_arg(c, "non_blocking")) and src:
             self.t.tensors.add(src)
             self.emit(K.NB_COPY, line, stream=self.cur, key=dst, other=src,
@@ -230,7 +233,8 @@ class Calls(Namer):
             self.emit(K.FREE, line, key=rk, flag=STORAGE)
             return rk
         self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
-                  flag=COPY_SOURCE if self._to_device(c, name) else "")
+                  flag=COPY_SOURCE if self._to_device(c, name) else "",
+                  part=self.part(c.func.value) if isinstance(c.func, ast.Attribute) else "")
         if write:
             self.host_write(rk, line)
             return rk  # in-place ops return their receiver

@@ -17,7 +17,17 @@ from typing import Any
 
 from streamfuzz.fuzz.scan.handoff import TIMING, Handoffs, handoff_safe
 from streamfuzz.fuzz.scan.names import covers
-from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, CURRENT, SUBMITTER, THREAD, K, Op, Trace
+from streamfuzz.fuzz.scan.ops import (
+    ANY,
+    COPY_SOURCE,
+    CURRENT,
+    SUBMITTER,
+    THREAD,
+    K,
+    Op,
+    Trace,
+    disjoint_parts,
+)
 
 
 class Hazard(str, Enum):
@@ -184,7 +194,9 @@ class _Judge(Handoffs):
         use_guards = self.ops[p].guards if p < len(self.ops) else ()
         best = "no"
         partial: list[tuple[int, ...]] = []
-        for j in range(max(i + 1, 0), min(p, len(self.ops))):
+        span = range(max(i + 1, 0), min(p, len(self.ops))) if i < p else [
+            *range(i + 1, len(self.ops)), *range(p)]  # i: in the previous call
+        for j in span:
             o = self.ops[j]
             how = self._orders(o, j, a, i, b)
             if how is None:
@@ -254,14 +266,21 @@ class _Judge(Handoffs):
         here = self.ops[p].guards
         for j in range(p - 1, -1, -1):
             o = self.ops[j]
-            if _exclusive(o.guards, here):
-                continue  # the other branch of an if this access is under
+            if _exclusive(o.guards, here) or disjoint_parts(o.part, self.ops[p].part):
+                continue  # the other branch of an if this access is under, or another part
             if o.key == k and (o.kind is K.ALLOC or (o.kind is K.USE and o.write)):
                 return o.stream, j
             if o.key == k and o.kind is K.FREE:
                 return "", j
         if self.local(k):
             return "", -1
+        if k.startswith("self."):  # object state: as if called twice, the previous call's
+            for j in range(len(self.ops) - 1, p, -1):
+                o = self.ops[j]
+                if o.key == k and o.kind is K.USE and o.write and not o.guards:
+                    if o.stream != self.ops[p].stream:
+                        return o.stream, j
+                    break
         return self.t.producer, -1
 
     def unordered(self) -> Iterator[Finding]:
@@ -280,7 +299,8 @@ class _Judge(Handoffs):
                 for j in range(p - 1, max(i, -1), -1):
                     r = self.ops[j]
                     if r.kind is K.USE and r.key == o.key and r.stream not in (o.stream, ANY) \
-                            and not _exclusive(r.guards, o.guards):
+                            and not _exclusive(r.guards, o.guards) and not disjoint_parts(
+                                r.part, o.part):
                         checks.append((r.stream, j, False))
                         break
             for a, i, _raw in checks:

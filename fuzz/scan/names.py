@@ -28,6 +28,8 @@ VIEWS = {"view", "view_as", "reshape", "narrow", "flatten", "unflatten", "unsque
           "squeeze", "permute", "transpose", "t", "expand", "expand_as", "as_strided", "split",
           "chunk", "unbind", "select", "diagonal", "detach", "contiguous", "numpy", "data",
           "untyped_storage", "movedim", "swapaxes", "tensor_split", "split_with_sizes"}
+SPLITS = {"chunk", "split", "unbind", "tensor_split", "split_with_sizes"}
+"""Views that cut a tensor into parts, unpacked one name each."""
 HOST_READS = {"tolist", "item", "__int__", "__float__", "__bool__"}
 HOST_BUILTINS = {"int", "float", "bool", "list", "tuple", "sum", "max", "min", "sorted",
                   "enumerate", "zip", "any", "all", "set", "dict"}
@@ -166,6 +168,7 @@ class Namer:
         self.alias: dict[str, str] = {}
         self.guards: list[int] = []
         self.bound: set[str] = set()
+        self.parts: dict[str, str] = {}  # a local name -> the region of its storage (part)
         self.contexts = {**self.module.contexts, **self.facts.contexts}
         self.modules = MODULES | self.module.modules
         for k in self.facts.alias:
@@ -212,6 +215,26 @@ class Namer:
             base = self.alias[head]
             return f"{base}.{rest}" if rest else base
         return text
+
+    def part(self, node: ast.AST) -> str:
+        """The region of its storage an expression names (``ops.disjoint_parts``): an
+        item ``x[0]``, a side of a cut ``x[:n]``/``x[n:]``, a chunk unpacked from
+        ``x.chunk(2)``; '' for all of it or where unknown."""
+        while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in VIEWS and node.func.attr not in SPLITS:
+            node = node.func.value
+        if isinstance(node, ast.Name):
+            return self.parts.get(node.id, "")
+        if not isinstance(node, ast.Subscript) or self.part(node.value):
+            return ""
+        sl = node.slice
+        if isinstance(sl, ast.Constant) and isinstance(sl.value, int):
+            return f"i{sl.value}"
+        if isinstance(sl, ast.Slice) and sl.step is None and (sl.lower is None) != (
+                sl.upper is None):
+            return f"s:{ast.unparse(sl.upper)}" if sl.lower is None else \
+                f"s{ast.unparse(sl.lower)}:"  # type: ignore[arg-type]
+        return ""
 
     def is_module(self, node: ast.AST) -> bool:
         text = dotted(node)

@@ -59,6 +59,18 @@ class Op:
     write: bool = False
     flag: str = ""
     guards: tuple[int, ...] = ()
+    part: str = ""  # a use's region of key, where known (disjoint_parts)
+
+
+def disjoint_parts(a: str, b: str) -> bool:
+    """Are two regions of one tensor apart: chunks or items of different index
+    (``c0``/``c1``, ``i0``/``i1``), or the two sides of one cut (``s:n``/``sn:``)?"""
+    if not a or not b or a == b:
+        return False
+    if a[0] == b[0] and a[0] in "ci":
+        return True
+    return {a, b} == {f"s:{a[2:]}", f"s{a[2:]}:"} if a.startswith("s:") else \
+        {a, b} == {f"s:{b[2:]}", f"s{b[2:]}:"} if b.startswith("s:") else False
 
 
 @dataclass

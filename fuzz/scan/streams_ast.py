@@ -53,8 +53,10 @@ class Walker(Calls, Binding):
         elif isinstance(s, ast.Delete):
             for tgt in s.targets:
                 k = self.key(tgt) if not isinstance(tgt, ast.Subscript) else None
-                if k:
+                if k and not (isinstance(tgt, ast.Name) and self.held_elsewhere(tgt.id, k)):
                     self.emit(K.FREE, s.lineno, key=k)
+                if isinstance(tgt, ast.Name):
+                    self.alias.pop(tgt.id, None)
         elif isinstance(s, ast.If):
             self.expr(s.test)
             self.guards.append(id(s))
@@ -64,9 +66,13 @@ class Walker(Calls, Binding):
                     target = self.stream_of(node.func.value) or self.key(node.func.value)
                     if target and not negated(s.test, node):
                         self.emit(K.HOST_SYNC, s.lineno, key=target)
+            before = dict(self.alias)
             self.walk(s.body)
             self.guards[-1] = -id(s)
-            self.walk(s.orelse)
+            if s.orelse:
+                in_body, self.alias = self.alias, dict(before)
+                self.walk(s.orelse)
+                self.alias = self._merge(before, in_body, self.alias)
             self.guards.pop()
         elif isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
             if isinstance(s, ast.While):
@@ -107,6 +113,23 @@ class Walker(Calls, Binding):
             for child in ast.iter_child_nodes(s):
                 if isinstance(child, ast.expr):
                     self.expr(child)
+
+    def _merge(self, before: dict[str, str], body: dict[str, str],
+               orelse: dict[str, str]) -> dict[str, str]:
+        """The names after an ``if``/``else``, taken from one branch together: the
+        one that picks a side stream where the other picks the current one (a
+        stream and the buffer chosen with it are one pair), else the later one's."""
+        def side(a: dict[str, str], b: dict[str, str]) -> bool:
+            return any(v in self.t.streams and v != self.t.base and b.get(n) == self.t.base
+                       for n, v in a.items() if v != before.get(n))
+        first, last = (orelse, body) if side(body, orelse) and not side(orelse, body) else (
+            body, orelse)
+        out = dict(first)
+        out.update({n: v for n, v in last.items() if v != before.get(n)})
+        for n in before:  # dropped in the branch taken last
+            if n not in last and n in out and out[n] == before[n]:
+                del out[n]
+        return out
 
     def _with(self, s: ast.With | ast.AsyncWith) -> None:
         pushed = 0
@@ -173,7 +196,7 @@ class Walker(Calls, Binding):
         if isinstance(node, (ast.Name, ast.Attribute)):
             k = self.key(node)
             if k and k not in self.t.streams and k not in self.t.events:
-                self.emit(K.USE, node.lineno, stream=self.cur, key=k)
+                self.emit(K.USE, node.lineno, stream=self.cur, key=k, part=self.part(node))
             return None
         if isinstance(node, ast.Subscript):
             self.expr(node.slice)
@@ -190,7 +213,7 @@ class Walker(Calls, Binding):
                         self.t.tensors.add(k)
                 return made
             if base:
-                self.emit(K.USE, node.lineno, stream=self.cur, key=base)
+                self.emit(K.USE, node.lineno, stream=self.cur, key=base, part=self.part(node))
                 if base in self.t.host and isinstance(node.ctx, ast.Load):
                     self.emit(K.HOST_READ, node.lineno, key=base, flag="index")
             else:
