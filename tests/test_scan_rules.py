@@ -720,3 +720,51 @@ def test_a_tensor_another_name_still_holds_is_not_freed_by_del(tmp_path):
     assert lifetimes("alias.py", src) == [("kept",)]
     dropped = textwrap.dedent(src).replace("keep = buf\n", "").replace(", keep", "")
     assert lifetimes("dropped.py", dropped) == [("freed",)]
+
+
+_SCHEDULER = '''
+    import torch
+
+    class Scheduler:
+        def __init__(self):
+            self.forward_stream = torch.cuda.Stream()
+            self.forward_ctx = torch.cuda.stream(self.forward_stream)
+
+        def event_loop(self):
+            while True:
+                self.run_batch(self.next_batch())
+
+        def run_batch(self, batch):
+            with self.forward_ctx:
+                self.forward_stream.wait_stream(torch.cuda.current_stream())
+                self.model(batch)
+    '''
+_LOADER = '''
+    import torch
+
+    class Controller:
+        def start_loading(self, host, device):
+            start_event = torch.cuda.Event()
+            start_event.record()
+            self.transfers.submit(host, device, start_event=start_event)
+    '''
+
+
+def test_a_stream_another_loop_keeps_current_is_named_and_left_to_the_dynamic_check(tmp_path):
+    from streamfuzz.fuzz.scan.owners import DYNAMIC_CHECK
+
+    def unseen(name: str, loader: str) -> list[Finding]:
+        tree = tmp_path / name
+        tree.mkdir()
+        _write(tree, "sched.py", _SCHEDULER)
+        _write(tree, "cache.py", loader)
+        return [f for f in _scan(tree) if "owner-unseen" in f.factors]
+
+    found = unseen("plain", _LOADER)
+    assert [(f.function, f.line) for f in found] == [("Controller.start_loading", 7)]
+    assert "forward_stream" in found[0].what and DYNAMIC_CHECK in found[0].what
+    assert found[0].score < 30  # below every finding the source decides
+    # A loader that orders its work after the forward stream too names it: not this rule's.
+    fenced = textwrap.dedent(_LOADER).replace(
+        "start_event.record()", "start_event.record(self.scheduler.forward_stream)")
+    assert unseen("fenced", fenced) == []

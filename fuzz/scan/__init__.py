@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from streamfuzz.fuzz.scan import hazards, package_hazards
+from streamfuzz.fuzz.scan import hazards, owners, package_hazards
 from streamfuzz.fuzz.scan.hazards import Finding
 from streamfuzz.fuzz.scan.package import Package
 from streamfuzz.fuzz.scan.sources import Source
@@ -47,6 +47,7 @@ def scan(source: Source) -> ScanResult:
     found.extend(package_hazards.cached_streams(pkg.caches))
     found.extend(package_hazards.sibling_omissions(pkg))
     found.extend(package_hazards.attribute_lifetimes(pkg, walked))
+    found.extend(owners.unseen_owners(pkg, traces))
     for f in found:
         lines = pkg.modules[f.file].lines
         text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""

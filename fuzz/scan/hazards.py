@@ -75,6 +75,9 @@ FACTORS: dict[str, tuple[int, str]] = {
                            "contract is to wait on it"),
     "other-method": (-5, "the other stream's use is left pending by another method of "
                          "the class (or by a previous call of this one)"),
+    "owner-unseen": (-25, "a stream a loop or thread of the package keeps current may touch "
+                          "the same memory, and the function never names it: the source "
+                          "cannot tell; the dynamic check can"),
     "opaque-work": (-15, "the side stream's work is issued by calls whose tensors are not seen"),
     "test-code": (-30, "in tests, benchmarks or examples"),
 }

@@ -1,0 +1,149 @@
+"""Streams a package's own loop or thread keeps current, and the functions that
+order their work after the current stream only, without ever naming them.
+
+An overlap scheduler runs its forward pass on a stream of its own, entered by a
+method its event loop (or a thread) calls; a cache controller elsewhere orders
+its loads after "the current stream" with an event it records, and hands that
+event to the engine that does the copy. Whether the forward stream touches the
+loaded pages is a question of the package's bookkeeping (page allocators,
+indices), which no dataflow the scan follows links; the published bug of this
+shape was found only at run time. A rule that flagged every such function
+would nearly double a report, so each is reported once, at a low score, naming
+the owner's stream and sending the reader to the dynamic check.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+from streamfuzz.fuzz.scan.hazards import TEST_PATH, Finding, Hazard
+from streamfuzz.fuzz.scan.names import dotted
+from streamfuzz.fuzz.scan.ops import CURRENT, K, Trace
+from streamfuzz.fuzz.scan.package import Function, Package, _own_nodes
+
+DYNAMIC_CHECK = "pytest --streamfuzz (or python -m streamfuzz check)"
+_CONTEXTS = {"stream", "StreamContext", "use_stream"}
+
+
+class Owner(NamedTuple):
+    """A stream kept on an object and entered by ``function``, which a loop or a
+    thread of the package runs."""
+
+    stream: str  # the attribute's name, as every user of the object spells it
+    function: Function
+    line: int
+    how: str
+
+
+def owners(pkg: Package) -> list[Owner]:
+    """Object streams entered by a function that a loop or thread of the package runs."""
+    looped = _loop_callees(pkg)
+    found: dict[str, Owner] = {}
+    for fn in pkg.functions:
+        if "stream" not in fn.text.lower():
+            continue
+        facts = pkg.modules[fn.file].classes.get(fn.cls or "")
+        threaded = (fn.file, fn.name) in pkg.thread_targets
+        how = "a thread" if threaded else "a loop" if fn.name in looped or _loops(
+            fn.node) else ""
+        if not how:
+            continue
+        for node in _own_nodes(fn.node):
+            if not isinstance(node, (ast.With, ast.AsyncWith)):
+                continue
+            for item in node.items:
+                attr = _entered_attribute(item.context_expr, facts.contexts if facts else {})
+                if attr and attr not in found:
+                    found[attr] = Owner(attr, fn, node.lineno, how)
+    return sorted(found.values(), key=lambda o: (o.function.file, o.line))
+
+
+def _entered_attribute(ctx: ast.expr, contexts: dict[str, str]) -> str:
+    """``self.X`` entered by ``with ...stream(self.X)`` or a kept context of it: X."""
+    if isinstance(ctx, ast.Call) and isinstance(ctx.func, ast.Attribute) and \
+            ctx.func.attr in _CONTEXTS and ctx.args:
+        text = dotted(ctx.args[0]) or ""
+    else:
+        text = contexts.get(dotted(ctx) or "", "")
+    return text.split(".", 1)[1] if text.startswith("self.") and text.count(".") == 1 else ""
+
+
+def _loops(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.While) for n in _own_nodes(node))
+
+
+def _loop_callees(pkg: Package) -> set[str]:
+    """The names called on ``self`` inside a ``while`` loop, or by a thread's function."""
+    out: set[str] = set()
+    for fn in pkg.functions:
+        threaded = (fn.file, fn.name) in pkg.thread_targets
+        bodies = [fn.node] if threaded else [n for n in _own_nodes(fn.node)
+                                             if isinstance(n, ast.While)]
+        for body in bodies:
+            for n in ast.walk(body):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+                        dotted(n.func.value) == "self":
+                    out.add(n.func.attr)
+    return out
+
+
+def unseen_owners(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
+    """A function that records an event on its current stream and hands it to a call
+    (the callee's work waits on it), or makes a side stream wait for the current
+    one and writes tensors its caller reaches there, in a package where a loop or
+    thread keeps another stream current that this function never names."""
+    found = owners(pkg)
+    if not found:
+        return
+    by_site = {(f.file, f.qualname): f for f in pkg.functions}
+    for t in traces:
+        fn = by_site.get((t.file, t.qualname))
+        if fn is None or t.thread or any(o.function is fn for o in found):
+            continue
+        line = _ordered_after_current_only(t, fn)
+        if not line:
+            continue
+        unnamed = [o for o in found if o.stream not in fn.text]
+        if not unnamed:
+            continue
+        o = unnamed[0]
+        factors = ["owner-unseen", *(["test-code"] if TEST_PATH.search(t.file) else [])]
+        yield Finding(
+            Hazard.UNORDERED, t.file, line, t.qualname, (), (CURRENT, o.stream),
+            f"work ordered after the current stream only; {o.stream}, kept current by "
+            f"{o.function.qualname} ({o.function.file}:{o.line}, run by {o.how}), is never "
+            "named here, and whether it touches the same memory cannot be told from the "
+            f"source: check with {DYNAMIC_CHECK}", tuple(factors),
+            safe=f"safe if nothing {o.stream} runs touches what this work reads or writes "
+                 f"while it is pending; made safe by waiting for {o.stream} (an event it "
+                 "records) before the work; the scan cannot decide this, the dynamic "
+                 "check can").scored()
+
+
+def _ordered_after_current_only(t: Trace, fn: Function) -> int:
+    """The line of an event recorded on the current stream and handed to a call, or of
+    a side stream's wait for the current one before it writes what the caller reaches;
+    0 if neither."""
+    for o in t.ops:
+        if o.kind is K.EVENT_RECORD and o.stream == t.base and _handed(fn, o.key, o.line):
+            return o.line
+    for i, o in enumerate(t.ops):
+        if o.kind is K.WAIT and o.other == t.base and o.stream != t.base:
+            writes = [u for u in t.ops[i + 1:] if u.kind is K.USE and u.write and
+                      u.stream == o.stream and (u.key.startswith("self.") or
+                                                u.key.split(".")[0] in t.params)]
+            if writes:
+                return o.line
+    return 0
+
+
+def _handed(fn: Function, event: str, line: int) -> bool:
+    """Is ``event`` passed to a call (not its own record/wait) after ``line``?"""
+    for node in _own_nodes(fn.node):
+        if isinstance(node, ast.Call) and node.lineno >= line and not (
+                isinstance(node.func, ast.Attribute) and dotted(node.func.value) == event):
+            if any(dotted(a) == event for a in [*node.args, *(k.value for k in node.keywords)]):
+                return True
+    return False
