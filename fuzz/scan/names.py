@@ -191,12 +191,12 @@ class Namer:
                 node = node.value
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                   and (node.func.attr in VIEWS or inplace(node.func.attr))):
-                if self.is_module(node.func.value):  # torch.narrow(x, ...): a view of x
-                    if not node.args:
-                        return None
-                    node = node.args[0]
-                else:
-                    node = node.func.value
+                # torch.narrow(x, ...): a view of x
+                inner: ast.AST | None = (node.args[0] if node.args else None) if \
+                    self.is_module(node.func.value) else node.func.value
+                if inner is None:
+                    return None
+                node = inner
             elif isinstance(node, ast.Attribute) and node.attr in ("data", "T", "mT"):
                 node = node.value
             elif isinstance(node, ast.Starred):
@@ -230,10 +230,11 @@ class Namer:
         sl = node.slice
         if isinstance(sl, ast.Constant) and isinstance(sl.value, int):
             return f"i{sl.value}"
-        if isinstance(sl, ast.Slice) and sl.step is None and (sl.lower is None) != (
-                sl.upper is None):
-            return f"s:{ast.unparse(sl.upper)}" if sl.lower is None else \
-                f"s{ast.unparse(sl.lower)}:"  # type: ignore[arg-type]
+        if isinstance(sl, ast.Slice) and sl.step is None:
+            if sl.lower is None and sl.upper is not None:
+                return f"s:{ast.unparse(sl.upper)}"
+            if sl.upper is None and sl.lower is not None:
+                return f"s{ast.unparse(sl.lower)}:"
         return ""
 
     def is_module(self, node: ast.AST) -> bool:

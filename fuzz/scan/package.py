@@ -18,7 +18,17 @@ from typing import NamedTuple
 
 from streamfuzz.fuzz.scan import callers, host_args
 from streamfuzz.fuzz.scan.names import dotted, is_scalar_annotation
-from streamfuzz.fuzz.scan.ops import ANY, CURRENT, STORAGE, SUBMITTER, THREAD, ClassFacts, K, Op, Trace
+from streamfuzz.fuzz.scan.ops import (
+    ANY,
+    CURRENT,
+    STORAGE,
+    SUBMITTER,
+    THREAD,
+    ClassFacts,
+    K,
+    Op,
+    Trace,
+)
 from streamfuzz.fuzz.scan.sources import SourceFile
 from streamfuzz.fuzz.scan.streams_ast import Walker
 

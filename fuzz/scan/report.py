@@ -56,7 +56,8 @@ def table(result: ScanResult, limit: int | None = None) -> str:
            + (f", {len(result.findings) - len(result.active)} suppressed"
               if len(result.findings) != len(result.active) else ""), head]
     for f in rows:
-        out.append(f"{f.rank:>4}  {f.score:>5}  {f.hazard.value:<22}  {_site_cell(f.site, 48):<48}  "
+        site = _site_cell(f.site, 48)
+        out.append(f"{f.rank:>4}  {f.score:>5}  {f.hazard.value:<22}  {site:<48}  "
                    f"{_cell(f.function, 30):<30}  {f.what}")
     if limit is not None and len(result.active) > limit:
         out.append(f"      ... {len(result.active) - limit} more (--top 0 shows all; "

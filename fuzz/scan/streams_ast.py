@@ -167,10 +167,10 @@ class Walker(Calls, Binding):
             return self.call(node)
         if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
             # a container only holds references: no stream touches its items here
-            made = [self.expr(child) for child in ast.iter_child_nodes(node)
-                    if isinstance(child, ast.expr) and not isinstance(
-                        child, (ast.Name, ast.Attribute, ast.Constant))]
-            if made and all(made) and isinstance(node, (ast.List, ast.Tuple)):
+            items = [self.expr(child) for child in ast.iter_child_nodes(node)
+                     if isinstance(child, ast.expr) and not isinstance(
+                         child, (ast.Name, ast.Attribute, ast.Constant))]
+            if items and all(items) and isinstance(node, (ast.List, ast.Tuple)):
                 group = self.fresh(node)  # tensors made here, together, on this stream
                 self.t.tensors.add(group)
                 self.t.containers.add(group)
