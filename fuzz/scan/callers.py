@@ -98,7 +98,7 @@ def current_stream_params(pkg: Package, fn: Function) -> set[str]:
 def _current_call(node: ast.expr) -> bool:
     f = node.func if isinstance(node, ast.Call) else None
     return f is not None and (f.attr if isinstance(f, ast.Attribute) else getattr(
-        f, "id", "")) in _CURRENT_CALLS and not node.args  # type: ignore[attr-defined]
+        f, "id", "")) in _CURRENT_CALLS
 
 
 def _is_current(pkg: Package, caller: Function, arg: ast.expr | None) -> bool:

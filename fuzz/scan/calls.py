@@ -192,7 +192,8 @@ class Calls(Namer):
             return None
         if rk and tensor_recv:
             return self._tensor_method(c, name, rk)
-        if recv is not None and name in TENSOR_METHODS and c.args and self.is_module(recv):
+        if recv is not None and name in TENSOR_METHODS and c.args and self.is_module(recv) \
+                and (dotted(recv) or "").startswith("torch"):
             first = arg_keys[0]  # torch.narrow(x, ...), torch.cumsum(x, 0): x is a tensor
             if first:
                 self.t.tensors.add(first)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from streamfuzz.fuzz.scan import callers, host_args
-from streamfuzz.fuzz.scan.names import dotted, is_scalar_annotation
+from streamfuzz.fuzz.scan.names import MODULES, dotted, is_scalar_annotation
 from streamfuzz.fuzz.scan.ops import (
     ANY,
     CURRENT,
@@ -274,6 +274,8 @@ class Package:
             else None
         if not name or name not in self.by_name:
             return None
+        if isinstance(f, ast.Attribute) and (dotted(f.value) or "").split(".")[0] in MODULES:
+            return None  # torch.distributed.broadcast is torch's, whatever the package names
         cands = self.by_name[name]
         if isinstance(f, ast.Attribute) and dotted(f.value) in ("self", "cls"):
             same = [c for c in cands if c.file == caller.file and c.cls == caller.cls]
@@ -629,7 +631,7 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
             elif made == "stream":
                 facts.streams.add(name)
             elif isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
-                    v.func.attr in ("current_stream", "default_stream") and not v.args:
+                    v.func.attr in ("current_stream", "default_stream"):
                 facts.alias.setdefault(name, CURRENT)  # the stream current where it is made
             elif made == "event":
                 facts.events.add(name)
