@@ -768,3 +768,14 @@ def test_a_stream_another_loop_keeps_current_is_named_and_left_to_the_dynamic_ch
     fenced = textwrap.dedent(_LOADER).replace(
         "start_event.record()", "start_event.record(self.scheduler.forward_stream)")
     assert unseen("fenced", fenced) == []
+
+
+def test_docs_cite_only_files_in_the_repository():
+    import re
+
+    text = (ROOT / "docs" / "scan.md").read_text()
+    cited = set(re.findall(r"`((?:\.\./|tests/|fuzz/|docs/|examples/)[\w./-]+\.(?:py|md))`",
+                           text))
+    assert cited, "the pattern no longer finds the doc's citations"
+    assert [c for c in sorted(cited) if not (ROOT / "docs" / c).exists()
+            and not (ROOT / c).exists()] == []
