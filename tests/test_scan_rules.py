@@ -720,6 +720,10 @@ def test_a_tensor_another_name_still_holds_is_not_freed_by_del(tmp_path):
     assert lifetimes("alias.py", src) == [("kept",)]
     dropped = textwrap.dedent(src).replace("keep = buf\n", "").replace(", keep", "")
     assert lifetimes("dropped.py", dropped) == [("freed",)]
+    # a view of itself bound to the same name drops nothing either
+    viewed = textwrap.dedent(src).replace("keep = buf\n", "").replace(
+        "del buf", "buf = buf.view(-1)").replace(", keep", ", buf")
+    assert lifetimes("viewed.py", viewed) == [("kept",)]
 
 
 _SCHEDULER = '''

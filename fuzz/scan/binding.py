@@ -176,7 +176,7 @@ class Binding(Namer):
 
     def _bind_local(self, name: str, value: ast.expr, line: int, made: str | None) -> None:
         vk = self.key(value) if made is None else None
-        self.rebind(name, line)
+        self.rebind(name, line, still=vk)
         self.parts.pop(name, None)
         if vk and self.part(value):
             self.parts[name] = self.part(value)  # lo = x[:n]: that side of x
@@ -233,12 +233,12 @@ class Binding(Namer):
             return self.stream_of(value)  # a helper, or a call named like one, gives a stream
         return None
 
-    def rebind(self, name: str, line: int) -> None:
+    def rebind(self, name: str, line: int, still: str | None = None) -> None:
         """A local name bound again: the storage it held is dropped here, unless another
-        name still holds it."""
+        name still holds it, or the new value is a view of it (``x = x.view(-1)``)."""
         old = self.alias.get(name, name)
         if name in self.bound and old.startswith("<tmp@") and old not in self.t.persistent \
-                and not self.held_elsewhere(name, old):
+                and old != still and not self.held_elsewhere(name, old):
             self.emit(K.FREE, line, key=old)
         self.bound.add(name)
 
