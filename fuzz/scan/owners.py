@@ -46,17 +46,17 @@ def owners(pkg: Package) -> list[Owner]:
             continue
         facts = pkg.modules[fn.file].classes.get(fn.cls or "")
         threaded = (fn.file, fn.name) in pkg.thread_targets
-        how = "a thread" if threaded else "a loop" if fn.name in looped or _loops(
-            fn.node) else ""
-        if not how:
-            continue
+        how = "a thread" if threaded else "a loop" if fn.name in looped else ""
+        in_loop = {id(n) for w in _own_nodes(fn.node) if isinstance(w, ast.While)
+                   for n in ast.walk(w)}
         for node in _own_nodes(fn.node):
-            if not isinstance(node, (ast.With, ast.AsyncWith)):
+            if not isinstance(node, (ast.With, ast.AsyncWith)) or not (
+                    how or id(node) in in_loop):
                 continue
             for item in node.items:
                 attr = _entered_attribute(item.context_expr, facts.contexts if facts else {})
                 if attr and attr not in found:
-                    found[attr] = Owner(attr, fn, node.lineno, how)
+                    found[attr] = Owner(attr, fn, node.lineno, how or "a loop")
     return sorted(found.values(), key=lambda o: (o.function.file, o.line))
 
 
@@ -68,10 +68,6 @@ def _entered_attribute(ctx: ast.expr, contexts: dict[str, str]) -> str:
     else:
         text = contexts.get(dotted(ctx) or "", "")
     return text.split(".", 1)[1] if text.startswith("self.") and text.count(".") == 1 else ""
-
-
-def _loops(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.While) for n in _own_nodes(node))
 
 
 def _loop_callees(pkg: Package) -> set[str]:
@@ -91,9 +87,8 @@ def _loop_callees(pkg: Package) -> set[str]:
 
 def unseen_owners(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
     """A function that records an event on its current stream and hands it to a call
-    (the callee's work waits on it), or makes a side stream wait for the current
-    one and writes tensors its caller reaches there, in a package where a loop or
-    thread keeps another stream current that this function never names."""
+    (the callee's work waits on it), in a package where a loop or thread keeps
+    another stream current that this function never names."""
     found = owners(pkg)
     if not found:
         return
@@ -123,19 +118,12 @@ def unseen_owners(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
 
 
 def _ordered_after_current_only(t: Trace, fn: Function) -> int:
-    """The line of an event recorded on the current stream and handed to a call, or of
-    a side stream's wait for the current one before it writes what the caller reaches;
-    0 if neither."""
+    """The line of an event recorded on the current stream and handed to a call (the
+    only ordering the callee's work gets), or 0. Any side stream ordered after the
+    current stream only would flood the report (docs/scan.md, "Recall")."""
     for o in t.ops:
         if o.kind is K.EVENT_RECORD and o.stream == t.base and _handed(fn, o.key, o.line):
             return o.line
-    for i, o in enumerate(t.ops):
-        if o.kind is K.WAIT and o.other == t.base and o.stream != t.base:
-            writes = [u for u in t.ops[i + 1:] if u.kind is K.USE and u.write and
-                      u.stream == o.stream and (u.key.startswith("self.") or
-                                                u.key.split(".")[0] in t.params)]
-            if writes:
-                return o.line
     return 0
 
 
