@@ -384,6 +384,40 @@ RULES: dict[str, Rule] = {
                 src.record_stream(self.side_stream)
                 dst.record_stream(self.side_stream)
         ''', Hazard.UNORDERED, "Loader.load", "src"),
+    "a-stream-bound-from-a-helpers-result": Rule('''
+        import torch
+
+        class Loader:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+
+            def _pick(self):
+                return self.copy_stream
+
+            def load(self, src, dst):
+                s = self._pick()
+                with torch.cuda.stream(s):
+                    dst.copy_(src, non_blocking=True)
+                src.record_stream(s)
+                dst.record_stream(s)
+        ''', '''
+        import torch
+
+        class Loader:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+
+            def _pick(self):
+                return self.copy_stream
+
+            def load(self, src, dst):
+                s = self._pick()
+                self.copy_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    dst.copy_(src, non_blocking=True)
+                src.record_stream(s)
+                dst.record_stream(s)
+        ''', Hazard.UNORDERED, "Loader.load", "src"),
     "a-stream-given-by-a-call-of-another-package": Rule('''
         import torch
         from elsewhere import get_copy_stream
