@@ -104,6 +104,76 @@ RULES: dict[str, Rule] = {
             z.record_stream(main)
             return z
         ''', Hazard.UNORDERED, "two_phase", "y"),
+    "a-list-of-named-streams": Rule('''
+        import torch
+
+        class Pipe:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+                self.compute_stream = torch.cuda.Stream()
+
+            def step(self, x):
+                cur = torch.cuda.current_stream()
+                streams = [self.copy_stream, self.compute_stream]
+                with torch.cuda.stream(streams[0]):
+                    y = x.clone()
+                cur.wait_stream(self.copy_stream)
+                y.record_stream(cur)
+                x.record_stream(streams[0])
+                return y
+        ''', '''
+        import torch
+
+        class Pipe:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+                self.compute_stream = torch.cuda.Stream()
+
+            def step(self, x):
+                cur = torch.cuda.current_stream()
+                streams = [self.copy_stream, self.compute_stream]
+                self.copy_stream.wait_stream(cur)
+                with torch.cuda.stream(streams[0]):
+                    y = x.clone()
+                cur.wait_stream(self.copy_stream)
+                y.record_stream(cur)
+                x.record_stream(streams[0])
+                return y
+        ''', Hazard.UNORDERED, "Pipe.step", "x"),
+    "streams-unpacked-from-a-container": Rule('''
+        import torch
+
+        class Pipe:
+            def __init__(self):
+                self._streams = (torch.cuda.Stream(), torch.cuda.Stream())
+
+            def step(self, x):
+                cur = torch.cuda.current_stream()
+                load_s, run_s = self._streams
+                with torch.cuda.stream(self._streams[0]):
+                    y = x.clone()
+                cur.wait_stream(load_s)
+                y.record_stream(cur)
+                x.record_stream(load_s)
+                return y
+        ''', '''
+        import torch
+
+        class Pipe:
+            def __init__(self):
+                self._streams = (torch.cuda.Stream(), torch.cuda.Stream())
+
+            def step(self, x):
+                cur = torch.cuda.current_stream()
+                load_s, run_s = self._streams
+                load_s.wait_stream(cur)
+                with torch.cuda.stream(self._streams[0]):
+                    y = x.clone()
+                cur.wait_stream(load_s)
+                y.record_stream(cur)
+                x.record_stream(load_s)
+                return y
+        ''', Hazard.UNORDERED, "Pipe.step", "x"),
     "free-through-helpers-in-another-method": Rule('''
         import torch
 

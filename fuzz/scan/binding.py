@@ -79,6 +79,18 @@ class Binding(Namer):
 
     def _bind_parts(self, tgt: ast.Tuple | ast.List, value: ast.expr | None,
                     line: int) -> None:
+        held = self.stream_of(value) if isinstance(value, (ast.Name, ast.Attribute)) else None
+        if held is None and isinstance(value, (ast.Name, ast.Attribute)):
+            k = self.key(value)
+            held = k + "[]" if k and (k + "[]" in self.t.streams or k.endswith("streams")) \
+                else None
+        if held is not None and held.endswith("[]") and all(
+                isinstance(t, ast.Name) for t in tgt.elts):
+            for i, t in enumerate(tgt.elts):  # copy_s, compute_s = self._streams
+                name = self.stream_lists.get(held[:-2], [])[i:i + 1] or [f"{held[:-2]}[{i}]"]
+                self.alias[t.id] = name[0]  # type: ignore[attr-defined]
+                self.t.streams.add(name[0])
+            return
         cut = self._cut(value)
         if cut is not None and all(isinstance(t, ast.Name) for t in tgt.elts):
             for i, t in enumerate(tgt.elts):  # a, b = x.chunk(2): two regions of x
@@ -178,6 +190,12 @@ class Binding(Namer):
         vk = self.key(value) if made is None else None
         self.rebind(name, line, still=vk)
         self.parts.pop(name, None)
+        self.stream_lists.pop(name, None)
+        if isinstance(value, (ast.List, ast.Tuple)) and value.elts:
+            named = [self.stream_of(e) for e in value.elts]
+            if all(named):  # streams = [self.copy_stream, self.compute_stream]
+                self.stream_lists[name] = [str(n) for n in named]
+                self.t.streams.add(name + "[]")
         if vk and self.part(value):
             self.parts[name] = self.part(value)  # lo = x[:n]: that side of x
         if is_container(value):

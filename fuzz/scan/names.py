@@ -169,6 +169,7 @@ class Namer:
         self.guards: list[int] = []
         self.bound: set[str] = set()
         self.parts: dict[str, str] = {}  # a local name -> the region of its storage (part)
+        self.stream_lists: dict[str, list[str]] = {}  # a local list of streams -> them
         self.contexts = {**self.module.contexts, **self.facts.contexts}
         self.modules = MODULES | self.module.modules
         for k in self.facts.alias:
@@ -286,6 +287,10 @@ class Namer:
             if base and (STREAMISH.search(base.rsplit(".", 1)[-1]) or
                          base + "[]" in self.t.streams):
                 lit = node.slice
+                listed = self.stream_lists.get(base, [])
+                if isinstance(lit, ast.Constant) and isinstance(lit.value, int) and \
+                        -len(listed) <= lit.value < len(listed):
+                    return listed[lit.value]  # [self.copy_stream, ...][0]: that stream
                 # streams["copy"], streams[0]: a stream of its own; streams[i]: any of them
                 name = base + (f"[{ast.unparse(lit)}]" if isinstance(lit, ast.Constant) or (
                     isinstance(lit, ast.UnaryOp) and isinstance(lit.operand, ast.Constant))
