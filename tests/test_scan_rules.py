@@ -174,6 +174,79 @@ RULES: dict[str, Rule] = {
                 x.record_stream(load_s)
                 return y
         ''', Hazard.UNORDERED, "Pipe.step", "x"),
+    "a-dict-of-streams-by-any-name": Rule('''
+        import torch
+
+        class Pipe:
+            def __init__(self):
+                self._pool = {"h2d": torch.cuda.Stream(), "d2h": torch.cuda.Stream()}
+
+            def up(self, x, out):
+                self._pool["d2h"].wait_stream(torch.cuda.current_stream())  # the other one
+                with torch.cuda.stream(self._pool["h2d"]):
+                    out.copy_(x, non_blocking=True)
+                x.record_stream(self._pool["h2d"])
+                out.record_stream(self._pool["h2d"])
+        ''', '''
+        import torch
+
+        class Pipe:
+            def __init__(self):
+                self._pool = {"h2d": torch.cuda.Stream(), "d2h": torch.cuda.Stream()}
+
+            def up(self, x, out):
+                self._pool["h2d"].wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self._pool["h2d"]):
+                    out.copy_(x, non_blocking=True)
+                x.record_stream(self._pool["h2d"])
+                out.record_stream(self._pool["h2d"])
+        ''', Hazard.UNORDERED, "Pipe.up", "x"),
+    "a-stream-context-of-another-package": Rule('''
+        import torch
+
+        def save(io, x, host):
+            with io.copy_stream_ctx():
+                host.copy_(x, non_blocking=True)
+        ''', '''
+        import torch
+
+        def save(io, x, host):
+            host.copy_(x, non_blocking=True)
+        ''', Hazard.UNORDERED, "save", "x"),
+    "set-to-none-in-another-method": Rule('''
+        import torch
+
+        class Drafts:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+                self.ids_cpu = torch.empty(64, dtype=torch.int64, pin_memory=True)
+
+            def copy_out(self, ids):
+                self.ids = ids
+                self.copy_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.copy_stream):
+                    self.ids_cpu.copy_(self.ids, non_blocking=True)
+
+            def reset(self):
+                self.ids = None
+        ''', '''
+        import torch
+
+        class Drafts:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+                self.ids_cpu = torch.empty(64, dtype=torch.int64, pin_memory=True)
+
+            def copy_out(self, ids):
+                self.ids = ids
+                self.copy_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.copy_stream):
+                    self.ids_cpu.copy_(self.ids, non_blocking=True)
+
+            def reset(self):
+                torch.cuda.current_stream().wait_stream(self.copy_stream)
+                self.ids = None
+        ''', Hazard.LIFETIME, "Drafts.reset", "self.ids"),
     "free-through-helpers-in-another-method": Rule('''
         import torch
 

@@ -177,7 +177,8 @@ class Binding(Namer):
         if made:
             self.emit(K.KEEP, line, key=made)
         k = self.key(tgt) or name
-        if k in self.t.tensors:
+        if k in self.t.tensors or (isinstance(value, ast.Constant) and value.value is None
+                                   and name.startswith("self.")):
             self.emit(K.FREE, line, key=k)  # the reference it held is dropped
         self.alias.pop(name, None)
         if made:

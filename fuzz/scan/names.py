@@ -358,7 +358,11 @@ class Namer:
                         return None
                     self.t.streams.add(s)
                 return s
-            return self.helped(node, "context")
+            found = self.helped(node, "context")
+            if found is None and STREAM_CONTEXT.search(name) and not node.args:
+                found = (dotted(node.func) or name) + "()"  # self.copy_stream_ctx()
+                self.t.streams.add(found)
+            return found
         k = self.key(node)
         if k is not None and k in self.t.streams:
             return k

@@ -630,6 +630,9 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
                 facts.streams.add(facts.contexts[name])
             elif made == "stream":
                 facts.streams.add(name)
+            elif isinstance(v, (ast.List, ast.Tuple, ast.Dict, ast.ListComp, ast.DictComp)) \
+                    and any(_makes(n) == "stream" for n in ast.walk(v)):
+                facts.streams.add(name + "[]")  # a container of streams: each is one
             elif isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
                     v.func.attr in ("current_stream", "default_stream"):
                 facts.alias.setdefault(name, CURRENT)  # the stream current where it is made
