@@ -87,8 +87,8 @@ def _loop_callees(pkg: Package) -> set[str]:
 
 def unseen_owners(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
     """A function that records an event on its current stream and hands it to a call
-    (the callee's work waits on it), in a package where a loop or thread keeps
-    another stream current that this function never names."""
+    (the callee's work waits on it), where a loop or thread of a module beside
+    it (the same folder) keeps another stream current that it never names."""
     found = owners(pkg)
     if not found:
         return
@@ -100,7 +100,9 @@ def unseen_owners(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
         line = _ordered_after_current_only(t, fn)
         if not line:
             continue
-        unnamed = [o for o in found if o.stream not in fn.text]
+        here = t.file.rsplit("/", 1)[0] if "/" in t.file else ""
+        unnamed = [o for o in found if o.stream not in fn.text and (
+            o.function.file.rsplit("/", 1)[0] if "/" in o.function.file else "") == here]
         if not unnamed:
             continue
         o = unnamed[0]
