@@ -92,31 +92,36 @@ def unseen_owners(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
     found = owners(pkg)
     if not found:
         return
-    by_site = {(f.file, f.qualname): f for f in pkg.functions}
-    for t in traces:
-        fn = by_site.get((t.file, t.qualname))
-        if fn is None or t.thread or any(o.function is fn for o in found):
+    folders = {_folder(o.function.file) for o in found}
+    walked = {(t.file, t.qualname): t for t in traces}
+    for fn in sorted(pkg.functions, key=lambda f: (f.file, f.node.lineno, f.qualname)):
+        if _folder(fn.file) not in folders or ".record(" not in fn.text or any(
+                o.function is fn for o in found):
+            continue  # an event recorded here, beside an owner: walked even with no "stream"
+        t = walked.get((fn.file, fn.qualname)) or pkg.walk(fn)
+        line = _ordered_after_current_only(t, fn) if not t.thread else 0
+        unnamed = [o for o in found if o.stream not in fn.text and
+                   _folder(o.function.file) == _folder(fn.file)]
+        if not line or not unnamed:
             continue
-        line = _ordered_after_current_only(t, fn)
-        if not line:
-            continue
-        here = t.file.rsplit("/", 1)[0] if "/" in t.file else ""
-        unnamed = [o for o in found if o.stream not in fn.text and (
-            o.function.file.rsplit("/", 1)[0] if "/" in o.function.file else "") == here]
-        if not unnamed:
-            continue
+        names = ", ".join(dict.fromkeys(o.stream for o in unnamed))
         o = unnamed[0]
         factors = ["owner-unseen", *(["test-code"] if TEST_PATH.search(t.file) else [])]
         yield Finding(
-            Hazard.UNORDERED, t.file, line, t.qualname, (), (CURRENT, o.stream),
-            f"work ordered after the current stream only; {o.stream}, kept current by "
-            f"{o.function.qualname} ({o.function.file}:{o.line}, run by {o.how}), is never "
-            "named here, and whether it touches the same memory cannot be told from the "
-            f"source: check with {DYNAMIC_CHECK}", tuple(factors),
-            safe=f"safe if nothing {o.stream} runs touches what this work reads or writes "
-                 f"while it is pending; made safe by waiting for {o.stream} (an event it "
-                 "records) before the work; the scan cannot decide this, the dynamic "
-                 "check can").scored()
+            Hazard.UNORDERED, t.file, line, t.qualname, (), (CURRENT, *dict.fromkeys(
+                o.stream for o in unnamed)),
+            f"work ordered after the current stream only; {names}, kept current by "
+            f"{o.function.qualname} ({o.function.file}:{o.line}, run by {o.how}), never "
+            "named here: whether it touches the same memory cannot be told from the "
+            f"source; check with {DYNAMIC_CHECK}", tuple(factors),
+            safe=f"safe if nothing {names} runs touches what this work reads or writes "
+                 "while it is pending; made safe by waiting for it (an event it records) "
+                 "before the work; the scan cannot decide this, the dynamic check "
+                 "can").scored()
+
+
+def _folder(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
 def _ordered_after_current_only(t: Trace, fn: Function) -> int:
@@ -130,10 +135,15 @@ def _ordered_after_current_only(t: Trace, fn: Function) -> int:
 
 
 def _handed(fn: Function, event: str, line: int) -> bool:
-    """Is ``event`` passed to a call (not its own record/wait) after ``line``?"""
+    """Is ``event`` passed to a call (not its own record/wait) after ``line``? Matched by
+    its last name, as an alias (``ev = self.events[i]``) keys it by what it names."""
+    last = event.rsplit(".", 1)[-1]
     for node in _own_nodes(fn.node):
-        if isinstance(node, ast.Call) and node.lineno >= line and not (
-                isinstance(node.func, ast.Attribute) and dotted(node.func.value) == event):
-            if any(dotted(a) == event for a in [*node.args, *(k.value for k in node.keywords)]):
+        if not isinstance(node, ast.Call) or node.lineno < line or (
+                isinstance(node.func, ast.Attribute) and node.func.attr in ("record", "wait")):
+            continue
+        for a in [*node.args, *(k.value for k in node.keywords)]:
+            text = dotted(a) or ""
+            if text == event or (text.rsplit(".", 1)[-1] == last and "." in text):
                 return True
     return False
