@@ -20,7 +20,7 @@ from streamfuzz.fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from streamfuzz.fuzz.scan.ops import K
+from streamfuzz.fuzz.scan.ops import REBOUND, K
 
 
 class Binding(Namer):
@@ -177,9 +177,10 @@ class Binding(Namer):
         if made:
             self.emit(K.KEEP, line, key=made)
         k = self.key(tgt) or name
-        if k in self.t.tensors or (isinstance(value, ast.Constant) and value.value is None
-                                   and name.startswith("self.")):
-            self.emit(K.FREE, line, key=k)  # the reference it held is dropped
+        dropped = isinstance(value, ast.Constant) and value.value is None
+        if k in self.t.tensors or (dropped and name.startswith("self.")):
+            # the reference it held is dropped
+            self.emit(K.FREE, line, key=k, flag="" if dropped else REBOUND)
         self.alias.pop(name, None)
         if made:
             self.alias[name] = made

@@ -21,6 +21,7 @@ from streamfuzz.fuzz.scan.ops import (
     ANY,
     COPY_SOURCE,
     CURRENT,
+    REBOUND,
     SUBMITTER,
     THREAD,
     K,
@@ -636,12 +637,13 @@ def _attribute(t: Trace, k: str) -> str:
     return name if name.startswith("self.") else ""
 
 
-def unordered_frees(t: Trace, k: str, stream: str) -> list[int]:
+def unordered_frees(t: Trace, k: str, stream: str, rebound: bool) -> list[int]:
     """The lines where ``t`` drops ``k`` with its own stream not yet ordered after
-    ``stream`` (no wait for it, no host sync, since the function began)."""
+    ``stream`` (no wait for it, no host sync, since the function began); a drop by
+    binding a new value counts only where ``rebound``."""
     judge = _Judge(t)
     return [o.line for p, o in enumerate(t.ops) if o.kind is K.FREE and o.key == k
-            and judge.ordered(stream, -1, t.base, p) != "yes"]
+            and (rebound or o.flag != REBOUND) and judge.ordered(stream, -1, t.base, p) != "yes"]
 
 
 def _all_paths(guards: list[tuple[int, ...]]) -> bool:

@@ -31,6 +31,10 @@ STORAGE = "storage"
 """A free's flag: the storage itself goes back (``untyped_storage().resize_(0)``),
 whatever other references to the tensor remain."""
 
+REBOUND = "rebound"
+"""A free's flag: an attribute bound to a new value (what it held is dropped as a
+side effect, as in a setup method), not an explicit ``del`` or ``= None``."""
+
 
 class K(str, Enum):
     ALLOC = "alloc"          # key made on stream (flag: pinned, host)
@@ -43,7 +47,7 @@ class K(str, Enum):
     HOST_READ = "host_read"
     HOST_WRITE = "host_write"
     NB_COPY = "nb_copy"      # key <- other without blocking (flag: d2h, h2d, ?)
-    FREE = "free"          # key's reference dropped (flag: STORAGE, its storage)
+    FREE = "free"          # key's reference dropped (flag: STORAGE, its storage; REBOUND)
     KEEP = "keep"            # key outlives the call (stored, returned)
     COLLECTIVE = "collective"  # key handed to an async collective; other: its work
     WORK_WAIT = "work_wait"

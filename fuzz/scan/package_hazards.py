@@ -95,7 +95,8 @@ def attribute_lifetimes(pkg: Package, traces: Iterable[Trace]) -> Iterator[Findi
             if fn.name == "__init__":
                 continue
             for (owner, k), (stream, use_line) in sorted(pending.items()):
-                lines = unordered_frees(t, k, stream)
+                # another method's rebinding may be its setup; only a drop says it frees
+                lines = unordered_frees(t, k, stream, rebound=owner == fn.qualname)
                 if owner == fn.qualname:  # a previous call's use, freed before this call's
                     lines = [ln for ln in lines if ln < use_line]
                 if lines:
