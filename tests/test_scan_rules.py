@@ -960,3 +960,22 @@ def test_docs_cite_only_files_in_the_repository():
     assert cited, "the pattern no longer finds the doc's citations"
     assert [c for c in sorted(cited) if not (ROOT / "docs" / c).exists()
             and not (ROOT / c).exists()] == []
+
+
+def test_an_event_another_method_waits_on_lowers_a_drop_across_methods(tmp_path):
+    rule = RULES["set-to-none-in-another-method"]
+    plain = _of(_scan(_write(tmp_path, "plain.py", rule.hazard)), rule)
+    synced = textwrap.dedent(rule.hazard).replace(
+        "                self.ids_cpu.copy_(self.ids, non_blocking=True)\n",
+        "                self.ids_cpu.copy_(self.ids, non_blocking=True)\n"
+        "                self.copied.record()\n").replace(
+        "            def reset(self):\n",
+        "            def take(self):\n"
+        "                self.copied.synchronize()\n"
+        "                return self.ids_cpu.tolist()\n\n"
+        "            def reset(self):\n")
+    handed = _of(_scan(_write(tmp_path, "synced.py", synced)), rule)
+    assert [f.factors for f in plain] == [("freed", "object-state", "other-method")]
+    assert [f.factors for f in handed] == [
+        ("freed", "object-state", "other-method", "consumed-elsewhere")]
+    assert handed[0].score < plain[0].score

@@ -608,25 +608,34 @@ def judge(t: Trace) -> list[Finding]:
     return list(seen.values())
 
 
-def pending_attributes(t: Trace) -> dict[str, tuple[str, int]]:
+def pending_attributes(t: Trace) -> dict[str, tuple[str, int, str]]:
     """The object's attributes (``self.x``) a method leaves in use on another stream at
     its end: used there with no ``record_stream`` for it, and the method's own stream
-    not ordered after that use. Attribute -> (that stream, the use's line)."""
+    not ordered after that use. Attribute -> (that stream, the use's line, an event of
+    the object recorded on that stream after the use, or '')."""
     judge = _Judge(t)
     last: dict[str, dict[str, int]] = {}
     for p, o in enumerate(t.ops):
         if o.kind is K.USE and o.stream not in (t.base, ANY) and judge.tensorish(o.key) \
                 and o.flag != COPY_SOURCE and _attribute(t, o.key):
             last.setdefault(o.key, {})[o.stream] = p
-    out: dict[str, tuple[str, int]] = {}
+    out: dict[str, tuple[str, int, str]] = {}
     for k, streams in sorted(last.items()):
         recorded = {o.stream for o in t.ops if o.kind is K.RECORD and o.key == k}
         for s, p in sorted(streams.items()):
             if s not in recorded and ANY not in recorded and \
                     judge.ordered(s, p, t.base, len(t.ops)) != "yes":
-                out[_attribute(t, k)] = (s, t.ops[p].line)
+                event = next((e for e, recs in sorted(judge.records.items())
+                              if e.startswith("self.") and any(r > p and on == s
+                                                               for r, on in recs)), "")
+                out[_attribute(t, k)] = (s, t.ops[p].line, event)
                 break
     return out
+
+
+def waits_on(t: Trace, event: str) -> bool:
+    """Does ``t`` wait on ``event`` (a stream's wait, or the host's sync)?"""
+    return any(o.kind in (K.WAIT_EVENT, K.HOST_SYNC) and o.key == event for o in t.ops)
 
 
 def _attribute(t: Trace, k: str) -> str:

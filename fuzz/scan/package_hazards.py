@@ -15,6 +15,7 @@ from streamfuzz.fuzz.scan.hazards import (
     Hazard,
     pending_attributes,
     unordered_frees,
+    waits_on,
 )
 from streamfuzz.fuzz.scan.names import dotted
 from streamfuzz.fuzz.scan.ops import CURRENT, Trace
@@ -94,7 +95,7 @@ def attribute_lifetimes(pkg: Package, traces: Iterable[Trace]) -> Iterator[Findi
             methods.append(t)
             if fn.name == "__init__":
                 continue
-            for (owner, k), (stream, use_line) in sorted(pending.items()):
+            for (owner, k), (stream, use_line, _) in sorted(pending.items()):
                 # another method's rebinding may be its setup; only a drop says it frees
                 lines = unordered_frees(t, k, stream, rebound=owner == fn.qualname)
                 if owner == fn.qualname:  # a previous call's use, freed before this call's
@@ -102,7 +103,9 @@ def attribute_lifetimes(pkg: Package, traces: Iterable[Trace]) -> Iterator[Findi
                 if lines:
                     frees.setdefault((owner, k), []).append((t, lines[0]))
         for (owner, k), sites in sorted(frees.items()):
-            stream, use_line = pending[(owner, k)]
+            stream, use_line, event = pending[(owner, k)]
+            # an event recorded after the use that another method waits on: a protocol
+            handed = bool(event) and any(waits_on(m, event) for m in methods)
             sites = _uncovered(sites, methods)
             # where a method drops it through another method that does, the latter says it
             names = {t.qualname.rsplit(".", 1)[-1] for t, _ in sites}
@@ -110,14 +113,17 @@ def attribute_lifetimes(pkg: Package, traces: Iterable[Trace]) -> Iterator[Findi
                 if any(c[0] in names and c[1] == line for c in t.calls):
                     continue
                 factors = ["freed", "object-state",
-                           "previous-call" if owner == t.qualname else "other-method"]
+                           "previous-call" if owner == t.qualname else "other-method",
+                           *(["consumed-elsewhere"] if handed else [])]
                 if TEST_PATH.search(file):
                     factors.append("test-code")
                 yield Finding(
                     Hazard.LIFETIME, file, line, t.qualname, (k,), (stream, CURRENT),
                     f"{k} is left in use on {stream} by {owner} (line {use_line}: no "
                     f"record_stream, no wait after it); {t.qualname} drops it here with "
-                    f"no wait for {stream}", tuple(factors)).scored()
+                    f"no wait for {stream}" + (f" (another method waits on {event}, "
+                                               "recorded after that use)" if handed else ""),
+                    tuple(factors)).scored()
 
 
 def _uncovered(sites: list[tuple[Trace, int]], methods: list[Trace]) -> list[tuple[Trace, int]]:
