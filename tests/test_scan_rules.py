@@ -969,6 +969,7 @@ def test_an_event_another_method_waits_on_lowers_a_drop_across_methods(tmp_path)
         "                self.ids_cpu.copy_(self.ids, non_blocking=True)\n",
         "                self.ids_cpu.copy_(self.ids, non_blocking=True)\n"
         "                self.copied.record()\n").replace(
+        "pin_memory=True)\n", "pin_memory=True)\n                self.copied = torch.cuda.Event()\n").replace(
         "            def reset(self):\n",
         "            def take(self):\n"
         "                self.copied.synchronize()\n"
