@@ -965,16 +965,29 @@ def test_docs_cite_only_files_in_the_repository():
 def test_an_event_another_method_waits_on_lowers_a_drop_across_methods(tmp_path):
     rule = RULES["set-to-none-in-another-method"]
     plain = _of(_scan(_write(tmp_path, "plain.py", rule.hazard)), rule)
-    synced = textwrap.dedent(rule.hazard).replace(
-        "                self.ids_cpu.copy_(self.ids, non_blocking=True)\n",
-        "                self.ids_cpu.copy_(self.ids, non_blocking=True)\n"
-        "                self.copied.record()\n").replace(
-        "pin_memory=True)\n", "pin_memory=True)\n                self.copied = torch.cuda.Event()\n").replace(
-        "            def reset(self):\n",
-        "            def take(self):\n"
-        "                self.copied.synchronize()\n"
-        "                return self.ids_cpu.tolist()\n\n"
-        "            def reset(self):\n")
+    synced = '''
+        import torch
+
+        class Drafts:
+            def __init__(self):
+                self.copy_stream = torch.cuda.Stream()
+                self.ids_cpu = torch.empty(64, dtype=torch.int64, pin_memory=True)
+                self.copied = torch.cuda.Event()
+
+            def copy_out(self, ids):
+                self.ids = ids
+                self.copy_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.copy_stream):
+                    self.ids_cpu.copy_(self.ids, non_blocking=True)
+                    self.copied.record()
+
+            def take(self):
+                self.copied.synchronize()
+                return self.ids_cpu.tolist()
+
+            def reset(self):
+                self.ids = None
+        '''
     handed = _of(_scan(_write(tmp_path, "synced.py", synced)), rule)
     assert [f.factors for f in plain] == [("freed", "object-state", "other-method")]
     assert [f.factors for f in handed] == [
