@@ -495,6 +495,28 @@ RULES: dict[str, Rule] = {
             x.record_stream(side)
             return host
         ''', Hazard.UNORDERED, "offload", "x"),
+    "set-stream-in-the-function-itself": Rule('''
+        import torch
+
+        def offload(x, side):
+            prev = torch.cuda.current_stream()
+            torch.cuda.set_stream(side)
+            host = x.to("cpu", non_blocking=True)
+            torch.cuda.set_stream(prev)
+            x.record_stream(side)
+            return host
+        ''', '''
+        import torch
+
+        def offload(x, side):
+            prev = torch.cuda.current_stream()
+            side.wait_stream(prev)
+            torch.cuda.set_stream(side)
+            host = x.to("cpu", non_blocking=True)
+            torch.cuda.set_stream(prev)
+            x.record_stream(side)
+            return host
+        ''', Hazard.UNORDERED, "offload", "x"),
     "a-wait-inside-the-helper-that-returns-the-stream": Rule('''
         import torch
 

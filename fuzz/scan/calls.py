@@ -63,6 +63,15 @@ class Calls(Namer):
             s = self.stream_of(c.args[0]) if c.args else None
             self.emit(K.RECORD, line, key=rk, stream=s or ANY)
             return None
+        if name == "set_stream" and c.args:  # the current stream from here on
+            s = self.stream_of(c.args[0]) or self.key(c.args[0])
+            if s:
+                self.t.streams.add(s)
+                self.stack[-1] = s
+                if s != self.t.base:
+                    self.t.entered.add(s)
+                    self.t.entries.append((s, len(self.t.ops)))
+            return None
         if name == "wait_stream" and recv is not None:
             waiter = self.stream_of(recv) or rk or ANY
             waited = self.stream_of(c.args[0]) if c.args else None
