@@ -247,6 +247,54 @@ RULES: dict[str, Rule] = {
                 torch.cuda.current_stream().wait_stream(self.copy_stream)
                 self.ids = None
         ''', Hazard.LIFETIME, "Drafts.reset", "self.ids"),
+    "an-attribute-made-only-when-unset": Rule('''
+        import torch
+
+        class Noise:
+            def __init__(self):
+                self.stream = torch.cuda.Stream()
+
+            def fork(self, n):
+                self.noise = torch.empty(n, device="cuda")
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    self.noise.uniform_()
+        ''', '''
+        import torch
+
+        class Noise:
+            def __init__(self):
+                self.stream = torch.cuda.Stream()
+                self.noise = None
+
+            def fork(self, n):
+                if self.noise is None:
+                    self.noise = torch.empty(n, device="cuda")
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    self.noise.uniform_()
+        ''', Hazard.LIFETIME, "Noise.fork", "self.noise"),
+    "a-pinned-buffer-made-fresh-each-time-round": Rule('''
+        import torch
+
+        def upload(chunks, n, device):
+            staging = torch.empty(n, dtype=torch.int32, pin_memory=True)
+            out = []
+            for c in chunks:
+                staging.copy_(c)
+                out.append(staging.to(device, non_blocking=True))
+            return out
+        ''', '''
+        import torch
+
+        def upload(chunks, n, device):
+            out = []
+            for c in chunks:
+                staging = torch.empty(n, dtype=torch.int32, pin_memory=True)
+                staging.copy_(c)
+                out.append(staging.to(device, non_blocking=True))
+            return out
+        ''', Hazard.PINNED_REWRITE, "upload", "staging"),
     "free-through-helpers-in-another-method": Rule('''
         import torch
 

@@ -178,7 +178,9 @@ class Binding(Namer):
             self.emit(K.KEEP, line, key=made)
         k = self.key(tgt) or name
         dropped = isinstance(value, ast.Constant) and value.value is None
-        if k in self.t.tensors or (dropped and name.startswith("self.")):
+        if k in self.unset:
+            pass  # under `if self.x is None`: it held nothing to drop
+        elif k in self.t.tensors or (dropped and name.startswith("self.")):
             # the reference it held is dropped
             self.emit(K.FREE, line, key=k, flag="" if dropped else REBOUND)
         self.alias.pop(name, None)

@@ -495,7 +495,8 @@ class _Judge(Handoffs):
             from_k = [(j, c) for j, c in copies if c.other == k]
             if not from_k:
                 continue
-            pending = [(j, c) for j, c in from_k if j < w and not self._synced(j, c.stream, w)]
+            pending = [(j, c) for j, c in from_k if j < w and not self._synced(j, c.stream, w)
+                       and not self._made_again(k, j, w)]
             later = [(j, c) for j, c in from_k if j > w]
             factors: list[str] = []
             if pending:
@@ -513,6 +514,11 @@ class _Judge(Handoffs):
                 Hazard.PINNED_REWRITE, o.line, (k,), ("host", CURRENT), factors=factors,
                 what=f"the host writes pinned {self.t.name(k)} while the non_blocking copy "
                      f"from it (line {line_copy}) may still be reading it")
+
+    def _made_again(self, k: str, j: int, w: int) -> bool:
+        """Is ``k`` a fresh tensor again between ops ``j`` and ``w`` (a loop that makes
+        a new pinned buffer each time round: the write is to the new one)?"""
+        return any(o.kind is K.ALLOC and o.key == k for o in self.ops[j + 1:w])
 
     def _synced(self, j: int, stream: str, w: int) -> bool:
         for x in self.ops[j + 1:w]:

@@ -170,6 +170,7 @@ class Namer:
         self.bound: set[str] = set()
         self.parts: dict[str, str] = {}  # a local name -> the region of its storage (part)
         self.stream_lists: dict[str, list[str]] = {}  # a local list of streams -> them
+        self.unset: list[str] = []  # names an enclosing `if x is None` says hold nothing
         self.contexts = {**self.module.contexts, **self.facts.contexts}
         self.modules = MODULES | self.module.modules
         for k in self.facts.alias:

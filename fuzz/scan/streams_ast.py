@@ -67,7 +67,13 @@ class Walker(Calls, Binding):
                     if target and not negated(s.test, node):
                         self.emit(K.HOST_SYNC, s.lineno, key=target)
             before = dict(self.alias)
+            none = _none_tested(s.test)
+            k = self.key(none) if none is not None else None
+            if k:  # `if self.buf is None: self.buf = ...`: nothing is dropped there
+                self.unset.append(k)
             self.walk(s.body)
+            if k:
+                self.unset.pop()
             self.guards[-1] = -id(s)
             if s.orelse:
                 in_body, self.alias = self.alias, dict(before)
@@ -231,3 +237,14 @@ class Walker(Calls, Binding):
             if isinstance(child, ast.expr):
                 self.expr(child)
         return None
+
+
+def _none_tested(test: ast.expr) -> ast.expr | None:
+    """``x`` of a test ``x is None`` (or ``not x``), else None."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(
+            test.ops[0], ast.Is) and isinstance(test.comparators[0], ast.Constant) and \
+            test.comparators[0].value is None:
+        return test.left
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return test.operand
+    return None
