@@ -2,9 +2,10 @@
 suppression, exit codes, determinism, the inputs (tree, wheel, sdist, installed
 package) and the harness it writes.
 
-The fixtures are small sources written here; nothing is fetched. The scan of a
-real engine wheel runs only where the wheel is already on disk (see
-``_ENGINE_WHEEL``), and skips, saying so, elsewhere.
+The fixtures are small sources written here; nothing is fetched. The rules
+about code shapes have their hazard and safe forms in ``test_scan_rules.py``;
+the scans of real engine releases, which run only where the release is
+already on disk and skip, saying so, elsewhere, are ``test_scan_recall.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from streamfuzz.fuzz.scan import hazards, package_hazards
+from streamfuzz.fuzz.scan import hazards, owners, package_hazards
 from streamfuzz.fuzz.scan.hazards import Finding
 from streamfuzz.fuzz.scan.package import Package
 from streamfuzz.fuzz.scan.sources import Source
@@ -39,12 +39,15 @@ class ScanResult:
 def scan(source: Source) -> ScanResult:
     """Every finding of ``source``, ranked by score (ties by file, line, class)."""
     pkg = Package(source.files())
-    traces = [t for t in pkg.traces() if t.uses_streams()]
+    walked = list(pkg.traces())
+    traces = [t for t in walked if t.uses_streams()]
     found: list[Finding] = []
     for t in traces:
         found.extend(hazards.judge(t))
     found.extend(package_hazards.cached_streams(pkg.caches))
     found.extend(package_hazards.sibling_omissions(pkg))
+    found.extend(package_hazards.attribute_lifetimes(pkg, walked))
+    found.extend(owners.unseen_owners(pkg, traces))
     for f in found:
         lines = pkg.modules[f.file].lines
         text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""

@@ -11,6 +11,8 @@ import ast
 
 from streamfuzz.fuzz.scan.names import (
     CONTAINER_ANN,
+    SPLITS,
+    STREAMISH,
     Namer,
     callee_name,
     dotted,
@@ -18,7 +20,7 @@ from streamfuzz.fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from streamfuzz.fuzz.scan.ops import K
+from streamfuzz.fuzz.scan.ops import REBOUND, K
 
 
 class Binding(Namer):
@@ -33,7 +35,8 @@ class Binding(Namer):
             self.expr(value)
             k = self.key(s.target)
             if k:
-                self.emit(K.USE, s.lineno, stream=self.cur, key=k, write=True)
+                self.emit(K.USE, s.lineno, stream=self.cur, key=k, write=True,
+                          part=self.part(s.target))
                 self.host_write(k, s.lineno)
             return
         if isinstance(s, ast.AnnAssign) and CONTAINER_ANN.match(ast.unparse(s.annotation)):
@@ -46,7 +49,8 @@ class Binding(Namer):
                 k = self.key(tgt)
                 if k:
                     self.t.tensors.add(k)
-        made = self.expr(value)
+        # another name for the same storage is no stream work
+        made = None if isinstance(value, (ast.Name, ast.Attribute)) else self.expr(value)
         for tgt in targets:
             self.bind(tgt, value, s.lineno, made)
 
@@ -75,10 +79,29 @@ class Binding(Namer):
 
     def _bind_parts(self, tgt: ast.Tuple | ast.List, value: ast.expr | None,
                     line: int) -> None:
+        held = self.stream_of(value) if isinstance(value, (ast.Name, ast.Attribute)) else None
+        if held is None and isinstance(value, (ast.Name, ast.Attribute)):
+            k = self.key(value)
+            held = k + "[]" if k and (k + "[]" in self.t.streams or k.endswith("streams")) \
+                else None
+        if held is not None and held.endswith("[]") and all(
+                isinstance(t, ast.Name) for t in tgt.elts):
+            for i, t in enumerate(tgt.elts):  # copy_s, compute_s = self._streams
+                name = self.stream_lists.get(held[:-2], [])[i:i + 1] or [f"{held[:-2]}[{i}]"]
+                self.alias[t.id] = name[0]  # type: ignore[attr-defined]
+                self.t.streams.add(name[0])
+            return
+        cut = self._cut(value)
+        if cut is not None and all(isinstance(t, ast.Name) for t in tgt.elts):
+            for i, t in enumerate(tgt.elts):  # a, b = x.chunk(2): two regions of x
+                self.rebind(t.id, line)  # type: ignore[attr-defined]
+                self.alias[t.id], self.parts[t.id] = cut, f"c{i}"  # type: ignore[attr-defined]
+            return
         split = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(tgt.elts)
         for i, t in enumerate(tgt.elts):
             v = value.elts[i] if split else None  # type: ignore[union-attr]
-            m = self.expr(v) if v is not None else None
+            m = self.expr(v) if v is not None and not isinstance(
+                v, (ast.Name, ast.Attribute)) else None  # another name: no stream work
             if v is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
                     isinstance(t, ast.Name):
                 m = self.fresh(t)  # unpacked from a call made on a side stream
@@ -95,12 +118,23 @@ class Binding(Namer):
             if made:
                 self.emit(K.KEEP, line, key=made, other=k)
         elif k:
-            self.emit(K.USE, line, stream=self.cur, key=k, write=True)
+            self.emit(K.USE, line, stream=self.cur, key=k, write=True, part=self.part(tgt))
             self.host_write(k, line)
         if value is not None:
             self.keep(value, line, into)
 
+    def _cut(self, value: ast.expr | None) -> str | None:
+        """The tensor ``x.chunk(n)`` / ``torch.split(x, n)`` cuts into parts, or None."""
+        if not isinstance(value, ast.Call) or callee_name(value) not in SPLITS or not \
+                isinstance(value.func, ast.Attribute):
+            return None
+        recv = value.func.value
+        if self.is_module(recv):
+            return self.key(value.args[0]) if value.args else None
+        return self.key(recv)
+
     def _bind_unknown(self, name: str, line: int, made: str | None) -> None:
+        self.parts.pop(name, None)
         self.alias.pop(name, None)
         self.rebind(name, line)
         if made and "." not in name:
@@ -143,8 +177,12 @@ class Binding(Namer):
         if made:
             self.emit(K.KEEP, line, key=made)
         k = self.key(tgt) or name
-        if k in self.t.tensors:
-            self.emit(K.FREE, line, key=k)  # the reference it held is dropped
+        dropped = isinstance(value, ast.Constant) and value.value is None
+        if k in self.unset:
+            pass  # under `if self.x is None`: it held nothing to drop
+        elif k in self.t.tensors or (dropped and name.startswith("self.")):
+            # the reference it held is dropped
+            self.emit(K.FREE, line, key=k, flag="" if dropped else REBOUND)
         self.alias.pop(name, None)
         if made:
             self.alias[name] = made
@@ -154,7 +192,16 @@ class Binding(Namer):
 
     def _bind_local(self, name: str, value: ast.expr, line: int, made: str | None) -> None:
         vk = self.key(value) if made is None else None
-        self.rebind(name, line)
+        self.rebind(name, line, still=vk)
+        self.parts.pop(name, None)
+        self.stream_lists.pop(name, None)
+        if isinstance(value, (ast.List, ast.Tuple)) and value.elts:
+            named = [self.stream_of(e) for e in value.elts]
+            if all(named):  # streams = [self.copy_stream, self.compute_stream]
+                self.stream_lists[name] = [str(n) for n in named]
+                self.t.streams.add(name + "[]")
+        if vk and self.part(value):
+            self.parts[name] = self.part(value)  # lo = x[:n]: that side of x
         if is_container(value):
             self.t.containers.add(name)
         if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
@@ -188,6 +235,11 @@ class Binding(Namer):
             return
         name = dotted(target)
         k = self.key(it) if isinstance(it, (ast.Name, ast.Attribute)) else None
+        if name and k and (k + "[]" in self.t.streams or STREAMISH.search(
+                k.rsplit(".", 1)[-1]) and k.endswith("streams")):
+            self.t.streams.add(k + "[]")  # for s in streams: each of them
+            self.alias[name] = k + "[]"
+            return
         if name and k and k not in self.t.streams and k not in self.t.events:
             self.alias[name] = k
             if name in self.t.tensors:
@@ -197,13 +249,21 @@ class Binding(Namer):
         if isinstance(value, ast.Call) and callee_name(value) in ("current_stream",
                                                                      "default_stream"):
             return self.stream_of(value)
-        if isinstance(value, (ast.Name, ast.Attribute, ast.IfExp)):
+        if isinstance(value, (ast.Name, ast.Attribute, ast.IfExp, ast.Subscript)):
             return self.stream_of(value)
+        if isinstance(value, ast.Call) and callee_name(value) not in ("Stream", "ExternalStream"):
+            return self.stream_of(value)  # a helper, or a call named like one, gives a stream
         return None
 
-    def rebind(self, name: str, line: int) -> None:
-        """A local name bound again: the storage it held is dropped here."""
+    def rebind(self, name: str, line: int, still: str | None = None) -> None:
+        """A local name bound again: the storage it held is dropped here, unless another
+        name still holds it, or the new value is a view of it (``x = x.view(-1)``)."""
         old = self.alias.get(name, name)
-        if name in self.bound and old.startswith("<tmp@") and old not in self.t.persistent:
+        if name in self.bound and old.startswith("<tmp@") and old not in self.t.persistent \
+                and old != still and not self.held_elsewhere(name, old):
             self.emit(K.FREE, line, key=old)
         self.bound.add(name)
+
+    def held_elsewhere(self, name: str, key: str) -> bool:
+        """Does a local name other than ``name`` still hold the storage ``key``?"""
+        return any(v == key and n != name and "." not in n for n, v in self.alias.items())

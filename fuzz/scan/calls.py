@@ -29,7 +29,7 @@ from streamfuzz.fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, K
+from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, STORAGE, K
 
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""
@@ -62,6 +62,15 @@ class Calls(Namer):
             self.t.tensors.add(rk)
             s = self.stream_of(c.args[0]) if c.args else None
             self.emit(K.RECORD, line, key=rk, stream=s or ANY)
+            return None
+        if name == "set_stream" and c.args:  # the current stream from here on
+            s = self.stream_of(c.args[0]) or self.key(c.args[0])
+            if s:
+                self.t.streams.add(s)
+                self.stack[-1] = s
+                if s != self.t.base:
+                    self.t.entered.add(s)
+                    self.t.entries.append((s, len(self.t.ops)))
             return None
         if name == "wait_stream" and recv is not None:
             waiter = self.stream_of(recv) or rk or ANY
@@ -140,6 +149,8 @@ class Calls(Namer):
             made_recv = self.expr(recv)  # a chained call or an index: its own work first
             if made_recv is not None:
                 rk = made_recv
+        if rk is not None and rk.startswith("<work@") and name in ("get_future", "then"):
+            return rk  # the work's future: waiting on it waits for the work
         arg_keys = [self.expr(a) or self.key(a) for a in c.args]
         for kw in c.keywords:
             if kw.arg in ("out",):
@@ -168,6 +179,11 @@ class Calls(Namer):
             for a in [*c.args, *(k.value for k in c.keywords)]:
                 self.keep(a, line, into=rk)
             return None
+        if rk and "." in rk and name in CONTAINER_METHODS and rk not in self.t.tensors and \
+                not rk.startswith("<"):
+            for a in [*c.args, *(k.value for k in c.keywords)]:
+                self.keep(a, line)  # self.pending.append(x): kept with the object
+            return None
         if rk in ("self", "cls"):
             rk = None
         tensor_recv = rk is not None and (name in TENSOR_METHODS or rk in self.t.tensors)
@@ -185,21 +201,30 @@ class Calls(Namer):
             return None
         if rk and tensor_recv:
             return self._tensor_method(c, name, rk)
+        if recv is not None and name in TENSOR_METHODS and c.args and self.is_module(recv) \
+                and (dotted(recv) or "").startswith("torch"):
+            first = arg_keys[0]  # torch.narrow(x, ...), torch.cumsum(x, 0): x is a tensor
+            if first:
+                self.t.tensors.add(first)
+                if name in VIEWS:
+                    self.emit(K.USE, line, stream=self.cur, key=first)
+                    return None
         full = dotted(c.func) or ""
         module_fn = full.startswith(("torch.", "F.", "np.", "numpy."))
         if rk and recv is not None and not module_fn:
             self.emit(K.USE, line, stream=self.cur, key=rk)
         if module_fn and not NOT_TENSOR_TORCH.match(full):
             return self._module_call(c, full, arg_keys)
-        for k in arg_keys:
+        for k, a in zip(arg_keys, c.args):
             if k:
-                self.emit(K.USE, line, stream=self.cur, key=k)
+                self.emit(K.USE, line, stream=self.cur, key=k, part=self.part(a))
         self._package_call(c, name)
         return None
 
     def _copy(self, c: ast.Call, dst: str, src: str | None) -> None:
         line = c.lineno
-        self.emit(K.USE, line, stream=self.cur, key=dst, write=True)
+        recv = c.func.value if isinstance(c.func, ast.Attribute) else c.func
+        self.emit(K.USE, line, stream=self.cur, key=dst, write=True, part=self.part(recv))
         if is_true(kw_arg(c, "non_blocking")) and src:
             self.t.tensors.add(src)
             self.emit(K.NB_COPY, line, stream=self.cur, key=dst, other=src,
@@ -212,14 +237,16 @@ class Calls(Namer):
     def _tensor_method(self, c: ast.Call, name: str, rk: str) -> str | None:
         line = c.lineno
         write = name.endswith("_") and not name.endswith("__")
+        if name == "resize_" and c.args and isinstance(c.args[0], ast.Constant) and \
+                c.args[0].value == 0:
+            # the storage goes back to the allocator: a free, not a kernel's write
+            self.emit(K.FREE, line, key=rk, flag=STORAGE)
+            return rk
         self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
-                  flag=COPY_SOURCE if self._to_device(c, name) else "")
+                  flag=COPY_SOURCE if self._to_device(c, name) else "",
+                  part=self.part(c.func.value) if isinstance(c.func, ast.Attribute) else "")
         if write:
-            if name == "resize_" and c.args and isinstance(c.args[0], ast.Constant) and \
-                    c.args[0].value == 0:
-                self.emit(K.FREE, line, key=rk)
-            else:
-                self.host_write(rk, line)
+            self.host_write(rk, line)
             return rk  # in-place ops return their receiver
         if name in VIEWS:
             return None
@@ -302,7 +329,7 @@ class Calls(Namer):
                 if eff.what == "record":
                     self.emit(K.RECORD, line, key=k, stream=ANY)
                 elif eff.what == "free":
-                    self.emit(K.FREE, line, key=k)
+                    self.emit(K.FREE, line, key=k, flag=eff.flag)
                 else:
                     self.t.tensors.add(k)
                     self.emit(K.USE, line, stream=self.cur, key=k, write=eff.write,

@@ -16,7 +16,19 @@ from enum import Enum
 from typing import Any
 
 from streamfuzz.fuzz.scan.handoff import TIMING, Handoffs, handoff_safe
-from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, CURRENT, SUBMITTER, THREAD, K, Op, Trace
+from streamfuzz.fuzz.scan.names import covers
+from streamfuzz.fuzz.scan.ops import (
+    ANY,
+    COPY_SOURCE,
+    CURRENT,
+    REBOUND,
+    SUBMITTER,
+    THREAD,
+    K,
+    Op,
+    Trace,
+    disjoint_parts,
+)
 
 
 class Hazard(str, Enum):
@@ -62,6 +74,11 @@ FACTORS: dict[str, tuple[int, str]] = {
     "event-handoff": (-20, "an event recorded after this work is handed to the caller "
                            "(returned or stored where it can reach it): the caller's "
                            "contract is to wait on it"),
+    "other-method": (-5, "the other stream's use is left pending by another method of "
+                         "the class (or by a previous call of this one)"),
+    "owner-unseen": (-25, "a stream a loop or thread of the package keeps current may touch "
+                          "the same memory, and the function never names it: the source "
+                          "cannot tell; the dynamic check can"),
     "opaque-work": (-15, "the side stream's work is issued by calls whose tensors are not seen"),
     "test-code": (-30, "in tests, benchmarks or examples"),
 }
@@ -181,7 +198,9 @@ class _Judge(Handoffs):
         use_guards = self.ops[p].guards if p < len(self.ops) else ()
         best = "no"
         partial: list[tuple[int, ...]] = []
-        for j in range(max(i + 1, 0), min(p, len(self.ops))):
+        span = range(max(i + 1, 0), min(p, len(self.ops))) if i < p else [
+            *range(i + 1, len(self.ops)), *range(p)]  # i: in the previous call
+        for j in span:
             o = self.ops[j]
             how = self._orders(o, j, a, i, b)
             if how is None:
@@ -199,7 +218,8 @@ class _Judge(Handoffs):
         return best
 
     def _orders(self, o: Op, j: int, a: str, i: int, b: str) -> str | None:
-        if o.kind is K.WAIT and o.stream in (b, ANY) and o.other in (a, ANY):
+        if o.kind is K.WAIT and (o.stream == ANY or covers(o.stream, b)) and (
+                o.other == ANY or covers(o.other, a)):
             return "yes"
         if o.kind is K.WAIT and o.stream == b and a in (CURRENT, SUBMITTER) and \
                 o.other not in self.t.entered:
@@ -250,14 +270,21 @@ class _Judge(Handoffs):
         here = self.ops[p].guards
         for j in range(p - 1, -1, -1):
             o = self.ops[j]
-            if _exclusive(o.guards, here):
-                continue  # the other branch of an if this access is under
+            if _exclusive(o.guards, here) or disjoint_parts(o.part, self.ops[p].part):
+                continue  # the other branch of an if this access is under, or another part
             if o.key == k and (o.kind is K.ALLOC or (o.kind is K.USE and o.write)):
                 return o.stream, j
             if o.key == k and o.kind is K.FREE:
                 return "", j
         if self.local(k):
             return "", -1
+        if k.startswith("self."):  # object state: as if called twice, the previous call's
+            for j in range(len(self.ops) - 1, p, -1):
+                o = self.ops[j]
+                if o.key == k and o.kind is K.USE and o.write and not o.guards:
+                    if o.stream != self.ops[p].stream:
+                        return o.stream, j
+                    break
         return self.t.producer, -1
 
     def unordered(self) -> Iterator[Finding]:
@@ -276,7 +303,8 @@ class _Judge(Handoffs):
                 for j in range(p - 1, max(i, -1), -1):
                     r = self.ops[j]
                     if r.kind is K.USE and r.key == o.key and r.stream not in (o.stream, ANY) \
-                            and not _exclusive(r.guards, o.guards):
+                            and not _exclusive(r.guards, o.guards) and not disjoint_parts(
+                                r.part, o.part):
                         checks.append((r.stream, j, False))
                         break
             for a, i, _raw in checks:
@@ -467,7 +495,8 @@ class _Judge(Handoffs):
             from_k = [(j, c) for j, c in copies if c.other == k]
             if not from_k:
                 continue
-            pending = [(j, c) for j, c in from_k if j < w and not self._synced(j, c.stream, w)]
+            pending = [(j, c) for j, c in from_k if j < w and not self._synced(j, c.stream, w)
+                       and not self._made_again(k, j, w)]
             later = [(j, c) for j, c in from_k if j > w]
             factors: list[str] = []
             if pending:
@@ -485,6 +514,11 @@ class _Judge(Handoffs):
                 Hazard.PINNED_REWRITE, o.line, (k,), ("host", CURRENT), factors=factors,
                 what=f"the host writes pinned {self.t.name(k)} while the non_blocking copy "
                      f"from it (line {line_copy}) may still be reading it")
+
+    def _made_again(self, k: str, j: int, w: int) -> bool:
+        """Is ``k`` a fresh tensor again between ops ``j`` and ``w`` (a loop that makes
+        a new pinned buffer each time round: the write is to the new one)?"""
+        return any(o.kind is K.ALLOC and o.key == k for o in self.ops[j + 1:w])
 
     def _synced(self, j: int, stream: str, w: int) -> bool:
         for x in self.ops[j + 1:w]:
@@ -578,6 +612,53 @@ def judge(t: Trace) -> list[Finding]:
     for f in _Judge(t).findings():
         seen.setdefault((f.hazard, f.line, f.tensors, f.streams), f)
     return list(seen.values())
+
+
+def pending_attributes(t: Trace) -> dict[str, tuple[str, int, str]]:
+    """The object's attributes (``self.x``) a method leaves in use on another stream at
+    its end: used there with no ``record_stream`` for it, and the method's own stream
+    not ordered after that use. Attribute -> (that stream, the use's line, an event of
+    the object recorded on that stream after the use, or '')."""
+    judge = _Judge(t)
+    last: dict[str, dict[str, int]] = {}
+    for p, o in enumerate(t.ops):
+        if o.kind is K.USE and o.stream not in (t.base, ANY) and judge.tensorish(o.key) \
+                and o.flag != COPY_SOURCE and _attribute(t, o.key):
+            last.setdefault(o.key, {})[o.stream] = p
+    out: dict[str, tuple[str, int, str]] = {}
+    for k, streams in sorted(last.items()):
+        recorded = {o.stream for o in t.ops if o.kind is K.RECORD and o.key == k}
+        for s, p in sorted(streams.items()):
+            if s not in recorded and ANY not in recorded and \
+                    judge.ordered(s, p, t.base, len(t.ops)) != "yes":
+                event = next((e for e, recs in sorted(judge.records.items())
+                              if e.startswith("self.") and any(r > p and on == s
+                                                               for r, on in recs)), "")
+                out[_attribute(t, k)] = (s, t.ops[p].line, event)
+                break
+    return out
+
+
+def waits_on(t: Trace, event: str) -> bool:
+    """Does ``t`` wait on ``event`` (a stream's wait, or the host's sync)?"""
+    return any(o.kind in (K.WAIT_EVENT, K.HOST_SYNC) and o.key == event for o in t.ops)
+
+
+def _attribute(t: Trace, k: str) -> str:
+    """The attribute of ``self`` that ``k`` is (made here and stored there), or ''."""
+    if k.startswith("self."):
+        return k
+    name = t.names.get(k, "") if k in t.persistent else ""
+    return name if name.startswith("self.") else ""
+
+
+def unordered_frees(t: Trace, k: str, stream: str, rebound: bool) -> list[int]:
+    """The lines where ``t`` drops ``k`` with its own stream not yet ordered after
+    ``stream`` (no wait for it, no host sync, since the function began); a drop by
+    binding a new value counts only where ``rebound``."""
+    judge = _Judge(t)
+    return [o.line for p, o in enumerate(t.ops) if o.kind is K.FREE and o.key == k
+            and (rebound or o.flag != REBOUND) and judge.ordered(stream, -1, t.base, p) != "yes"]
 
 
 def _all_paths(guards: list[tuple[int, ...]]) -> bool:

@@ -28,6 +28,8 @@ VIEWS = {"view", "view_as", "reshape", "narrow", "flatten", "unflatten", "unsque
           "squeeze", "permute", "transpose", "t", "expand", "expand_as", "as_strided", "split",
           "chunk", "unbind", "select", "diagonal", "detach", "contiguous", "numpy", "data",
           "untyped_storage", "movedim", "swapaxes", "tensor_split", "split_with_sizes"}
+SPLITS = {"chunk", "split", "unbind", "tensor_split", "split_with_sizes"}
+"""Views that cut a tensor into parts, unpacked one name each."""
 HOST_READS = {"tolist", "item", "__int__", "__float__", "__bool__"}
 HOST_BUILTINS = {"int", "float", "bool", "list", "tuple", "sum", "max", "min", "sorted",
                   "enumerate", "zip", "any", "all", "set", "dict"}
@@ -62,7 +64,18 @@ CONTAINER_MAKERS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict"
 CONTAINER_METHODS = {"append", "extend", "insert", "appendleft", "add", "update",
                      "setdefault"}
 """A container's methods that store references: no stream touches a tensor there."""
+NOT_STREAM_CALLS = {"stream", "Stream", "ExternalStream", "wait_stream", "record_stream",
+                    "set_stream", "current_stream", "default_stream", "cuda_stream", "use_stream"}
+"""Calls named like a stream that do not give one back."""
+MODULES = frozenset({"torch", "np", "numpy", "F", "math"})
+"""Module names that are never tensors, wherever the file imports them from."""
 _SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)
+
+
+def covers(s: str, t: str) -> bool:
+    """Does an order of stream ``s`` hold for stream ``t``? ``xs[]`` (each or any of a
+    set of streams, as a loop over them names them) covers ``xs[0]``, ``xs['copy']``."""
+    return s == t or (s.endswith("[]") and t.startswith(s[:-1]))
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -143,16 +156,23 @@ class Namer:
     """
 
     def __init__(self, trace: Trace, facts: ClassFacts | None, module_facts: ClassFacts,
-                 callee: Callable[[ast.Call], Iterable[Any]] | None = None) -> None:
+                 callee: Callable[[ast.Call], Iterable[Any]] | None = None,
+                 helper: Callable[[ast.Call], tuple[str, ast.expr | str] | None] | None = None
+                 ) -> None:
         self.t = trace
         self.facts = facts or ClassFacts()
         self.module = module_facts
         self.callee = callee
+        self.helper = helper
         self.stack = [trace.base]
         self.alias: dict[str, str] = {}
         self.guards: list[int] = []
         self.bound: set[str] = set()
+        self.parts: dict[str, str] = {}  # a local name -> the region of its storage (part)
+        self.stream_lists: dict[str, list[str]] = {}  # a local list of streams -> them
+        self.unset: list[str] = []  # names an enclosing `if x is None` says hold nothing
         self.contexts = {**self.module.contexts, **self.facts.contexts}
+        self.modules = MODULES | self.module.modules
         for k in self.facts.alias:
             self.alias[k] = self.facts.alias[k]
         t = self.t
@@ -173,7 +193,12 @@ class Namer:
                 node = node.value
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                   and (node.func.attr in VIEWS or inplace(node.func.attr))):
-                node = node.func.value
+                # torch.narrow(x, ...): a view of x
+                inner: ast.AST | None = (node.args[0] if node.args else None) if \
+                    self.is_module(node.func.value) else node.func.value
+                if inner is None:
+                    return None
+                node = inner
             elif isinstance(node, ast.Attribute) and node.attr in ("data", "T", "mT"):
                 node = node.value
             elif isinstance(node, ast.Starred):
@@ -184,12 +209,41 @@ class Namer:
         if text is None:
             return None
         head, _, rest = text.partition(".")
+        if head in self.modules and head not in self.alias and head not in self.bound:
+            return None  # a module or a name in it, never a tensor
         if text in self.alias:
             return self.alias[text]
         if head in self.alias:
             base = self.alias[head]
             return f"{base}.{rest}" if rest else base
         return text
+
+    def part(self, node: ast.AST) -> str:
+        """The region of its storage an expression names (``ops.disjoint_parts``): an
+        item ``x[0]``, a side of a cut ``x[:n]``/``x[n:]``, a chunk unpacked from
+        ``x.chunk(2)``; '' for all of it or where unknown."""
+        while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in VIEWS and node.func.attr not in SPLITS:
+            node = node.func.value
+        if isinstance(node, ast.Name):
+            return self.parts.get(node.id, "")
+        if not isinstance(node, ast.Subscript) or self.part(node.value):
+            return ""
+        sl = node.slice
+        if isinstance(sl, ast.Constant) and isinstance(sl.value, int):
+            return f"i{sl.value}"
+        if isinstance(sl, ast.Slice) and sl.step is None:
+            if sl.lower is None and sl.upper is not None:
+                return f"s:{ast.unparse(sl.upper)}"
+            if sl.upper is None and sl.lower is not None:
+                return f"s{ast.unparse(sl.lower)}:"
+        return ""
+
+    def is_module(self, node: ast.AST) -> bool:
+        text = dotted(node)
+        head = (text or "").split(".")[0]
+        return text is not None and head in self.modules and head not in self.alias and \
+            head not in self.bound
 
     def is_gather(self, node: ast.Subscript) -> bool:
         """``t[idx]`` with a tensor (or list) index makes a new tensor; slices are views."""
@@ -216,8 +270,13 @@ class Namer:
             name = callee_name(node)
             if name in ("current_stream", "default_stream"):
                 return self.stack[-1] if name == "current_stream" else self.t.base
-            if name in ("Stream", "ExternalStream") or STREAMISH.search(name):
-                return None
+            found = self.helped(node, "stream")
+            if found is not None:
+                return found
+            if name not in NOT_STREAM_CALLS and name.lower().endswith("stream"):
+                made = (dotted(node.func) or name) + "()"  # get_stream(): the stream it gives
+                self.t.streams.add(made)
+                return made
             return None
         if isinstance(node, ast.IfExp):
             return self.stream_of(node.body) or self.stream_of(node.orelse)
@@ -226,9 +285,19 @@ class Namer:
         if isinstance(node, ast.Subscript):  # streams[i]: one of a set of streams
             base = self.key(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) \
                 else None
-            if base and STREAMISH.search(base.rsplit(".", 1)[-1]):
-                self.t.streams.add(base + "[]")
-                return base + "[]"
+            if base and (STREAMISH.search(base.rsplit(".", 1)[-1]) or
+                         base + "[]" in self.t.streams):
+                lit = node.slice
+                listed = self.stream_lists.get(base, [])
+                if isinstance(lit, ast.Constant) and isinstance(lit.value, int) and \
+                        -len(listed) <= lit.value < len(listed):
+                    return listed[lit.value]  # [self.copy_stream, ...][0]: that stream
+                # streams["copy"], streams[0]: a stream of its own; streams[i]: any of them
+                name = base + (f"[{ast.unparse(lit)}]" if isinstance(lit, ast.Constant) or (
+                    isinstance(lit, ast.UnaryOp) and isinstance(lit.operand, ast.Constant))
+                    else "[]")
+                self.t.streams.add(name)
+                return name
             return None
         k = self.key(node)
         if k is None:
@@ -240,6 +309,24 @@ class Namer:
             self.t.streams.add(k)
             return k
         return None
+
+    def helped(self, call: ast.Call, kind: str) -> str | None:
+        """The stream a package helper returns (``kind='stream'``) or enters
+        (``'context'``), as this function names it."""
+        found = self.helper(call) if self.helper is not None else None
+        if found is None or found[0] != kind:
+            return None
+        what = found[1]
+        if isinstance(what, str):
+            self.t.streams.add(what)
+            return what
+        s = self.stream_of(what) if not isinstance(what, ast.Call) else None
+        if s is None:
+            s = self.key(what)
+            if s is None:
+                return None
+            self.t.streams.add(s)
+        return s
 
     def event_of(self, node: ast.AST) -> str | None:
         k = self.key(node)
@@ -272,7 +359,11 @@ class Namer:
                         return None
                     self.t.streams.add(s)
                 return s
-            return None
+            found = self.helped(node, "context")
+            if found is None and STREAM_CONTEXT.search(name) and not node.args:
+                found = (dotted(node.func) or name) + "()"  # self.copy_stream_ctx()
+                self.t.streams.add(found)
+            return found
         k = self.key(node)
         if k is not None and k in self.t.streams:
             return k

@@ -27,6 +27,13 @@ COPY_SOURCE = "copy-source"
 holds until the copy's stream has passed it (a pageable one is staged before the
 call returns), or a tensor already on that device, for which the call queues nothing:
 either way, dropping it after the call cannot free memory the copy still reads."""
+STORAGE = "storage"
+"""A free's flag: the storage itself goes back (``untyped_storage().resize_(0)``),
+whatever other references to the tensor remain."""
+
+REBOUND = "rebound"
+"""A free's flag: an attribute bound to a new value (what it held is dropped as a
+side effect, as in a setup method), not an explicit ``del`` or ``= None``."""
 
 
 class K(str, Enum):
@@ -40,7 +47,7 @@ class K(str, Enum):
     HOST_READ = "host_read"
     HOST_WRITE = "host_write"
     NB_COPY = "nb_copy"      # key <- other without blocking (flag: d2h, h2d, ?)
-    FREE = "free"
+    FREE = "free"          # key's reference dropped (flag: STORAGE, its storage; REBOUND)
     KEEP = "keep"            # key outlives the call (stored, returned)
     COLLECTIVE = "collective"  # key handed to an async collective; other: its work
     WORK_WAIT = "work_wait"
@@ -56,6 +63,18 @@ class Op:
     write: bool = False
     flag: str = ""
     guards: tuple[int, ...] = ()
+    part: str = ""  # a use's region of key, where known (disjoint_parts)
+
+
+def disjoint_parts(a: str, b: str) -> bool:
+    """Are two regions of one tensor apart: chunks or items of different index
+    (``c0``/``c1``, ``i0``/``i1``), or the two sides of one cut (``s:n``/``sn:``)?"""
+    if not a or not b or a == b:
+        return False
+    if a[0] == b[0] and a[0] in "ci":
+        return True
+    return {a, b} == {f"s:{a[2:]}", f"s{a[2:]}:"} if a.startswith("s:") else \
+        {a, b} == {f"s:{b[2:]}", f"s{b[2:]}:"} if b.startswith("s:") else False
 
 
 @dataclass
@@ -119,3 +138,4 @@ class ClassFacts:
     events: set[str] = field(default_factory=set)
     alias: dict[str, str] = field(default_factory=dict)  # self.x_np -> self.x
     contexts: dict[str, str] = field(default_factory=dict)  # self.ctx -> the stream it enters
+    modules: set[str] = field(default_factory=set)  # names bound by ``import``: never tensors

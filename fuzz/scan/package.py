@@ -16,16 +16,26 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from streamfuzz.fuzz.scan import host_args
-from streamfuzz.fuzz.scan.names import dotted, is_scalar_annotation
-from streamfuzz.fuzz.scan.ops import ClassFacts, K, Trace
+from streamfuzz.fuzz.scan import callers, host_args
+from streamfuzz.fuzz.scan.names import MODULES, dotted, is_scalar_annotation
+from streamfuzz.fuzz.scan.ops import (
+    ANY,
+    CURRENT,
+    STORAGE,
+    SUBMITTER,
+    THREAD,
+    ClassFacts,
+    K,
+    Op,
+    Trace,
+)
 from streamfuzz.fuzz.scan.sources import SourceFile
 from streamfuzz.fuzz.scan.streams_ast import Walker
 
 _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
 _OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
 _MAKES_STREAM = {"Stream": "stream", "ExternalStream": "stream", "Event": "event"}
-_DEPTH = 2  # how deep callee effects are followed
+_DEPTH = 4  # how deep callee effects are followed
 _MAX_EFFECTS = 24  # uses of a callee's parameters lent to its callers, at most
 
 
@@ -51,6 +61,8 @@ class Function:
     cls: str | None
     text: str = ""
     classes: dict[str, str] | None = None  # local name -> its stated class (_classes_of)
+    # ('stream' | 'context', the stream it returns or enters), () if neither: _stream_helper
+    helper: tuple[str, ast.expr | None] | tuple[()] | None = None
 
     @property
     def name(self) -> str:
@@ -111,10 +123,14 @@ class Package:
                 if name in self.by_name:
                     self._host_votes.setdefault(name, []).append(host_args.host_args(call, hosted))
         self._summaries: dict[int, tuple[Effect, ...]] = {}
+        self._call_index: dict[str, list[tuple[Function, ast.Call]]] | None = None
 
     # -- indexing ------------------------------------------------------------
 
     def _index(self, m: Module) -> None:
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Import):
+                m.facts.modules |= {(a.asname or a.name).split(".")[0] for a in node.names}
         for stmt in m.tree.body:
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                 self._module_value(m, stmt, stmt.value)
@@ -200,16 +216,45 @@ class Package:
                     t.events.add(p.arg)
                 elif "Stream" in ann:
                     t.streams.add(p.arg)
-            w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth))
+            w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth),
+                       helper=lambda call: self.stream_helper(fn, call))
             w.bound |= set(t.params)
             for p in params:
                 if is_scalar_annotation(p.annotation):
                     w.alias[p.arg] = f"<scalar {p.arg}>"
+            for name in callers.current_stream_params(self, fn):
+                w.alias[name] = t.base  # every caller passes its current stream
             w.walk(fn.node.body)
             learned = t
+        self._caller_waits(fn, t)
         t.persistent |= {k for k in t.tensors if k.startswith(("self.", "cls."))}
         t.persistent |= m.facts.tensors | m.facts.pinned
         return t
+
+    def _caller_waits(self, fn: Function, t: Trace) -> None:
+        """The waits every caller does before the call, as if done at the function's
+        entry: on the streams it enters or puts work on."""
+        used = (t.entered | {o.stream for o in t.ops if o.kind in (K.USE, K.ALLOC)}) - {
+            t.base, ANY, THREAD, SUBMITTER}
+        if not used:
+            return
+        waited = callers.entry_waits(self, fn, used, _receiver(fn))
+        if not waited:
+            return
+        t.ops[:0] = [Op(K.WAIT, fn.node.lineno, stream=s, other=t.base) for s in sorted(waited)]
+        t.entries = [(s, i + len(waited)) for s, i in t.entries]
+
+    def call_index(self) -> dict[str, list[tuple[Function, ast.Call]]]:
+        """Every call in the package, by the called name (built once)."""
+        if self._call_index is None:
+            self._call_index = {}
+            for fn in sorted(self.functions, key=lambda f: (f.file, f.node.lineno, f.qualname)):
+                for node in _own_nodes(fn.node):
+                    if isinstance(node, ast.Call):
+                        name = _call_name(node)
+                        if name in self.by_name:
+                            self._call_index.setdefault(name, []).append((fn, node))
+        return self._call_index
 
     def host_params(self, fn: Function) -> set[str]:
         """The parameters every call of ``fn`` in the package passes host memory
@@ -229,6 +274,8 @@ class Package:
             else None
         if not name or name not in self.by_name:
             return None
+        if isinstance(f, ast.Attribute) and (dotted(f.value) or "").split(".")[0] in MODULES:
+            return None  # torch.distributed.broadcast is torch's, whatever the package names
         cands = self.by_name[name]
         if isinstance(f, ast.Attribute) and dotted(f.value) in ("self", "cls"):
             same = [c for c in cands if c.file == caller.file and c.cls == caller.cls]
@@ -256,6 +303,8 @@ class Package:
         self._summaries[key] = ()  # recursion guard
         t = self.walk(callee, depth + 1)
         params = set(t.params)
+        if _receiver(callee) is not None:
+            params.add(_receiver(callee) or "")  # what it does to its object's attributes
         found: dict[Effect, None] = {}
         for o in t.ops:
             root = o.key.split(".")[0] if o.key else ""
@@ -266,8 +315,8 @@ class Package:
                 found[Effect("sync")] = None
             elif o.kind is K.RECORD and root in params:
                 found[Effect("record", root, suffix)] = None
-            elif o.kind is K.FREE and root in params and suffix:
-                found[Effect("free", root, suffix)] = None
+            elif o.kind is K.FREE and root in params and (suffix or o.flag == STORAGE):
+                found[Effect("free", root, suffix, flag=o.flag)] = None
             elif o.kind is K.USE and root in params and o.stream == t.base and \
                     o.key in t.tensors and len(found) < _MAX_EFFECTS:
                 found.setdefault(Effect("use", root, suffix, o.write, o.flag), None)
@@ -286,11 +335,44 @@ class Package:
             names = [p.arg for p in callee.params()] if callee else []
             arg: ast.expr | None = next((k.value for k in call.keywords if k.arg == e.param),
                                         None)
-            if arg is None and e.param in names and names.index(e.param) < len(call.args):
+            if callee is not None and e.param == _receiver(callee) and isinstance(
+                    call.func, ast.Attribute):
+                arg = call.func.value  # self.x of the callee is receiver.x here
+            elif arg is None and e.param in names and names.index(e.param) < len(call.args):
                 arg = call.args[names.index(e.param)]
             if arg is not None and not isinstance(arg, ast.Starred):
                 out.append(Effect(e.what, ast.unparse(arg), e.suffix, e.write, e.flag))
         return out
+
+    def stream_helper(self, caller: Function, call: ast.Call) -> tuple[str, ast.expr | str] | None:
+        """A call of the package's own that returns a stream (``'stream'``) or enters one
+        as a context manager (``'context'``), with the stream as the caller names it:
+        the argument or the receiver's attribute it is, or the helper's name."""
+        callee = self.resolve(caller, call)
+        if callee is None:
+            return None
+        if callee.helper is None:
+            callee.helper = _stream_helper(callee)
+        if not callee.helper:
+            return None
+        kind, expr = callee.helper
+        if expr is None:
+            return kind, f"{callee.name}()"
+        names = [p.arg for p in callee.params()]
+        recv = _receiver(callee)
+        root = expr
+        while isinstance(root, (ast.Attribute, ast.Subscript)):
+            root = root.value
+        if isinstance(root, ast.Name) and root.id == recv and isinstance(call.func, ast.Attribute):
+            return kind, ast.parse(ast.unparse(expr).replace(recv, ast.unparse(call.func.value), 1),
+                                   mode="eval").body
+        if isinstance(expr, ast.Name) and expr.id in names:
+            arg = next((k.value for k in call.keywords if k.arg == expr.id), None)
+            i = names.index(expr.id)
+            if arg is None and i < len(call.args) and not isinstance(call.args[i], ast.Starred):
+                arg = call.args[i]
+            return (kind, arg) if arg is not None else None
+        return kind, f"{callee.name}()"
 
     def optional_waits(self) -> dict[str, list[tuple[Function, str, int]]]:
         """Functions with an ordering argument that defaults to None, by name:
@@ -370,6 +452,57 @@ def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFu
             elif isinstance(s, (ast.If, ast.Try)):
                 yield from visit(s.body, prefix, cls)
     yield from visit(tree.body, "", None)
+
+
+_CONTEXTS = {"stream", "StreamContext", "use_stream", "cuda_stream"}
+_MAKERS = {"Stream", "ExternalStream"}
+
+
+def _stream_helper(fn: Function) -> tuple[str, ast.expr | None] | tuple[()]:
+    """Does ``fn`` return a stream, or enter one for its caller (a context manager
+    that enters a stream context or sets the current stream, or returns such a
+    context)? The stream as ``fn`` names it (None: one it makes)."""
+    decos = {((dotted(d.func) if isinstance(d, ast.Call) else dotted(d)) or "").rsplit(".", 1)[-1]
+             for d in fn.node.decorator_list}
+    generator = "contextmanager" in decos or "asynccontextmanager" in decos
+    for node in sorted(_own_nodes(fn.node), key=lambda n: (getattr(n, "lineno", 0),
+                                                           getattr(n, "col_offset", 0))):
+        if generator and isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                c = item.context_expr
+                if isinstance(c, ast.Call) and _call_name(c) in _CONTEXTS and c.args:
+                    return "context", c.args[0]
+        if generator and isinstance(node, ast.Call) and _call_name(node) == "set_stream" and \
+                node.args:
+            return "context", node.args[0]
+        if isinstance(node, ast.Return) and node.value is not None:
+            v = node.value
+            if isinstance(v, ast.Call) and _call_name(v) in _CONTEXTS and v.args:
+                return "context", v.args[0]
+            if isinstance(v, ast.Call) and _call_name(v) in _MAKERS:
+                return "stream", None
+            if isinstance(v, (ast.Name, ast.Attribute, ast.Subscript)):
+                text = dotted(v.value if isinstance(v, ast.Subscript) else v) or ""
+                last = text.rsplit(".", 1)[-1]
+                if "stream" in last.lower() and (isinstance(v, ast.Subscript) or
+                                                 not last.endswith("streams")):
+                    return "stream", v
+    return ()
+
+
+def _call_name(c: ast.Call) -> str:
+    f = c.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _receiver(fn: Function) -> str | None:
+    """The name a method calls its object by (``self``), or None for a function."""
+    a = fn.node.args
+    first = [*a.posonlyargs, *a.args][:1]
+    decos = {dotted(d) for d in fn.node.decorator_list}
+    if fn.cls is None or not first or "staticmethod" in decos:
+        return None
+    return first[0].arg
 
 
 def _own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
@@ -497,6 +630,12 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
                 facts.streams.add(facts.contexts[name])
             elif made == "stream":
                 facts.streams.add(name)
+            elif isinstance(v, (ast.List, ast.Tuple, ast.Dict, ast.ListComp, ast.DictComp)) \
+                    and any(_makes(n) == "stream" for n in ast.walk(v)):
+                facts.streams.add(name + "[]")  # a container of streams: each is one
+            elif isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
+                    v.func.attr in ("current_stream", "default_stream"):
+                facts.alias.setdefault(name, CURRENT)  # the stream current where it is made
             elif made == "event":
                 facts.events.add(name)
             elif _pins(v):

@@ -1,6 +1,7 @@
 """The hazards seen across a package, not in one function's ops: streams and
-events kept at module level, and calls that leave out an ordering argument
-another call of the same function passes.
+events kept at module level, calls that leave out an ordering argument
+another call of the same function passes, and an object's tensor that one
+method leaves in use on a side stream and another frees.
 """
 
 from __future__ import annotations
@@ -8,9 +9,16 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Iterator
 
-from streamfuzz.fuzz.scan.hazards import TEST_PATH, Finding, Hazard
+from streamfuzz.fuzz.scan.hazards import (
+    TEST_PATH,
+    Finding,
+    Hazard,
+    pending_attributes,
+    unordered_frees,
+    waits_on,
+)
 from streamfuzz.fuzz.scan.names import dotted
-from streamfuzz.fuzz.scan.ops import CURRENT
+from streamfuzz.fuzz.scan.ops import CURRENT, Trace
 from streamfuzz.fuzz.scan.package import Function, ModuleCache, Package
 
 
@@ -63,3 +71,74 @@ def _passes(call: ast.Call, param: str, pos: int) -> bool:
     """Does ``call`` give ``param`` (by name, by position, or maybe through ``*``/``**``)?"""
     return any(k.arg in (param, None) for k in call.keywords) or len(call.args) > pos \
         or any(isinstance(a, ast.Starred) for a in call.args)
+
+
+def attribute_lifetimes(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
+    """An attribute one method leaves in use on a side stream (no ``record_stream``, no
+    wait after) and another method of the class frees (``del``, rebinding, a storage
+    resize, through helpers) with no wait for that stream first."""
+    by_class: dict[tuple[str, str], list[Trace]] = {}
+    for t in traces:
+        if t.cls is not None:
+            by_class.setdefault((t.file, t.cls), []).append(t)
+    for (file, cls), walked in sorted(by_class.items()):
+        pending = {(t.qualname, k): v for t in walked for k, v in pending_attributes(t).items()}
+        if not pending:
+            continue
+        known = {t.qualname: t for t in walked}
+        frees: dict[tuple[str, str], list[tuple[Trace, int]]] = {}
+        methods: list[Trace] = []
+        for fn in pkg.functions:
+            if fn.file != file or fn.cls != cls:
+                continue
+            t = known.get(fn.qualname) or pkg.walk(fn)
+            methods.append(t)
+            if fn.name == "__init__":
+                continue
+            for (owner, k), (stream, use_line, _) in sorted(pending.items()):
+                # another method's rebinding may be its setup; only a drop says it frees
+                lines = unordered_frees(t, k, stream, rebound=owner == fn.qualname)
+                if owner == fn.qualname:  # a previous call's use, freed before this call's
+                    lines = [ln for ln in lines if ln < use_line]
+                if lines:
+                    frees.setdefault((owner, k), []).append((t, lines[0]))
+        for (owner, k), sites in sorted(frees.items()):
+            stream, use_line, event = pending[(owner, k)]
+            # an event recorded after the use that another method waits on: a protocol
+            handed = bool(event) and any(waits_on(m, event) for m in methods)
+            sites = _uncovered(sites, methods)
+            # where a method drops it through another method that does, the latter says it
+            names = {t.qualname.rsplit(".", 1)[-1] for t, _ in sites}
+            for t, line in sites:
+                if any(c[0] in names and c[1] == line for c in t.calls):
+                    continue
+                factors = ["freed", "object-state",
+                           "previous-call" if owner == t.qualname else "other-method",
+                           *(["consumed-elsewhere"] if handed else [])]
+                if TEST_PATH.search(file):
+                    factors.append("test-code")
+                yield Finding(
+                    Hazard.LIFETIME, file, line, t.qualname, (k,), (stream, CURRENT),
+                    f"{k} is left in use on {stream} by {owner} (line {use_line}: no "
+                    f"record_stream, no wait after it); {t.qualname} drops it here with "
+                    f"no wait for {stream}" + (f" (another method waits on {event}, "
+                                               "recorded after that use)" if handed else ""),
+                    tuple(factors)).scored()
+
+
+def _uncovered(sites: list[tuple[Trace, int]], methods: list[Trace]) -> list[tuple[Trace, int]]:
+    """The sites left once a method whose every caller in the class orders the free
+    (the caller is no site itself, or is covered) is dropped."""
+    def name(t: Trace) -> str:
+        return t.qualname.rsplit(".", 1)[-1]
+
+    open_ = {name(t) for t, _ in sites}
+    while True:
+        covered = set()
+        for m in open_:
+            callers = {name(t) for t in methods if any(c[0] == m for c in t.calls)} - {m}
+            if callers and not callers & open_:
+                covered.add(m)
+        if not covered:
+            return [(t, line) for t, line in sites if name(t) in open_]
+        open_ -= covered

@@ -42,6 +42,11 @@ def _cell(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+def _site_cell(site: str, width: int) -> str:
+    """A site cut from the left, so its file name and line stay readable."""
+    return site if len(site) <= width else "…" + site[len(site) - width + 1:]
+
+
 def table(result: ScanResult, limit: int | None = None) -> str:
     """The terminal table: one finding a line, the highest score first."""
     rows = result.active if limit is None else result.active[:limit]
@@ -51,7 +56,8 @@ def table(result: ScanResult, limit: int | None = None) -> str:
            + (f", {len(result.findings) - len(result.active)} suppressed"
               if len(result.findings) != len(result.active) else ""), head]
     for f in rows:
-        out.append(f"{f.rank:>4}  {f.score:>5}  {f.hazard.value:<22}  {_cell(f.site, 48):<48}  "
+        site = _site_cell(f.site, 48)
+        out.append(f"{f.rank:>4}  {f.score:>5}  {f.hazard.value:<22}  {site:<48}  "
                    f"{_cell(f.function, 30):<30}  {f.what}")
     if limit is not None and len(result.active) > limit:
         out.append(f"      ... {len(result.active) - limit} more (--top 0 shows all; "

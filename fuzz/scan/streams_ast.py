@@ -53,8 +53,10 @@ class Walker(Calls, Binding):
         elif isinstance(s, ast.Delete):
             for tgt in s.targets:
                 k = self.key(tgt) if not isinstance(tgt, ast.Subscript) else None
-                if k:
+                if k and not (isinstance(tgt, ast.Name) and self.held_elsewhere(tgt.id, k)):
                     self.emit(K.FREE, s.lineno, key=k)
+                if isinstance(tgt, ast.Name):
+                    self.alias.pop(tgt.id, None)
         elif isinstance(s, ast.If):
             self.expr(s.test)
             self.guards.append(id(s))
@@ -64,9 +66,19 @@ class Walker(Calls, Binding):
                     target = self.stream_of(node.func.value) or self.key(node.func.value)
                     if target and not negated(s.test, node):
                         self.emit(K.HOST_SYNC, s.lineno, key=target)
+            before = dict(self.alias)
+            none = _none_tested(s.test)
+            k = self.key(none) if none is not None else None
+            if k:  # `if self.buf is None: self.buf = ...`: nothing is dropped there
+                self.unset.append(k)
             self.walk(s.body)
+            if k:
+                self.unset.pop()
             self.guards[-1] = -id(s)
-            self.walk(s.orelse)
+            if s.orelse:
+                in_body, self.alias = self.alias, dict(before)
+                self.walk(s.orelse)
+                self.alias = self._merge(before, in_body, self.alias)
             self.guards.pop()
         elif isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
             if isinstance(s, ast.While):
@@ -108,10 +120,29 @@ class Walker(Calls, Binding):
                 if isinstance(child, ast.expr):
                     self.expr(child)
 
+    def _merge(self, before: dict[str, str], body: dict[str, str],
+               orelse: dict[str, str]) -> dict[str, str]:
+        """The names after an ``if``/``else``, taken from one branch together: the
+        one that picks a side stream where the other picks the current one (a
+        stream and the buffer chosen with it are one pair), else the later one's."""
+        def side(a: dict[str, str], b: dict[str, str]) -> bool:
+            return any(v in self.t.streams and v != self.t.base and b.get(n) == self.t.base
+                       for n, v in a.items() if v != before.get(n))
+        first, last = (orelse, body) if side(body, orelse) and not side(orelse, body) else (
+            body, orelse)
+        out = dict(first)
+        out.update({n: v for n, v in last.items() if v != before.get(n)})
+        for n in before:  # dropped in the branch taken last
+            if n not in last and n in out and out[n] == before[n]:
+                del out[n]
+        return out
+
     def _with(self, s: ast.With | ast.AsyncWith) -> None:
         pushed = 0
         for item in s.items:
             stream = self.context_stream(item.context_expr)
+            if stream is not None and isinstance(item.context_expr, ast.Call):
+                self.helper_effects(item.context_expr)
             if stream is not None:
                 self.stack.append(stream)
                 self.t.entered.add(stream)
@@ -125,6 +156,15 @@ class Walker(Calls, Binding):
         del self.stack[len(self.stack) - pushed:]
 
 
+    def helper_effects(self, c: ast.Call) -> None:
+        """What entering a stream through a package helper does before the work: a wait
+        the helper (or a helper that gives the stream) does first."""
+        if self.helped(c, "context") is not None:
+            self._package_call(c, callee_name(c))
+        for a in c.args:
+            if isinstance(a, ast.Call) and self.helped(a, "stream") is not None:
+                self._package_call(a, callee_name(a))
+
     def expr(self, node: ast.expr | None) -> str | None:
         """Record what evaluating ``node`` does; the key of a tensor it makes, if any."""
         if node is None:
@@ -133,10 +173,14 @@ class Walker(Calls, Binding):
             return self.call(node)
         if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
             # a container only holds references: no stream touches its items here
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.expr) and not isinstance(
-                        child, (ast.Name, ast.Attribute)):
-                    self.expr(child)
+            items = [self.expr(child) for child in ast.iter_child_nodes(node)
+                     if isinstance(child, ast.expr) and not isinstance(
+                         child, (ast.Name, ast.Attribute, ast.Constant))]
+            if items and all(items) and isinstance(node, (ast.List, ast.Tuple)):
+                group = self.fresh(node)  # tensors made here, together, on this stream
+                self.t.tensors.add(group)
+                self.t.containers.add(group)
+                return group
             return None
         if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)):
@@ -158,7 +202,7 @@ class Walker(Calls, Binding):
         if isinstance(node, (ast.Name, ast.Attribute)):
             k = self.key(node)
             if k and k not in self.t.streams and k not in self.t.events:
-                self.emit(K.USE, node.lineno, stream=self.cur, key=k)
+                self.emit(K.USE, node.lineno, stream=self.cur, key=k, part=self.part(node))
             return None
         if isinstance(node, ast.Subscript):
             self.expr(node.slice)
@@ -175,7 +219,7 @@ class Walker(Calls, Binding):
                         self.t.tensors.add(k)
                 return made
             if base:
-                self.emit(K.USE, node.lineno, stream=self.cur, key=base)
+                self.emit(K.USE, node.lineno, stream=self.cur, key=base, part=self.part(node))
                 if base in self.t.host and isinstance(node.ctx, ast.Load):
                     self.emit(K.HOST_READ, node.lineno, key=base, flag="index")
             else:
@@ -193,3 +237,14 @@ class Walker(Calls, Binding):
             if isinstance(child, ast.expr):
                 self.expr(child)
         return None
+
+
+def _none_tested(test: ast.expr) -> ast.expr | None:
+    """``x`` of a test ``x is None`` (or ``not x``), else None."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(
+            test.ops[0], ast.Is) and isinstance(test.comparators[0], ast.Constant) and \
+            test.comparators[0].value is None:
+        return test.left
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return test.operand
+    return None
