@@ -10,8 +10,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamfuzz.fuzz.errors import BadInput
+
+if TYPE_CHECKING:
+    from streamfuzz._record import Record
 
 
 class ScanUsageError(BadInput, ValueError):
@@ -59,6 +63,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(default: the report)")
     s.add_argument("--out", type=Path, default=None, metavar="FILE",
                    help="where --harness writes (default test_streamfuzz_<function>.py)")
+    s.add_argument("--record", default=None, metavar="FILE",
+                   help="a record of a checked run (pytest --streamfuzz-record, check "
+                        "--record): mark each finding flagged, clean or not reached in it "
+                        "(default: no marks)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -66,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
     from streamfuzz.fuzz.scan.sources import open_source
 
     site = _site(args.harness) if args.harness else None
+    record = _record(args.record, site is not None)
     source = open_source(args.path)  # bad input: one line, exit 2, nothing read yet
     if site is not None:
         from streamfuzz.fuzz.scan import harness
@@ -76,15 +85,31 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     result = scan(source)
     seconds = time.monotonic() - t0
+    marks = None
+    if record is not None:
+        from streamfuzz.fuzz.scan.marks import mark
+
+        marks = mark(result, record, args.record)
     if args.json is not None:
-        report.write_json(args.json, result, seconds)
+        report.write_json(args.json, result, seconds, marks)
     if args.md is not None:
-        report.write(args.md, report.markdown(result))
-    print(report.table(result, None if args.top == 0 else args.top))
+        report.write(args.md, report.markdown(result, marks))
+    print(report.table(result, None if args.top == 0 else args.top, marks))
     print(f"({seconds:.1f} s)", file=sys.stderr)
     if args.fail_above is not None and any(f.score >= args.fail_above for f in result.active):
         return 1
     return 0
+
+
+def _record(path: str | None, harness: bool) -> Record | None:
+    """The run's record ``--record`` names, read before the scan starts."""
+    if path is None:
+        return None
+    if harness:
+        raise ScanUsageError("--record marks a report's findings; --harness writes no report")
+    from streamfuzz._record import read
+
+    return read(path, "--record")
 
 
 def _site(text: str) -> tuple[str, int]:

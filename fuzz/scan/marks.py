@@ -40,6 +40,8 @@ class Marks:
     record_file: str
     record: Record
     counts: Counter[str]
+    harness: str = ""
+    """The ``--harness`` command for the highest-ranked finding not reached."""
 
     def summary(self) -> str:
         """One line for the report's end: the counts, and what to do next."""
@@ -49,19 +51,22 @@ class Marks:
         if not self.counts[NOT_REACHED]:
             return head
         return (f"{head}; the {self.counts[NOT_REACHED]} not reached need a harness: write "
-                f"a test that reaches them, or `scan PATH --harness FILE:LINE`")
+                f"a test that reaches them, or have one written (`{self.harness}`, the first)")
 
 
 def mark(result: ScanResult, record: Record, record_file: str) -> Marks:
     """Put each finding's mark in its ``extra[RUN]``; the counts (unsuppressed only)."""
     index = _Index(record, _base(result.source))
     counts: Counter[str] = Counter()
+    harness = ""
     for f in result.findings:
         run = index.mark(f)
         f.extra[RUN] = run
         if f.suppressed is None:
             counts[str(run["mark"])] += 1
-    return Marks(record_file, record, counts)
+            if run["mark"] == NOT_REACHED and not harness:
+                harness = f"python -m streamfuzz scan {result.source.spec} --harness {f.site}"
+    return Marks(record_file, record, counts, harness)
 
 
 def mark_of(f: Finding) -> str | None:
