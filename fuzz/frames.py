@@ -114,10 +114,10 @@ def frames_here(limit: int = 4) -> Frames:
                 out.append((path, f.f_lineno, code.co_name))
                 if counts is not None:
                     entry = counts.get(id(code))
-                    if entry is None:
-                        counts[id(code)] = [code, 1]
-                    else:
+                    if entry is not None:
                         entry[1] += 1
+                    else:
+                        counts[id(code)] = [code, 1]
                 if len(out) == limit:
                     break
         elif kind == _RUNNER:
