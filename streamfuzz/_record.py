@@ -71,6 +71,12 @@ class Finding:
     summary: str
     sites: tuple[Site, ...]
 
+    @property
+    def key(self) -> tuple[str, tuple[Site, ...]]:
+        """One finding however often it was met (a Hypothesis test's examples
+        differ in sizes, so in the first line, not in where)."""
+        return self.kind, self.sites
+
 
 @dataclass(frozen=True)
 class Record:
@@ -110,17 +116,19 @@ class Record:
         ops: dict[tuple[str, str, int], int] = {}
         for f in (*self.functions, *other.functions):
             ops[f.key] = ops.get(f.key, 0) + f.ops
-        findings = dict.fromkeys((*self.findings, *other.findings))
+        findings: dict[tuple[str, tuple[Site, ...]], Finding] = {}
+        for found in (*self.findings, *other.findings):
+            findings.setdefault(found.key, found)
         return replace(self, processes=self.processes + other.processes,
                        functions=tuple(Function(*k, n) for k, n in sorted(ops.items())),
-                       findings=tuple(findings))
+                       findings=tuple(findings.values()))
 
 
 # -- this process's part ----------------------------------------------------------
 
 _counts: dict[int, list] | None = None
 """While recording: ``frames_here``'s count of each user function, by code id."""
-_found: dict[Finding, None] = {}
+_found: dict[tuple[str, tuple[Site, ...]], Finding] = {}
 _parts: list[Record] = []
 """Parts other processes handed to this one (children, pytest-xdist workers)."""
 
@@ -163,7 +171,8 @@ def note(sites: list[tuple[str, str, Frames]]) -> None:
             first, qual = max(((fl, q) for fl, q in index.get((path, name), ()) if fl <= line),
                               default=(0, name))
             placed.append(Site(_absolute(path), line, qual, first))
-        _found.setdefault(Finding(kind, summary, tuple(dict.fromkeys(placed))), None)
+        found = Finding(kind, summary, tuple(dict.fromkeys(placed)))
+        _found.setdefault(found.key, found)
 
 
 def absorb(part: dict[str, Any] | None) -> None:
@@ -186,7 +195,7 @@ def this_process(made_by: str, device: str) -> Record:
         functions[key] = functions.get(key, 0) + n
     own = Record(made_by, device, int(_counts is not None),
                  tuple(Function(*k, n) for k, n in sorted(functions.items())),
-                 tuple(_found))
+                 tuple(_found.values()))
     if _counts is None and _parts:  # a pytest-xdist controller: its workers ran the tests
         own = replace(own, device=_parts[0].device)
     for part in _parts:

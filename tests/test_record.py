@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -166,7 +167,10 @@ def test_another_packages_file_of_the_same_name_is_not_the_scanned_one(tmp_path)
 def test_a_record_round_trips_and_parts_merge():
     part = _record("/x/mypkg/steps.py")
     assert Record.from_dict(json.loads(json.dumps(part.to_dict()))) == part
-    both = part.merged(part)
+    # Another example of the same finding: another size in its first line, the same frames.
+    again = replace(part, findings=tuple(replace(f, summary=f.summary + " (int64[9])")
+                                         for f in part.findings))
+    both = part.merged(again)
     assert both.processes == 2
     assert [f.ops for f in both.functions] == [6, 6]
     assert both.findings == part.findings  # one finding, seen twice, once
