@@ -295,6 +295,37 @@ RULES: dict[str, Rule] = {
                 out.append(staging.to(device, non_blocking=True))
             return out
         ''', Hazard.PINNED_REWRITE, "upload", "staging"),
+    "an-identity-test-of-an-item-reads-nothing": Rule('''
+        import torch
+
+        class Aux:
+            def __init__(self):
+                self.stream = torch.cuda.Stream()
+                self.buf = torch.zeros(2, 8, device="cuda")
+
+            def fork(self, x, i):
+                total = self.buf[i].sum()
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    self.buf[i].copy_(x)
+                x.record_stream(self.stream)
+                return total
+        ''', '''
+        import torch
+
+        class Aux:
+            def __init__(self):
+                self.stream = torch.cuda.Stream()
+                self.buf = torch.zeros(2, 8, device="cuda")
+
+            def fork(self, x, i):
+                empty = self.buf[i] is None
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    self.buf[i].copy_(x)
+                x.record_stream(self.stream)
+                return empty
+        ''', Hazard.UNORDERED, "Aux.fork", "self.buf"),
     "free-through-helpers-in-another-method": Rule('''
         import torch
 
