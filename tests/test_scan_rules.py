@@ -326,6 +326,38 @@ RULES: dict[str, Rule] = {
                 x.record_stream(self.stream)
                 return empty
         ''', Hazard.UNORDERED, "Aux.fork", "self.buf"),
+    "a-saved-current-stream-passed-inside-another-streams-context": Rule('''
+        import torch
+
+        def _lookup(x: torch.Tensor, source_stream, target_stream):
+            source_stream.wait_stream(torch.cuda.current_stream())
+            x.record_stream(source_stream)
+            with torch.cuda.stream(source_stream):
+                kjt = x * 2
+            torch.cuda.current_stream().wait_stream(source_stream)
+            kjt.record_stream(target_stream)
+            return kjt.sum()
+
+        def start(x, side, source):
+            current = torch.cuda.current_stream()
+            with torch.cuda.stream(side):
+                _lookup(x, source, target_stream=current)
+        ''', '''
+        import torch
+
+        def _lookup(x: torch.Tensor, source_stream, target_stream):
+            source_stream.wait_stream(torch.cuda.current_stream())
+            x.record_stream(source_stream)
+            with torch.cuda.stream(source_stream):
+                kjt = x * 2
+            torch.cuda.current_stream().wait_stream(source_stream)
+            kjt.record_stream(target_stream)
+            return kjt.sum()
+
+        def start(x, side, source):
+            current = torch.cuda.current_stream()
+            _lookup(x, source, target_stream=current)
+        ''', Hazard.LIFETIME, "_lookup", "kjt"),
     "free-through-helpers-in-another-method": Rule('''
         import torch
 
