@@ -295,6 +295,69 @@ RULES: dict[str, Rule] = {
                 out.append(staging.to(device, non_blocking=True))
             return out
         ''', Hazard.PINNED_REWRITE, "upload", "staging"),
+    "an-identity-test-of-an-item-reads-nothing": Rule('''
+        import torch
+
+        class Aux:
+            def __init__(self):
+                self.stream = torch.cuda.Stream()
+                self.buf = torch.zeros(2, 8, device="cuda")
+
+            def fork(self, x, i):
+                total = self.buf[i].sum()
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    self.buf[i].copy_(x)
+                x.record_stream(self.stream)
+                return total
+        ''', '''
+        import torch
+
+        class Aux:
+            def __init__(self):
+                self.stream = torch.cuda.Stream()
+                self.buf = torch.zeros(2, 8, device="cuda")
+
+            def fork(self, x, i):
+                empty = self.buf[i] is None
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    self.buf[i].copy_(x)
+                x.record_stream(self.stream)
+                return empty
+        ''', Hazard.UNORDERED, "Aux.fork", "self.buf"),
+    "a-saved-current-stream-passed-inside-another-streams-context": Rule('''
+        import torch
+
+        def _lookup(x: torch.Tensor, source_stream, target_stream):
+            source_stream.wait_stream(torch.cuda.current_stream())
+            x.record_stream(source_stream)
+            with torch.cuda.stream(source_stream):
+                kjt = x * 2
+            torch.cuda.current_stream().wait_stream(source_stream)
+            kjt.record_stream(target_stream)
+            return kjt.sum()
+
+        def start(x, side, source):
+            current = torch.cuda.current_stream()
+            with torch.cuda.stream(side):
+                _lookup(x, source, target_stream=current)
+        ''', '''
+        import torch
+
+        def _lookup(x: torch.Tensor, source_stream, target_stream):
+            source_stream.wait_stream(torch.cuda.current_stream())
+            x.record_stream(source_stream)
+            with torch.cuda.stream(source_stream):
+                kjt = x * 2
+            torch.cuda.current_stream().wait_stream(source_stream)
+            kjt.record_stream(target_stream)
+            return kjt.sum()
+
+        def start(x, side, source):
+            current = torch.cuda.current_stream()
+            _lookup(x, source, target_stream=current)
+        ''', Hazard.LIFETIME, "_lookup", "kjt"),
     "free-through-helpers-in-another-method": Rule('''
         import torch
 
@@ -1063,3 +1126,38 @@ def test_an_event_another_method_waits_on_lowers_a_drop_across_methods(tmp_path)
     assert [f.factors for f in handed] == [
         ("freed", "object-state", "other-method", "consumed-elsewhere")]
     assert handed[0].score < plain[0].score
+
+
+def test_a_handle_another_method_waits_on_lowers_a_drop_across_methods(tmp_path):
+    src = '''
+        import torch
+        import torch.distributed as dist
+
+        class Sharded:
+            def __init__(self):
+                self.async_stream = torch.cuda.Stream()
+                self.shard = torch.empty(8, device="cuda")
+
+            def forward(self, x):
+                self.async_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.async_stream):
+                    self.pending = self._reduce_async()
+                return x
+
+            def _reduce_async(self):
+                return dist.reduce_scatter_tensor(self.shard, self.shard, async_op=True)
+
+            def settle(self):
+                pass
+
+            def release(self):
+                self.shard.untyped_storage().resize_(0)
+        '''
+    def drops(name: str, text: str) -> list[tuple[str, ...]]:
+        return [f.factors for f in _scan(_write(tmp_path, name, text))
+                if f.function == "Sharded.release"]
+
+    assert drops("plain.py", src) == [("freed", "object-state", "other-method")]
+    waited = textwrap.dedent(src).replace("        pass\n", "        self.pending.wait()\n")
+    assert drops("waited.py", waited) == [
+        ("freed", "object-state", "other-method", "consumed-elsewhere")]

@@ -90,9 +90,28 @@ def current_stream_params(pkg: Package, fn: Function) -> set[str]:
         return set()
     out = set()
     for p in params:
-        if all(_is_current(pkg, caller, _arg(fn, call, p)) for caller, call in sites):
+        if all(_passes_current(pkg, caller, call, _arg(fn, call, p)) for caller, call in sites):
             out.add(p)
     return out
+
+
+def _passes_current(pkg: Package, caller: Function, call: ast.Call, arg: ast.expr | None) -> bool:
+    """Is ``arg`` the stream current where ``call`` runs? ``current_stream()`` there,
+    or one saved before, where no stream context entered since is around the call."""
+    if isinstance(arg, ast.Call):
+        return _current_call(arg)
+    return _is_current(pkg, caller, arg) and not _under_stream_context(caller, call)
+
+
+def _under_stream_context(caller: Function, call: ast.Call) -> bool:
+    from streamfuzz.fuzz.scan.package import _own_nodes
+
+    for node in _own_nodes(caller.node):
+        if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+                n is call for n in ast.walk(node)) and any(
+                "stream" in ast.unparse(item.context_expr).lower() for item in node.items):
+            return True
+    return False
 
 
 def _current_call(node: ast.expr) -> bool:

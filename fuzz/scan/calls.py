@@ -13,6 +13,7 @@ import ast
 from streamfuzz.fuzz.scan.names import (
     ASYNC_COLLECTIVE,
     CONTAINER_METHODS,
+    DEVICE_MODULES,
     EVENTISH,
     HOST_BUILTINS,
     HOST_READS,
@@ -63,7 +64,9 @@ class Calls(Namer):
             s = self.stream_of(c.args[0]) if c.args else None
             self.emit(K.RECORD, line, key=rk, stream=s or ANY)
             return None
-        if name == "set_stream" and c.args:  # the current stream from here on
+        if name == "set_stream" and c.args and (recv is None or self.is_module(recv) or (
+                dotted(recv) or "").rsplit(".", 1)[-1] in DEVICE_MODULES):
+            # torch.cuda.set_stream(s): the current stream from here on
             s = self.stream_of(c.args[0]) or self.key(c.args[0])
             if s:
                 self.t.streams.add(s)

@@ -639,9 +639,11 @@ def pending_attributes(t: Trace) -> dict[str, tuple[str, int, str]]:
     return out
 
 
-def waits_on(t: Trace, event: str) -> bool:
-    """Does ``t`` wait on ``event`` (a stream's wait, or the host's sync)?"""
-    return any(o.kind in (K.WAIT_EVENT, K.HOST_SYNC) and o.key == event for o in t.ops)
+def waits_on(t: Trace, handle: str) -> bool:
+    """Does ``t`` wait on ``handle`` (an event, by a stream or the host; work, by
+    its ``wait()``)?"""
+    return any(o.kind in (K.WAIT_EVENT, K.HOST_SYNC, K.WORK_WAIT) and o.key == handle
+               for o in t.ops)
 
 
 def _attribute(t: Trace, k: str) -> str:

@@ -67,6 +67,8 @@ CONTAINER_METHODS = {"append", "extend", "insert", "appendleft", "add", "update"
 NOT_STREAM_CALLS = {"stream", "Stream", "ExternalStream", "wait_stream", "record_stream",
                     "set_stream", "current_stream", "default_stream", "cuda_stream", "use_stream"}
 """Calls named like a stream that do not give one back."""
+DEVICE_MODULES = {"cuda", "accelerator", "xpu", "npu", "mps", "device_module"}
+"""The last name of a device module's path (``torch.cuda``, ``self.device_module``)."""
 MODULES = frozenset({"torch", "np", "numpy", "F", "math"})
 """Module names that are never tensors, wherever the file imports them from."""
 _SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)

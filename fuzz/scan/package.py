@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from streamfuzz.fuzz.scan import callers, host_args
-from streamfuzz.fuzz.scan.names import MODULES, dotted, is_scalar_annotation
+from streamfuzz.fuzz.scan.names import DEVICE_MODULES, MODULES, dotted, is_scalar_annotation
 from streamfuzz.fuzz.scan.ops import (
     ANY,
     CURRENT,
@@ -473,7 +473,7 @@ def _stream_helper(fn: Function) -> tuple[str, ast.expr | None] | tuple[()]:
                 if isinstance(c, ast.Call) and _call_name(c) in _CONTEXTS and c.args:
                     return "context", c.args[0]
         if generator and isinstance(node, ast.Call) and _call_name(node) == "set_stream" and \
-                node.args:
+                node.args and _device_call(node):
             return "context", node.args[0]
         if isinstance(node, ast.Return) and node.value is not None:
             v = node.value
@@ -488,6 +488,15 @@ def _stream_helper(fn: Function) -> tuple[str, ast.expr | None] | tuple[()]:
                                                  not last.endswith("streams")):
                     return "stream", v
     return ()
+
+
+def _device_call(c: ast.Call) -> bool:
+    """Is ``c`` called on a device module (``torch.cuda.set_stream``), or bare?"""
+    f = c.func
+    if not isinstance(f, ast.Attribute):
+        return True
+    text = dotted(f.value) or ""
+    return text.split(".")[0] in MODULES or text.rsplit(".", 1)[-1] in DEVICE_MODULES
 
 
 def _call_name(c: ast.Call) -> str:

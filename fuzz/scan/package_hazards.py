@@ -86,6 +86,7 @@ def attribute_lifetimes(pkg: Package, traces: Iterable[Trace]) -> Iterator[Findi
         if not pending:
             continue
         known = {t.qualname: t for t in walked}
+        by_name = {fn.qualname: fn for fn in pkg.functions if fn.file == file}
         frees: dict[tuple[str, str], list[tuple[Trace, int]]] = {}
         methods: list[Trace] = []
         for fn in pkg.functions:
@@ -104,8 +105,11 @@ def attribute_lifetimes(pkg: Package, traces: Iterable[Trace]) -> Iterator[Findi
                     frees.setdefault((owner, k), []).append((t, lines[0]))
         for (owner, k), sites in sorted(frees.items()):
             stream, use_line, event = pending[(owner, k)]
-            # an event recorded after the use that another method waits on: a protocol
-            handed = bool(event) and any(waits_on(m, event) for m in methods)
+            # an event recorded after the use, or a handle the use's call gave back
+            # (an awaitable kept on the object), that another method waits on: a protocol
+            handles = [event] if event else []
+            handles += _kept_handles(by_name.get(owner), use_line)
+            handed = any(waits_on(m, h) for m in methods for h in handles)
             sites = _uncovered(sites, methods)
             # where a method drops it through another method that does, the latter says it
             names = {t.qualname.rsplit(".", 1)[-1] for t, _ in sites}
@@ -142,3 +146,15 @@ def _uncovered(sites: list[tuple[Trace, int]], methods: list[Trace]) -> list[tup
         if not covered:
             return [(t, line) for t, line in sites if name(t) in open_]
         open_ -= covered
+
+
+def _kept_handles(fn: Function | None, line: int) -> list[str]:
+    """``self.x`` bound to a call's result at or after ``line`` in ``fn``: a handle to
+    work the call started (``self._pending = self._launch_async()``)."""
+    if fn is None:
+        return []
+    from streamfuzz.fuzz.scan.package import _own_nodes
+
+    return sorted({dotted(t) or "" for n in _own_nodes(fn.node) if isinstance(n, ast.Assign)
+                   and n.lineno >= line and isinstance(n.value, ast.Call)
+                   for t in n.targets if (dotted(t) or "").startswith("self.")})

@@ -196,7 +196,9 @@ class Walker(Calls, Binding):
         if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot))
                                                  for op in node.ops):
             for side in (node.left, *node.comparators):  # `x is None` reads no storage
-                if not isinstance(side, (ast.Name, ast.Attribute)):
+                if isinstance(side, ast.Subscript):  # nor does `xs[i] is None`
+                    self.expr(side.slice)
+                elif not isinstance(side, (ast.Name, ast.Attribute)):
                     self.expr(side)
             return None
         if isinstance(node, (ast.Name, ast.Attribute)):
