@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import streamfuzz
 from streamfuzz import _group
-from streamfuzz.fuzz.errors import BadInput, FuzzError
+from streamfuzz.fuzz.errors import BadInput, CheckArgumentError, FuzzError
 from tests.helpers import ROOT
 
 # Plain torch.cuda code with the pre-PR bug, written as an engine's test would.
@@ -119,6 +119,29 @@ def test_a_bare_string_names_one_oracle():
     with streamfuzz.checked(device="cpu", oracles="race", collect=True) as check:
         pass
     assert check.oracles == ("race",) and check.findings == []
+
+
+@pytest.mark.parametrize("empty", [[], (), ""], ids=["list", "tuple", "string"])
+def test_an_empty_oracle_list_is_refused_not_a_block_that_judges_nothing(empty):
+    # An unset setting in config-driven code comes through as an empty list:
+    # checking with no oracle would pass any code, so it is refused, as the
+    # command line refuses it.
+    with pytest.raises(CheckArgumentError) as info:
+        streamfuzz.checked(oracles=empty)
+    assert "no oracle given" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_empty_oracle_list_on_the_marker_fails_the_test(tmp_path):
+    out = _pytest(tmp_path, """
+        import pytest
+        import torch
+
+        @pytest.mark.streamfuzz(oracles=[], device="cpu")
+        def test_no_oracles():
+            torch.ones(2)
+    """)
+    assert "1 failed" in out.stdout and "passed" not in out.stdout, out.stdout
+    assert "CheckArgumentError: no oracle given" in out.stdout, out.stdout
 
 
 def test_bad_marker_and_fixture_arguments_are_bad_input(tmp_path):
