@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from streamfuzz.fuzz import corpus, driver, profiles
+from streamfuzz.fuzz import corpus, driver, profiles, soak_report
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.corpus import write_json_atomic
 from streamfuzz.fuzz.host import rss_bytes
@@ -80,6 +80,8 @@ class SoakConfig:
     corpus: Path
     database: Path | None = None
     round_s: float = 300.0
+    """A round's length at most; ``round_len`` shortens it to the budget's share
+    per target, so that a short campaign still runs every target."""
     round_examples: int = 2000
     """Examples per round at most. Hypothesis keeps every example of a run in
     memory (about 50 KB each) until the run ends, and the allocator keeps the
@@ -111,6 +113,12 @@ class SoakConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     claims: Any = None
     """Where this campaign is one of parallel worlds: their ``streamfuzz.fuzz.worlds.Claims``."""
+
+    def round_len(self) -> float:
+        """``round_s``, or the budget's share per target where that is shorter: a
+        50-second soak of two targets in 5-minute rounds never reached the second,
+        and said nothing of the targets after the first but their names."""
+        return min(self.round_s, self.budget_s / max(1, len(self.targets)))
 
 
 class Soak:
@@ -172,9 +180,13 @@ class Soak:
     def run(self) -> dict[str, Any]:
         """Run until the budget is spent or a stop is asked; returns the report."""
         self._t0 = time.monotonic()  # the budget counts from here, not from rank start-up
+        rounds = self.cfg.round_len()
+        share = (f"; rounds of {_hms(rounds)}, the budget's share per target"
+                 if rounds < self.cfg.round_s else "")
         self._say(f"soak: {', '.join(self.cfg.targets)} for {_hms(self.cfg.budget_s)} "
                   f"on {self.pool.device} x{self.pool.world_size} -> {self.out} "
-                  f"(start {self.state['starts']}, {_hms(self._base_elapsed)} already spent)")
+                  f"(start {self.state['starts']}, {_hms(self._base_elapsed)} already spent"
+                  f"{share})")
         clean = False
         try:
             if self.stop_reason is None:
@@ -208,18 +220,18 @@ class Soak:
             why = self.stop_reason.value if self.stop_reason else "error"
             self._say(f"soak: stopped ({why}) after "
                       f"{_hms(self.elapsed())}: {report['examples']} examples, "
-                      f"{len(report['failures'])} failures; report in {self.out}")
+                      f"{sum(report['failures_by_kind'].values())} failures; "
+                      f"{soak_report.ran_text(report)}; report in {self.out}")
             self._log.close()
         return report
 
     def _round(self, target: str, settings: Any, seed: int | None) -> None:
         self._target = target
         self._pending = None
-        before = self.state["examples"]
         t0 = time.monotonic()
-        budget = min(self.cfg.round_s, max(1.0, self._remaining()))
-        cutoff = t0 + budget + (self.cfg.shrink_s if self.cfg.shrink_s is not None
-                                else self.cfg.round_s)
+        rounds = self.cfg.round_len()
+        budget = min(rounds, max(1.0, self._remaining()))
+        cutoff = t0 + budget + (self.cfg.shrink_s if self.cfg.shrink_s is not None else rounds)
 
         def stop() -> bool:
             return self._should_stop() or time.monotonic() > cutoff
@@ -238,16 +250,13 @@ class Soak:
                               options=self.cfg.options, corpus_dir=self.cfg.corpus,
                               strategy=self.cfg.strategy, on_example=self._on_example,
                               on_verdict=self._on_verdict, stop=stop, claim=claim)
-            self._account(target, res, before, t0)
+            self._account(target, res, t0)
         finally:
             if claims is not None and held:
                 claims.release(target)
 
-    def _account(self, target: str, res: driver.CampaignResult, before: int,
-                 t0: float) -> None:
-        per = self.state["targets"].setdefault(target, {"examples": 0, "rounds": 0,
-                                                        "elapsed_s": 0.0, "failures": 0})
-        per["examples"] += self.state["examples"] - before
+    def _account(self, target: str, res: driver.CampaignResult, t0: float) -> None:
+        per = self._per_target(target)
         per["rounds"] += 1
         per["elapsed_s"] = round(per["elapsed_s"] + time.monotonic() - t0, 3)
         if res.failure is not None and res.corpus_path is not None:
@@ -260,8 +269,14 @@ class Soak:
             self._maybe_recycle(ranks)
         self._journal.write(self._target, self.state["rounds"], in_flight)
 
+    def _per_target(self, target: str) -> dict[str, Any]:
+        return self.state["targets"].setdefault(target, {"examples": 0, "rounds": 0,
+                                                         "elapsed_s": 0.0, "failures": 0})
+
     def _on_verdict(self, scenario: Scenario, verdict: Verdict, labels: list[str]) -> None:
         self.state["examples"] += 1
+        # Counted here, not at the round's end: a round a second Ctrl-C cuts short ran them.
+        self._per_target(self._target)["examples"] += 1
         seen = self.state["behaviours"]
         for label in labels:
             seen[label] = seen.get(label, 0) + 1
@@ -505,15 +520,13 @@ class Soak:
             self._log.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text + "\n")
 
     def _report(self) -> dict[str, Any]:
-        from streamfuzz.fuzz import soak_report
-
         return soak_report.write(self.out, self.state, read_samples(self.stats_path),
                                  config=self._config(), stop_reason=self.stop_reason)
 
     def _config(self) -> dict[str, Any]:
         info = self.pool.info[0] if self.pool.info else None
         return {"targets": self.cfg.targets, "budget_s": self.cfg.budget_s,
-                "round_s": self.cfg.round_s, "corpus": str(self.cfg.corpus),
+                "round_s": self.cfg.round_len(), "corpus": str(self.cfg.corpus),
                 **self.cfg.options.to_dict(),
                 "database": str(self.cfg.database) if self.cfg.database else None,
                 "device": self.pool.device, "world_size": self.pool.world_size,

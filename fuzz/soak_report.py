@@ -194,11 +194,29 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
         "failures": fails,
         "behaviours": {"distinct": len(behaviours),
                        "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
-        "targets": state.get("targets", {}),
+        **coverage(config.get("targets") or [], state.get("targets", {})),
         "memory": memory, "memory_growing": growing,
         "projected": bool(samples) and samples[-1]["t"] - samples[0]["t"] >= PROJECTION_MIN_S,
         "samples": len(samples),
     }
+
+
+def coverage(asked: list[str], ran: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every target asked for, with its examples: one with none is listed as
+    never ran, so that a campaign's ``failures: 0`` never covers it unsaid."""
+    zero = {"examples": 0, "rounds": 0, "elapsed_s": 0.0, "failures": 0}
+    targets = {name: dict(zero, **ran.get(name, {})) for name in asked}
+    targets.update((k, v) for k, v in ran.items() if k not in targets)
+    never = [name for name, t in targets.items() if not t["examples"]]
+    return {"targets": targets, "targets_ran": len(targets) - len(never), "never_ran": never}
+
+
+def ran_text(rep: dict[str, Any]) -> str:
+    """``2 of 3 targets ran (never ran: c)``, from a report (a merged one too)."""
+    cov = coverage(rep["config"].get("targets") or [], rep.get("targets", {}))
+    never = cov["never_ran"]
+    return (f"{cov['targets_ran']} of {len(cov['targets'])} targets ran"
+            + (f" (never ran: {', '.join(never)})" if never else ""))
 
 
 def _bounded(rep: dict[str, Any]) -> str:
@@ -212,6 +230,7 @@ def _bounded(rep: dict[str, Any]) -> str:
 def markdown(rep: dict[str, Any]) -> str:
     c = rep["config"]
     tp = rep["throughput"]
+    cov = coverage(c.get("targets") or [], rep["targets"])
     lines = [
         "# streamfuzz soak report", "",
         f"- targets: {', '.join(c['targets'])}",
@@ -228,6 +247,8 @@ def markdown(rep: dict[str, Any]) -> str:
         + (", ".join(f"{k} {v}" for k, v in rep["held_by"].items()) or "nothing")
         + (f" (gates: {c['gates']})" if c.get("gates") else ""),
         f"- distinct behaviours seen: {rep['behaviours']['distinct']}",
+        f"- {ran_text(rep)}"
+        + (": a target that never ran is unchecked, not clean" if cov["never_ran"] else ""),
         f"- failures: {sum(rep['failures_by_kind'].values())} "
         f"({', '.join(f'{k} {v}' for k, v in rep['failures_by_kind'].items()) or 'none'}), "
         f"{len(rep['distinct_failures'])} distinct, {rep['flaky']} flaky",
@@ -267,9 +288,9 @@ def markdown(rep: dict[str, Any]) -> str:
                      f"{'*' if v.get('bounded_by_recycling') else ''} |")
     lines += ["", "## Targets", "", "| target | rounds | examples | seconds | failures |",
               "|---|---|---|---|---|"]
-    for name, t in rep["targets"].items():
-        lines.append(f"| {name} | {t['rounds']} | {t['examples']} | {t['elapsed_s']:.0f} | "
-                     f"{t['failures']} |")
+    for name, t in cov["targets"].items():
+        lines.append(f"| {name} | {t['rounds']} | {t['examples'] or 'never ran'} | "
+                     f"{t['elapsed_s']:.0f} | {t['failures']} |")
     lines += ["", "## Behaviours (hypothesis `event()` labels)", ""]
     lines += [f"- {k}: {v}" for k, v in rep["behaviours"]["counts"].items()]
     return "\n".join(lines) + "\n"

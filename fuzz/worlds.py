@@ -332,7 +332,7 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
     """``fuzz soak`` by ``count`` worlds, each in ``OUT/world-N`` (a campaign
     started again with the same ``--out`` resumes each), sharing the database
     and the corpus; the merged report is ``OUT/report.*``."""
-    from streamfuzz.fuzz import worlds_report
+    from streamfuzz.fuzz import soak_report, worlds_report
 
     out = Path(args.out)
     database = Path(args.database) if args.database else out / "hypothesis-db"
@@ -362,7 +362,8 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
               else "flat")
     print(f"soak: {count} worlds: {rep['examples']} examples, {rep['examples_per_s']:.1f}/s "
           f"in total ({rates}); {len(rep['distinct_failures'])} distinct failures; "
-          f"memory {memory}; report in {out}/report.md", file=sys.stderr)
+          f"{soak_report.ran_text(rep)}; memory {memory}; "
+          f"report in {out}/report.md", file=sys.stderr)
     return _status(exits, ctl.signals, bool(rep["failures"]))
 
 

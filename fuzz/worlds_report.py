@@ -206,7 +206,7 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
         "failures": [dict(f, world=i) for i, r in got for f in r["failures"]],
         "behaviours": {"distinct": len(behaviours),
                        "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
-        "targets": tgts,
+        **soak_report.coverage(base["config"].get("targets") or [], tgts),
         "memory": memory,
         "memory_growing": sorted(k for k in memory
                                  if any(k == f"w{i}.{g}" for i, r in got

@@ -142,6 +142,46 @@ def test_the_heap_is_released_at_most_once_a_minute_not_after_every_round(
     assert len(released) == 4
 
 
+def test_a_target_that_never_ran_is_named_in_the_summary_and_both_reports(tmp_path):
+    # One round, two targets: the second never runs, and a bare "0 failures"
+    # would be a false clean for it.
+    import io
+
+    term = io.StringIO()
+    cfg = _cfg(tmp_path, ["main-gather", "tests.targets:shifted_rows"], 600.0,
+               round_examples=3, max_rounds=1)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=term).run()
+    summary = term.getvalue().strip().splitlines()[-1]
+    assert "1 of 2 targets ran (never ran: tests.targets:shifted_rows)" in summary, summary
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["never_ran"] == ["tests.targets:shifted_rows"] and data["targets_ran"] == 1
+    assert data["targets"]["tests.targets:shifted_rows"]["examples"] == 0
+    assert data["targets"]["main-gather"]["examples"] == rep["examples"] == 3
+    md = (tmp_path / "out" / "report.md").read_text()
+    failures = next(ln for ln in md.splitlines() if ln.startswith("- failures: 0"))
+    before = md.splitlines()[md.splitlines().index(failures) - 1]
+    assert before.startswith("- 1 of 2 targets ran (never ran: tests.targets:shifted_rows)")
+    assert "| tests.targets:shifted_rows | 0 | never ran |" in md, md
+
+
+def test_a_short_soak_of_several_targets_gives_each_a_round(tmp_path):
+    # Rounds of 5 minutes (the default) in a 16-second budget: the round is cut
+    # to the budget's share per target, so the buggy second target runs and is found.
+    import io
+
+    term = io.StringIO()
+    cfg = _cfg(tmp_path, ["main-gather", "tests.targets:shifted_rows"], 16.0,
+               round_examples=10**6, stats_every_s=5.0)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=term).run()
+    assert rep["targets"].get("tests.targets:shifted_rows", {}).get("examples"), term.getvalue()
+    assert rep["never_ran"] == [] and rep["targets_ran"] == 2
+    assert rep["failures_by_kind"], rep["targets"]
+    assert rep["config"]["round_s"] == 8.0
+    assert "rounds of 0:00:08, the budget's share per target" in term.getvalue()
+
+
 def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path):
     cfg = _cfg(tmp_path, ["main-gather"], 6.0)
     with RankPool(2, "cpu", timeout=20.0) as pool:

@@ -220,6 +220,8 @@ def test_a_soak_of_two_worlds_merges_their_reports(tmp_path):
         assert world["config"]["database"] == str(out / "hypothesis-db")
     md = (out / "report.md").read_text()
     assert "## Worlds" in md and "| w1 |" in md
+    assert rep["targets_ran"] == 1 and rep["never_ran"] == [] and "- 1 of 1 targets ran" in md
+    assert "; 1 of 1 targets ran; " in p.stderr.strip().splitlines()[-1], p.stderr
 
 
 def test_ctrl_c_reaches_every_world_and_the_report_is_written(tmp_path):

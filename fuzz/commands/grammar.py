@@ -225,7 +225,8 @@ def _soak_parser(sub: Any) -> None:
                    help="Hypothesis example database, may be shared by several nodes "
                         "(default OUT/hypothesis-db)")
     k.add_argument("--round", type=_duration, default=300.0,
-                   help="time per round before the next target (default 5m)")
+                   help="time per round before the next target, at most the budget's "
+                        "share per target (default 5m)")
     k.add_argument("--round-examples", type=_positive, default=2000,
                    help="examples per round at most; bounds the driver's memory (default 2000)")
     k.add_argument("--shrink", type=_duration, default=None,
