@@ -32,8 +32,10 @@ within a night is reported as growing, even when a short run shows little
 (docs/soak.md has the CUDA rank that made this necessary)."""
 
 PROJECTION_MIN_S = 300.0
-"""A slope fitted over less campaign time than this is not projected: a short
-run's slope is its warm-up, and eight hours of it is noise, not a finding."""
+"""Memory sampled over less campaign time than this is not judged at all: a
+short run's slope is its warm-up, and eight hours of it is noise, not a
+finding; its quarters are warm-up too (a 75-second soak's driver rose 14%
+before its first heap release, a minute in)."""
 
 
 def _quarters(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -173,8 +175,9 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
     memory = {k: _trend(v, series["t"], drivers if k == "driver_rss" else worlds,
                         cap if re.fullmatch(r"rank\d+_rss", k) else None)
               for k, v in series.items() if k not in ("t", "rate")}
+    judged = bool(samples) and samples[-1]["t"] - samples[0]["t"] >= PROJECTION_MIN_S
     growing = sorted(k for k, v in memory.items()
-                     if k.endswith(("rss", "gpu_reserved"))
+                     if judged and k.endswith(("rss", "gpu_reserved"))
                      and max(v["growth"] or 0.0, v["projected_growth"] or 0.0) > v["limit"])
     behaviours = state.get("behaviours", {})
     return {
@@ -196,7 +199,7 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
                        "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
         **coverage(config.get("targets") or [], state.get("targets", {})),
         "memory": memory, "memory_growing": growing,
-        "projected": bool(samples) and samples[-1]["t"] - samples[0]["t"] >= PROJECTION_MIN_S,
+        "projected": judged, "memory_judged": judged,
         "samples": len(samples),
     }
 
@@ -217,6 +220,14 @@ def ran_text(rep: dict[str, Any]) -> str:
     never = cov["never_ran"]
     return (f"{cov['targets_ran']} of {len(cov['targets'])} targets ran"
             + (f" (never ran: {', '.join(never)})" if never else ""))
+
+
+def memory_text(rep: dict[str, Any]) -> str:
+    """The memory verdict in words, from a report (a merged one too)."""
+    if not rep.get("projected", True):
+        return (f"not judged: under {PROJECTION_MIN_S / 60:.0f} min of samples, too short "
+                "to tell a leak from warm-up (the table shows what was measured)")
+    return "GROWING: " + ", ".join(rep["memory_growing"]) if rep["memory_growing"] else "flat"
 
 
 def _bounded(rep: dict[str, Any]) -> str:
@@ -252,11 +263,7 @@ def markdown(rep: dict[str, Any]) -> str:
         f"- failures: {sum(rep['failures_by_kind'].values())} "
         f"({', '.join(f'{k} {v}' for k, v in rep['failures_by_kind'].items()) or 'none'}), "
         f"{len(rep['distinct_failures'])} distinct, {rep['flaky']} flaky",
-        "- memory: " + ("GROWING: " + ", ".join(rep["memory_growing"])
-                        if rep["memory_growing"] else "flat") + _bounded(rep)
-        + ("" if rep.get("projected", True) else
-           f" (too short to project to {PROJECTION_H:.0f} h: under "
-           f"{PROJECTION_MIN_S / 60:.0f} min of samples; judged on first vs last quarter)"),
+        "- memory: " + memory_text(rep) + _bounded(rep),
         "", "## Failures", "",
     ]
     if rep["distinct_failures"]:

@@ -163,6 +163,7 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
                        "elapsed_s": r["elapsed_s"] if r else 0.0,
                        "examples_per_s": r["examples_per_s"] if r else 0.0,
                        "memory_growing": r["memory_growing"] if r else None,
+                       "memory_judged": r.get("projected", True) if r else None,
                        "report": r is not None})
     behaviours: dict[str, int] = {}
     held: dict[str, int] = {}
@@ -212,6 +213,7 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
                                  if any(k == f"w{i}.{g}" for i, r in got
                                         for g in r["memory_growing"])),
         "projected": all(r.get("projected", False) for _, r in got),
+        "memory_judged": all(r.get("projected", False) for _, r in got),
         "samples": sum(r["samples"] for _, r in got),
         "worlds": worlds,
     }
@@ -230,12 +232,13 @@ def _worlds_md(rep: dict[str, Any]) -> str:
     lines = ["", "## Worlds", "", "| world | examples | ex/s | memory | exit | folder |",
              "|---|---|---|---|---|---|"]
     for w in rep["worlds"]:
-        mem = ("no report" if not w["report"] else
-               "GROWING: " + ", ".join(w["memory_growing"]) if w["memory_growing"] else "flat")
+        mem = ("no report" if not w["report"] else "not judged" if not w.get("memory_judged", True)
+               else "GROWING: " + ", ".join(w["memory_growing"]) if w["memory_growing"]
+               else "flat")
         lines.append(f"| w{w['world']} | {w['examples']} | {w['examples_per_s']:.1f} | {mem} | "
                      f"{w['exit']} | {w['out']} |")
     lines.append(f"| total | {rep['examples']} | {rep['examples_per_s']:.1f} | "
-                 f"{'GROWING' if rep['memory_growing'] else 'flat'} | | |")
+                 f"{soak_report.memory_text(rep).partition(':')[0]} | | |")
     if rep["config"].get("gpu_sharing"):
         lines += ["", f"The worlds shared the GPU by {rep['config']['gpu_sharing']}."]
     return "\n".join(lines) + "\n"
