@@ -12,7 +12,8 @@ outlive the driver is written to the campaign directory before it matters:
   anything else (the driver died mid-example, perhaps because of one) and
   records the first that fails.
 * ``state.json``: running totals, rewritten atomically at every failure, stats
-  sample and round end, so a restarted campaign resumes its budget and counts.
+  sample and round end, so a restarted campaign resumes its budget and counts;
+  bounded however long it runs (``KEPT_OCCURRENCES``).
 * ``stats.jsonl``: one memory/throughput sample per line (a line cut by a kill
   is skipped on reading); ``soak.log``: the same as text.
 * the corpus: each failure is saved on first sight, then replaced by its shrunk
@@ -60,6 +61,11 @@ _RELEASE_EVERY_S = 60.0
 every object the driver holds (torch's, Hypothesis's), whatever a round
 freed: after every round of a CPU soak it took a seventh of the driver."""
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+KEPT_OCCURRENCES = 5
+"""Occurrences of one failure (one corpus file) that ``state.json`` keeps in
+full, message included; later ones are only counted (``repeats``). A buggy
+target found again every round made about 19,000 a world in a week, each
+rewritten with the state at every failure and sample."""
 
 
 def parse_budget(text: str) -> float:
@@ -411,7 +417,24 @@ class Soak:
             fails[-1] = rec
         else:
             fails.append(rec)
+        if not pending:
+            self._fold(fails)
         self._save_state()
+
+    def _fold(self, fails: list[dict[str, Any]]) -> None:
+        """Count the last record instead of keeping it, once its failure has
+        ``KEPT_OCCURRENCES`` records before it. Only a settled record is folded:
+        a pending one is still to be replaced or forgotten."""
+        rec = fails[-1]
+        if sum(f["path"] == rec["path"] for f in fails) <= KEPT_OCCURRENCES:
+            return
+        fails.pop()
+        more = self.state["repeats"].setdefault(rec["path"], {
+            "target": rec["target"], "kind": rec["kind"], "occurrences": 0,
+            "flaky_occurrences": 0})
+        more["occurrences"] += 1
+        more["flaky_occurrences"] += int(bool(rec["flaky"]))
+        more["last_t"] = rec["t"]
 
     def _forget(self, path: Path) -> None:
         fails = self.state["failures"]
@@ -421,7 +444,8 @@ class Soak:
     # -- state, stats, display ---------------------------------------------------
     def _load_state(self) -> dict[str, Any]:
         fresh = {"schema": STATE_SCHEMA, "elapsed_s": 0.0, "examples": 0, "rounds": 0,
-                 "starts": 0, "restarts": 0, "recycles": 0, "failures": [], "behaviours": {},
+                 "starts": 0, "restarts": 0, "recycles": 0, "failures": [], "repeats": {},
+                 "behaviours": {},
                  "targets": {}}
         try:
             data = json.loads(self.state_path.read_text())
@@ -488,6 +512,11 @@ class Soak:
         for f in self.state["failures"]:
             key = f["kind"] + (" (flaky)" if f["flaky"] else "")
             kinds[key] = kinds.get(key, 0) + 1
+        for r in self.state["repeats"].values():
+            for key, n in ((r["kind"], r["occurrences"] - r["flaky_occurrences"]),
+                           (r["kind"] + " (flaky)", r["flaky_occurrences"])):
+                if n:
+                    kinds[key] = kinds.get(key, 0) + n
         return kinds
 
     def _draw(self) -> None:

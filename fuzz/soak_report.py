@@ -146,9 +146,12 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
               config: dict[str, Any], stop_reason: str | None) -> dict[str, Any]:
     """The JSON report (also the input of the markdown and the plot)."""
     fails = [f for f in state["failures"]]
+    repeats = state.get("repeats", {})
     kinds: dict[str, int] = {}
-    for f in fails:
-        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    for kind in [f["kind"] for f in fails]:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    for r in repeats.values():
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["occurrences"]
     distinct: dict[str, dict[str, Any]] = {}
     for f in fails:
         d = distinct.setdefault(f["path"], {"path": f["path"], "target": f["target"],
@@ -156,6 +159,12 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
                                             "occurrences": 0, "flaky_occurrences": 0})
         d["occurrences"] += 1
         d["flaky_occurrences"] += int(bool(f["flaky"]))
+    for path, r in repeats.items():  # kept records come first: the message is there
+        d = distinct.setdefault(path, {"path": path, "target": r["target"], "kind": r["kind"],
+                                       "message": "", "occurrences": 0,
+                                       "flaky_occurrences": 0})
+        d["occurrences"] += r["occurrences"]
+        d["flaky_occurrences"] += r["flaky_occurrences"]
     elapsed = float(state["elapsed_s"])
     # Throughput: skip the sample that covers rank start-up.
     rates = [s["rate"] for s in samples[2:] if s.get("rate") is not None] or \
@@ -192,9 +201,10 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
         "rank_recycles": state.get("recycles", 0),
         "held_by": dict(sorted(state.get("held", {}).items())),
         "failures_by_kind": kinds,
-        "flaky": sum(1 for f in fails if f["flaky"]),
+        "flaky": sum(d["flaky_occurrences"] for d in distinct.values()),
         "distinct_failures": list(distinct.values()),
         "failures": fails,
+        "failures_not_listed": sum(r["occurrences"] for r in repeats.values()),
         "behaviours": {"distinct": len(behaviours),
                        "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
         **coverage(config.get("targets") or [], state.get("targets", {})),

@@ -182,6 +182,27 @@ def test_a_short_soak_of_several_targets_gives_each_a_round(tmp_path):
     assert "rounds of 0:00:08, the budget's share per target" in term.getvalue()
 
 
+def test_a_failure_found_every_round_keeps_state_json_bounded_and_its_count(tmp_path):
+    # A buggy target is found again every round (the database replays it
+    # first): state.json keeps the first few occurrences in full, counts the
+    # rest, and the report's counts are those of every occurrence.
+    from streamfuzz.fuzz.soak import KEPT_OCCURRENCES
+
+    rounds = KEPT_OCCURRENCES + 5
+    cfg = _cfg(tmp_path, ["tests.targets:shifted_rows"], 900.0, round_examples=20,
+               max_rounds=rounds, strategy=st.sampled_from([_scenario(2), _scenario(3)]))
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=sys.stdout).run()
+    (d,) = rep["distinct_failures"]
+    assert d["occurrences"] == rounds and sum(rep["failures_by_kind"].values()) == rounds
+    assert d["message"]  # the first occurrence's, kept
+    state = json.loads((tmp_path / "out" / "state.json").read_text())
+    assert [f["path"] for f in state["failures"]] == [d["path"]] * KEPT_OCCURRENCES
+    assert state["repeats"][d["path"]]["occurrences"] == rounds - KEPT_OCCURRENCES
+    assert len(rep["failures"]) == KEPT_OCCURRENCES
+    assert rep["failures_not_listed"] == rounds - KEPT_OCCURRENCES
+
+
 def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path):
     cfg = _cfg(tmp_path, ["main-gather"], 6.0)
     with RankPool(2, "cpu", timeout=20.0) as pool:
