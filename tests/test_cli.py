@@ -27,6 +27,8 @@ from tests.helpers import fuzz_cli as _cli
     (["run", "--report", "pyproject.toml/r.json"], "--report pyproject.toml: exists and is not"),
     (["run", "--report", "tests"], "--report tests: is a directory"),
     (["soak", "--budget", "1m", "--out", "pyproject.toml"], "--out pyproject.toml: exists and"),
+    (["run", "--target", "main-gather", "--weight-scale", "4"],
+     "--weight-scale 4: only weight-sync targets have weights to scale, and none of main-gather"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(args, message):
     if "cuda" in args:
@@ -39,6 +41,26 @@ def test_bad_usage_is_one_line_and_exit_2(args, message):
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr
+
+
+def test_weight_scale_applies_to_a_users_weight_sync_target(tmp_path):
+    # The protocol comes from the factory's declaration, not from the name:
+    # the draft broadcast's was taken, and the scale silently did nothing.
+    (tmp_path / "mine.py").write_text(textwrap.dedent("""
+        from streamfuzz.fuzz.weight_sync.targets import unordered
+
+        def make(ctx):
+            return unordered(ctx)
+
+        make.protocol = "weight-sync"
+    """))
+    out = _cli("run", "--target", "mine.py:make", "--device", "cpu", "--weight-scale", "50",
+               "--max-examples", "50", "--shrink-budget", "30", "--corpus", tmp_path / "corpus",
+               cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (saved,) = (tmp_path / "corpus").rglob("*.json")
+    params = json.loads(saved.read_text())["scenario"]["params"]
+    assert params and all(p["shape"][0] % 50 == 0 for p in params), params
 
 
 def test_bad_corpus_file_is_named_and_nothing_is_touched(tmp_path):
