@@ -167,6 +167,24 @@ def test_an_unwritable_report_place_is_refused_before_fuzzing(tmp_path):
     assert "--report /proc/streamfuzz-nowhere: not a writable directory" in line
 
 
+@pytest.mark.parametrize("args, flag", [
+    (["mutate", "--target", "pre-fix", "--out", "/proc/streamfuzz-nowhere"], "--out"),
+    (["mutate", "--target", "pre-fix", "--corpus", "/proc/streamfuzz-nowhere"], "--corpus"),
+    (["scan", "examples/my_handler.py", "--md", "/proc/streamfuzz-nowhere/x.md"], "--md"),
+    (["scan", "examples/my_handler.py", "--json", "/proc/streamfuzz-nowhere/x.json"], "--json"),
+    (["scan", "examples/my_handler.py", "--harness", "my_handler.py:45", "--out",
+      "/proc/streamfuzz-nowhere/t.py"], "--out"),
+    (["bench", "--device", "cpu", "--out", "/proc/streamfuzz-nowhere"], "--out"),
+])
+def test_every_output_place_is_checked_before_any_work(args, flag):
+    # mutate did all its work (46 s on a user's target), then lost its table
+    # to a folder it could not write; scan crashed with a traceback.
+    out = _cli(*args, timeout=120)
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    (line,) = out.stderr.strip().splitlines()
+    assert f"{flag} /proc/streamfuzz-nowhere: not a writable directory" in line, line
+
+
 @pytest.mark.parametrize("source, where, what", [
     ("x = 1\ndef f(:\n", "broken.py:2", "SyntaxError: invalid syntax"),
     ("import os\n\nraise ValueError('no config')\n", "broken.py:3", "ValueError: no config"),
