@@ -63,6 +63,31 @@ def test_weight_scale_applies_to_a_users_weight_sync_target(tmp_path):
     assert params and all(p["shape"][0] % 50 == 0 for p in params), params
 
 
+def test_replay_skips_entries_that_cannot_run_here_and_replays_the_rest(tmp_path):
+    # A fresh clone: no vLLM wheel fetched, and a user's entry replayed from
+    # another folder than the one it was found in. Both are skipped with why;
+    # the CPU entry still runs.
+    entries = tmp_path / "corpus"
+    for rel in ("pre-fix/lifetime-49e37d792dd6.json", "vllm-pp-0.32.0/race-136fec688d42.json"):
+        (entries / rel).parent.mkdir(parents=True, exist_ok=True)
+        (entries / rel).write_text((ROOT / "corpus" / rel).read_text())
+    user = json.loads((ROOT / "corpus/pre-fix/lifetime-49e37d792dd6.json").read_text())
+    user["target"] = "evhandler.py:make_host_no_sync"
+    (entries / "mine").mkdir()
+    (entries / "mine" / "lifetime-0.json").write_text(json.dumps(user))
+    env = env_with_path()
+    env["STREAMFUZZ_VLLM_CACHE"] = str(tmp_path / "no-wheels")
+    out = _cli("replay", entries, "--device", "cpu", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    vllm = next(ln for ln in lines if "race-136fec688d42.json: skipped" in ln)
+    assert "vLLM 0.32.0 is not here" in vllm
+    mine = next(ln for ln in lines if "lifetime-0.json: skipped" in ln)
+    assert "no such file 'evhandler.py'" in mine and "replay from the folder" in mine
+    assert any("lifetime-49e37d792dd6.json: pre-fix still fails" in ln for ln in lines), lines
+    assert lines[-1].startswith("replayed 1 of 3 entries; the other 2 cannot run here")
+
+
 def test_bad_corpus_file_is_named_and_nothing_is_touched(tmp_path):
     good = tmp_path / "keep.json"
     good.write_text("{}")
