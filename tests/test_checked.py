@@ -390,3 +390,22 @@ def check_async_collective_findings(found: dict[str, list[str]]) -> None:
 
 def test_an_async_collective_runs_on_the_backends_stream_until_waited_for():
     check_async_collective_findings(async_collective_findings("cpu"))
+
+
+@streamfuzz.opaque(reads=["x"], writes=["out"])
+def _launch(x, out):
+    pass
+
+
+def test_an_opaque_access_is_quoted_at_the_users_call_not_the_decorators_wrapper():
+    with streamfuzz.checked(device="cpu", collect=True) as check:
+        side = torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        out = torch.empty(4, device="cuda")
+        with torch.cuda.stream(side):
+            _launch(x, out)
+        del out
+    finding = next(f for f in check.findings if "used on side:" in f.message)
+    used = finding.message.split("used on side:", 1)[1].splitlines()
+    assert used[0].strip().startswith("tests/test_checked.py:"), finding.message
+    assert used[1].strip() == "> _launch(x, out)", finding.message
