@@ -325,7 +325,7 @@ class Soak:
         how = "FLAKY (passed on replay)" if flaky else "reproduces"
         self._clear_line()
         self._say(f"soak: {res.target}: {failure.kind} saved to {path}, {how}: "
-                  f"{failure.message[:160]}")
+                  f"{_gist(failure.message)}")
 
     def _maybe_recycle(self, ranks: list[Memory | None]) -> None:
         """Recycle the world once a rank outgrew its warm size by ``recycle_mib``.
@@ -613,6 +613,15 @@ def stop_on_signals(soak: Soak) -> Iterator[None]:
 def _hms(seconds: float) -> str:
     s = int(max(0, seconds))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _gist(message: str, width: int = 160) -> str:
+    """A finding's first line, cut at a word: the frames below it are in the
+    corpus entry and the report, and a cut mid-frame read as garbage."""
+    first = message.split("\n", 1)[0]
+    if len(first) <= width:
+        return first
+    return first[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def _kinds_text(kinds: dict[str, int]) -> str:

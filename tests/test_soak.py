@@ -203,6 +203,25 @@ def test_a_failure_found_every_round_keeps_state_json_bounded_and_its_count(tmp_
     assert rep["failures_not_listed"] == rounds - KEPT_OCCURRENCES
 
 
+def test_a_saved_failure_is_one_whole_line_in_the_soak_output(tmp_path):
+    # pre-fix's lifetime finding has frames under its first line: the
+    # terminal line once cut them mid-word ("    main: fuz").
+    import io
+
+    term = io.StringIO()
+    cfg = _cfg(tmp_path, ["pre-fix"], 600.0, round_examples=20, max_rounds=1)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=term).run()
+    (d,) = rep["distinct_failures"]
+    lines = term.getvalue().splitlines()
+    i = next(i for i, ln in enumerate(lines) if " saved to " in ln)
+    assert lines[i + 1].startswith("soak: "), lines[i:i + 3]
+    first = d["message"].splitlines()[0]
+    said = lines[i].split("reproduces: ", 1)[1]
+    assert said == first or (said.endswith(" ...") and first.startswith(said[:-4])
+                             and first[len(said) - 4] == " "), said
+
+
 def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path):
     cfg = _cfg(tmp_path, ["main-gather"], 6.0)
     with RankPool(2, "cpu", timeout=20.0) as pool:
