@@ -137,7 +137,8 @@ def run_table(merged: dict[str, Any]) -> list[str]:
                      str(t["corpus_path"] or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"streamfuzz on {merged.get('device', '?')}, world size "
-             f"{merged.get('world_size', '?')}, {merged['worlds']} worlds:"]
+             f"{merged.get('world_size', '?')}, {merged['worlds']} worlds, judged by "
+             f"{', '.join(merged.get('oracles') or ['?'])}:"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
               for row in rows]
     rates = ", ".join(f"w{w['world']} {w['examples_per_s']:.1f}/s" for w in merged["per_world"])

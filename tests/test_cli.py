@@ -98,6 +98,15 @@ def test_replay_skips_entries_that_cannot_run_here_and_replays_the_rest(tmp_path
     assert lines[-1].startswith("replayed 1 of 3 entries; the other 2 cannot run here")
 
 
+@pytest.mark.parametrize("oracle, judged", [("all", "lifetime, value"),
+                                            ("lifetime", "lifetime")])
+def test_the_table_says_which_oracles_judged_what_it_calls_clean(tmp_path, oracle, judged):
+    out = _cli("run", "--target", "main-gather", "--device", "cpu", "--max-examples", "5",
+               "--oracle", oracle, "--corpus", tmp_path / "corpus")
+    assert out.returncode == 0, out.stderr
+    assert f"streamfuzz on cpu, world size 2, judged by {judged}:" in out.stdout, out.stdout
+
+
 def test_bad_corpus_file_is_named_and_nothing_is_touched(tmp_path):
     good = tmp_path / "keep.json"
     good.write_text("{}")

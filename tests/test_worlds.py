@@ -204,6 +204,7 @@ def test_two_worlds_find_one_bug_once_and_merge_their_report(tmp_path):
     # Each world runs its share of --max-examples.
     assert clean["failure"] is None and clean["examples"] == 30
     assert "2 worlds" in p.stdout and "total" in p.stdout
+    assert "2 worlds, judged by lifetime, value:" in p.stdout, p.stdout
 
 
 def test_a_soak_of_two_worlds_merges_their_reports(tmp_path):

@@ -126,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
         pool.close()
     restarts = pool.restarts
     if results and args.world_of is None:  # the controller prints every world's
-        _print_table(results, device, world)
+        _print_table(results, device, world, options.running_on(device))
     if args.report:
         write_report(args.report, results, device, world, restarts, options, interrupted,
                       misused, start_s)
@@ -251,7 +251,7 @@ def _print_result(res: Any) -> None:
           f"  saved: {res.corpus_path}")
 
 
-def _print_table(results: list, device: str, world: int) -> None:
+def _print_table(results: list, device: str, world: int, oracles: list[str]) -> None:
     rows = [("target", "result", "examples", "ex/s", "first failure", "seconds", "corpus")]
     for r in results:
         first = (f"{r.first_failure_examples} ex / {r.first_failure_s:.1f}s"
@@ -261,7 +261,8 @@ def _print_table(results: list, device: str, world: int) -> None:
                      f"{r.examples_per_s:.1f}", first, f"{r.elapsed_s:.1f}",
                      str(r.corpus_path or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    print(f"\nstreamfuzz on {device}, world size {world}:")
+    # "clean" means no finding by these: say which judged (on CPU, not reuse).
+    print(f"\nstreamfuzz on {device}, world size {world}, judged by {', '.join(oracles)}:")
     for row in rows:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
