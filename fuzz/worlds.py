@@ -325,7 +325,11 @@ def run_worlds(args: Any, count: int, device: str, world_size: int) -> int:
             write_json_atomic(args.report, merged)
     finally:
         ctl.cleanup()
-    return _status(exits, ctl.signals, bool(merged["failures"]))
+    status = _status(exits, ctl.signals, bool(merged["failures"]))
+    if status == 130:
+        print("streamfuzz: interrupted" + (f"; report in {args.report}" if args.report else ""),
+              file=sys.stderr)
+    return status
 
 
 def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:

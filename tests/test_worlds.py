@@ -247,6 +247,9 @@ def test_ctrl_c_reaches_every_world_and_the_report_is_written(tmp_path):
     assert proc.returncode == 130, out + err
     rep = json.loads(report.read_text())
     assert rep["interrupted"] and rep["worlds"] == 2
+    # The worlds' own reports are temporary: only the merged one is named.
+    assert "world-0.json" not in err and "world-1.json" not in err, err
+    assert err.strip().splitlines()[-1] == f"streamfuzz: interrupted; report in {report}", err
     assert all(w["report"] for w in rep["per_world"]), rep["per_world"]
 
 

@@ -139,8 +139,11 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _say_interrupted(args: argparse.Namespace, saved: list[str]) -> None:
+    # A world's report is the controller's temporary file, merged and removed:
+    # the controller names the report the user asked for.
+    report = args.report if args.world_of is None else None
     print("streamfuzz: interrupted" + (f"; saved {', '.join(saved)}" if saved else "")
-          + (f"; report in {args.report}" if args.report else ""), file=sys.stderr)
+          + (f"; report in {report}" if report else ""), file=sys.stderr)
 
 
 def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, settings: Any,
