@@ -107,6 +107,26 @@ def test_the_table_says_which_oracles_judged_what_it_calls_clean(tmp_path, oracl
     assert f"streamfuzz on cpu, world size 2, judged by {judged}:" in out.stdout, out.stdout
 
 
+def test_a_past_failure_replayed_counts_against_max_examples(tmp_path):
+    # The first run saves a failure to the example database; the code is then
+    # fixed, and the next run replays it first: "--max-examples 5" must run 5
+    # examples in all, not 5 after the replay ("clean over 6 examples").
+    (tmp_path / "mine.py").write_text(textwrap.dedent("""
+        import os
+        from streamfuzz.fuzz.draft.targets.pp_draft import MainGather, PreFix
+
+        def make(ctx):
+            return (PreFix if os.environ.get("MINE_BUGGY") else MainGather)(ctx)
+    """))
+    args = ("run", "--target", "mine.py:make", "--device", "cpu", "--max-examples", "5",
+            "--corpus", tmp_path / "corpus")
+    buggy = _cli(*args, cwd=tmp_path, env=env_with_path(ROOT) | {"MINE_BUGGY": "1"})
+    assert buggy.returncode == 1, buggy.stdout + buggy.stderr
+    fixed = _cli(*args, cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "mine.py:make: clean over 5 examples" in fixed.stdout, fixed.stdout
+
+
 def test_bad_corpus_file_is_named_and_nothing_is_touched(tmp_path):
     good = tmp_path / "keep.json"
     good.write_text("{}")
