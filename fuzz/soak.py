@@ -224,6 +224,7 @@ class Soak:
             report = self._report()
             self._clear_line()
             why = self.stop_reason.value if self.stop_reason else "error"
+            self._say(f"soak: {soak_report.per_target_text(report)}")
             self._say(f"soak: stopped ({why}) after "
                       f"{_hms(self.elapsed())}: {report['examples']} examples, "
                       f"{sum(report['failures_by_kind'].values())} failures; "

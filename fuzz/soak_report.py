@@ -232,6 +232,12 @@ def ran_text(rep: dict[str, Any]) -> str:
             + (f" (never ran: {', '.join(never)})" if never else ""))
 
 
+def per_target_text(rep: dict[str, Any]) -> str:
+    """``examples per target: a 120, b 0 (never ran)``, from a report."""
+    return "examples per target: " + ", ".join(
+        f"{name} {t['examples'] or '0 (never ran)'}" for name, t in rep["targets"].items())
+
+
 def memory_text(rep: dict[str, Any]) -> str:
     """The memory verdict in words, from a report (a merged one too)."""
     if not rep.get("projected", True):

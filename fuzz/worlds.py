@@ -363,6 +363,7 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
         return 70
     rates = ", ".join(f"w{w['world']} {w['examples_per_s']:.1f}/s" for w in rep["worlds"])
     memory = soak_report.memory_text(rep).partition(" (")[0]
+    print(f"soak: {soak_report.per_target_text(rep)}", file=sys.stderr)
     print(f"soak: {count} worlds: {rep['examples']} examples, {rep['examples_per_s']:.1f}/s "
           f"in total ({rates}); {len(rep['distinct_failures'])} distinct failures; "
           f"{soak_report.ran_text(rep)}; memory {memory}; "

@@ -152,8 +152,10 @@ def test_a_target_that_never_ran_is_named_in_the_summary_and_both_reports(tmp_pa
                round_examples=3, max_rounds=1)
     with RankPool(2, "cpu", timeout=20.0) as pool:
         rep = Soak(pool, cfg, stream=term).run()
-    summary = term.getvalue().strip().splitlines()[-1]
+    *_, per_target, summary = term.getvalue().strip().splitlines()
     assert "1 of 2 targets ran (never ran: tests.targets:shifted_rows)" in summary, summary
+    assert per_target == ("soak: examples per target: main-gather 3, "
+                          "tests.targets:shifted_rows 0 (never ran)"), per_target
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["never_ran"] == ["tests.targets:shifted_rows"] and data["targets_ran"] == 1
     assert data["targets"]["tests.targets:shifted_rows"]["examples"] == 0
