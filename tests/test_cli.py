@@ -127,6 +127,19 @@ def test_a_past_failure_replayed_counts_against_max_examples(tmp_path):
     assert "mine.py:make: clean over 5 examples" in fixed.stdout, fixed.stdout
 
 
+@pytest.mark.parametrize("oracles, says", [([], "found_on names no oracle"),
+                                           (["bogus"], "found_on: unknown oracle 'bogus'")])
+def test_an_entry_whose_oracles_judge_nothing_is_refused_not_passed(tmp_path, oracles, says):
+    # A hand-edited "oracles": [] replayed with no judge and said the bug was gone.
+    src = json.loads((ROOT / "corpus/pre-fix/lifetime-49e37d792dd6.json").read_text())
+    entry = tmp_path / "edited.json"
+    entry.write_text(json.dumps(dict(src, found_on=dict(src["found_on"], oracles=oracles))))
+    out = _cli("replay", entry, "--device", "cpu")
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    (line,) = out.stderr.strip().splitlines()
+    assert str(entry) in line and says in line, line
+
+
 def test_bad_corpus_file_is_named_and_nothing_is_touched(tmp_path):
     good = tmp_path / "keep.json"
     good.write_text("{}")
