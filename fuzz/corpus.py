@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.errors import BadInput
+from streamfuzz.fuzz.options import ORACLE_CHOICES, OptionsError, parse_oracles
 from streamfuzz.fuzz.protocol.scenario import ScenarioError
 from streamfuzz.fuzz.targets.names import file_name
 from streamfuzz.fuzz.verdict import KINDS
@@ -206,10 +207,28 @@ def load(path: Path) -> Entry:
         scenario = protocol.part("scenario").from_dict(data["scenario"])
     except (ScenarioError, TypeError) as exc:
         raise CorpusError(f"{path}: bad scenario: {exc}") from None
+    found_on = data.get("found_on") or {}
+    if not isinstance(found_on, dict):
+        raise CorpusError(f"{path}: field 'found_on' is not an object")
+    _check_oracles(path, found_on)
     return Entry(target=data["target"], protocol=protocol.name, kind=data["kind"],
                  message=data["message"],
-                 scenario=scenario, found_on=dict(data.get("found_on") or {}),
+                 scenario=scenario, found_on=dict(found_on),
                  flaky=bool(data.get("flaky", False)), path=path)
+
+
+def _check_oracles(path: Path, found_on: dict[str, Any]) -> None:
+    """The oracles a replay judges with (an entry without any predates them):
+    an empty list judged nothing, and a replay said the bug was gone."""
+    if "oracles" not in found_on:
+        return
+    try:
+        chosen = parse_oracles(found_on["oracles"])
+    except (OptionsError, TypeError) as exc:
+        raise CorpusError(f"{path}: found_on: {exc}") from None
+    if not chosen:
+        raise CorpusError(f"{path}: found_on names no oracle, so a replay would judge "
+                          f"nothing; name those that found it ({', '.join(ORACLE_CHOICES)})")
 
 
 def discover(paths: list[Path]) -> list[Path]:

@@ -287,13 +287,16 @@ def _run_phases(campaign: _Campaign, strategy: st.SearchStrategy[Scenario],
             campaign.run(strategy, settings, max_examples, seed,
                          tuple(p for p in phases if p in _SAVED_PHASES + (Phase.shrink,)),
                          "sync")
-        if campaign.goes_on():
-            campaign.run(strategy, settings, max_examples, seed, ahead_phases, "ahead")
+        # The past failures replayed count against max_examples, as in one run:
+        # "--max-examples 5" ran 5 of them and 5 more, and said "clean over 10".
+        left = max_examples - campaign.result.examples
+        if campaign.goes_on() and left > 0:
+            campaign.run(strategy, settings, left, seed, ahead_phases, "ahead")
             if campaign.deferred is not None and campaign.goes_on():
                 # The failure was seen one example late: replay Hypothesis up to
                 # it (the same seed draws the same examples) and shrink from there.
                 campaign.result.reason = None
-                campaign.run(strategy, settings, max_examples, seed, ahead_phases, "replay")
+                campaign.run(strategy, settings, left, seed, ahead_phases, "replay")
 
 
 _CTRL_C_PATIENCE_S = 3.0

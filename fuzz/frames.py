@@ -53,7 +53,9 @@ _SKIP_FILES = ("_python_dispatch.py", "distributed_c10d.py", "c10d_logger.py",
 _API = Path(str(sys.modules["streamfuzz"].__file__)).parent
 _SKIP_PATHS = frozenset(
     p for f in (Path(contextlib.__file__), Path(threading.__file__), _FUZZ / "streams.py",
-                _FUZZ / "protocol" / "runner.py", *_API.glob("*.py"))
+                _FUZZ / "protocol" / "runner.py", *_API.glob("*.py"),
+                # The wrappers a user's call goes through: a finding quotes the call.
+                _FUZZ / "collectives.py", _FUZZ / "annotations.py")
     for p in (str(f), str(Path(f).resolve())))
 # A mode's hook is the harness watching an op, never the code that issued it.
 _MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})

@@ -12,7 +12,8 @@ outlive the driver is written to the campaign directory before it matters:
   anything else (the driver died mid-example, perhaps because of one) and
   records the first that fails.
 * ``state.json``: running totals, rewritten atomically at every failure, stats
-  sample and round end, so a restarted campaign resumes its budget and counts.
+  sample and round end, so a restarted campaign resumes its budget and counts;
+  bounded however long it runs (``KEPT_OCCURRENCES``).
 * ``stats.jsonl``: one memory/throughput sample per line (a line cut by a kill
   is skipped on reading); ``soak.log``: the same as text.
 * the corpus: each failure is saved on first sight, then replaced by its shrunk
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from streamfuzz.fuzz import corpus, driver, profiles
+from streamfuzz.fuzz import corpus, driver, profiles, soak_report
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.corpus import write_json_atomic
 from streamfuzz.fuzz.host import rss_bytes
@@ -60,6 +61,11 @@ _RELEASE_EVERY_S = 60.0
 every object the driver holds (torch's, Hypothesis's), whatever a round
 freed: after every round of a CPU soak it took a seventh of the driver."""
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+KEPT_OCCURRENCES = 5
+"""Occurrences of one failure (one corpus file) that ``state.json`` keeps in
+full, message included; later ones are only counted (``repeats``). A buggy
+target found again every round made about 19,000 a world in a week, each
+rewritten with the state at every failure and sample."""
 
 
 def parse_budget(text: str) -> float:
@@ -80,6 +86,8 @@ class SoakConfig:
     corpus: Path
     database: Path | None = None
     round_s: float = 300.0
+    """A round's length at most; ``round_len`` shortens it to the budget's share
+    per target, so that a short campaign still runs every target."""
     round_examples: int = 2000
     """Examples per round at most. Hypothesis keeps every example of a run in
     memory (about 50 KB each) until the run ends, and the allocator keeps the
@@ -111,6 +119,12 @@ class SoakConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     claims: Any = None
     """Where this campaign is one of parallel worlds: their ``streamfuzz.fuzz.worlds.Claims``."""
+
+    def round_len(self) -> float:
+        """``round_s``, or the budget's share per target where that is shorter: a
+        50-second soak of two targets in 5-minute rounds never reached the second,
+        and said nothing of the targets after the first but their names."""
+        return min(self.round_s, self.budget_s / max(1, len(self.targets)))
 
 
 class Soak:
@@ -172,9 +186,13 @@ class Soak:
     def run(self) -> dict[str, Any]:
         """Run until the budget is spent or a stop is asked; returns the report."""
         self._t0 = time.monotonic()  # the budget counts from here, not from rank start-up
+        rounds = self.cfg.round_len()
+        share = (f"; rounds of {_hms(rounds)}, the budget's share per target"
+                 if rounds < self.cfg.round_s else "")
         self._say(f"soak: {', '.join(self.cfg.targets)} for {_hms(self.cfg.budget_s)} "
                   f"on {self.pool.device} x{self.pool.world_size} -> {self.out} "
-                  f"(start {self.state['starts']}, {_hms(self._base_elapsed)} already spent)")
+                  f"(start {self.state['starts']}, {_hms(self._base_elapsed)} already spent"
+                  f"{share})")
         clean = False
         try:
             if self.stop_reason is None:
@@ -206,20 +224,21 @@ class Soak:
             report = self._report()
             self._clear_line()
             why = self.stop_reason.value if self.stop_reason else "error"
+            self._say(f"soak: {soak_report.per_target_text(report)}")
             self._say(f"soak: stopped ({why}) after "
                       f"{_hms(self.elapsed())}: {report['examples']} examples, "
-                      f"{len(report['failures'])} failures; report in {self.out}")
+                      f"{sum(report['failures_by_kind'].values())} failures; "
+                      f"{soak_report.ran_text(report)}; report in {self.out}")
             self._log.close()
         return report
 
     def _round(self, target: str, settings: Any, seed: int | None) -> None:
         self._target = target
         self._pending = None
-        before = self.state["examples"]
         t0 = time.monotonic()
-        budget = min(self.cfg.round_s, max(1.0, self._remaining()))
-        cutoff = t0 + budget + (self.cfg.shrink_s if self.cfg.shrink_s is not None
-                                else self.cfg.round_s)
+        rounds = self.cfg.round_len()
+        budget = min(rounds, max(1.0, self._remaining()))
+        cutoff = t0 + budget + (self.cfg.shrink_s if self.cfg.shrink_s is not None else rounds)
 
         def stop() -> bool:
             return self._should_stop() or time.monotonic() > cutoff
@@ -238,16 +257,13 @@ class Soak:
                               options=self.cfg.options, corpus_dir=self.cfg.corpus,
                               strategy=self.cfg.strategy, on_example=self._on_example,
                               on_verdict=self._on_verdict, stop=stop, claim=claim)
-            self._account(target, res, before, t0)
+            self._account(target, res, t0)
         finally:
             if claims is not None and held:
                 claims.release(target)
 
-    def _account(self, target: str, res: driver.CampaignResult, before: int,
-                 t0: float) -> None:
-        per = self.state["targets"].setdefault(target, {"examples": 0, "rounds": 0,
-                                                        "elapsed_s": 0.0, "failures": 0})
-        per["examples"] += self.state["examples"] - before
+    def _account(self, target: str, res: driver.CampaignResult, t0: float) -> None:
+        per = self._per_target(target)
         per["rounds"] += 1
         per["elapsed_s"] = round(per["elapsed_s"] + time.monotonic() - t0, 3)
         if res.failure is not None and res.corpus_path is not None:
@@ -260,8 +276,14 @@ class Soak:
             self._maybe_recycle(ranks)
         self._journal.write(self._target, self.state["rounds"], in_flight)
 
+    def _per_target(self, target: str) -> dict[str, Any]:
+        return self.state["targets"].setdefault(target, {"examples": 0, "rounds": 0,
+                                                         "elapsed_s": 0.0, "failures": 0})
+
     def _on_verdict(self, scenario: Scenario, verdict: Verdict, labels: list[str]) -> None:
         self.state["examples"] += 1
+        # Counted here, not at the round's end: a round a second Ctrl-C cuts short ran them.
+        self._per_target(self._target)["examples"] += 1
         seen = self.state["behaviours"]
         for label in labels:
             seen[label] = seen.get(label, 0) + 1
@@ -304,7 +326,7 @@ class Soak:
         how = "FLAKY (passed on replay)" if flaky else "reproduces"
         self._clear_line()
         self._say(f"soak: {res.target}: {failure.kind} saved to {path}, {how}: "
-                  f"{failure.message[:160]}")
+                  f"{_gist(failure.message)}")
 
     def _maybe_recycle(self, ranks: list[Memory | None]) -> None:
         """Recycle the world once a rank outgrew its warm size by ``recycle_mib``.
@@ -396,7 +418,24 @@ class Soak:
             fails[-1] = rec
         else:
             fails.append(rec)
+        if not pending:
+            self._fold(fails)
         self._save_state()
+
+    def _fold(self, fails: list[dict[str, Any]]) -> None:
+        """Count the last record instead of keeping it, once its failure has
+        ``KEPT_OCCURRENCES`` records before it. Only a settled record is folded:
+        a pending one is still to be replaced or forgotten."""
+        rec = fails[-1]
+        if sum(f["path"] == rec["path"] for f in fails) <= KEPT_OCCURRENCES:
+            return
+        fails.pop()
+        more = self.state["repeats"].setdefault(rec["path"], {
+            "target": rec["target"], "kind": rec["kind"], "occurrences": 0,
+            "flaky_occurrences": 0})
+        more["occurrences"] += 1
+        more["flaky_occurrences"] += int(bool(rec["flaky"]))
+        more["last_t"] = rec["t"]
 
     def _forget(self, path: Path) -> None:
         fails = self.state["failures"]
@@ -406,7 +445,8 @@ class Soak:
     # -- state, stats, display ---------------------------------------------------
     def _load_state(self) -> dict[str, Any]:
         fresh = {"schema": STATE_SCHEMA, "elapsed_s": 0.0, "examples": 0, "rounds": 0,
-                 "starts": 0, "restarts": 0, "recycles": 0, "failures": [], "behaviours": {},
+                 "starts": 0, "restarts": 0, "recycles": 0, "failures": [], "repeats": {},
+                 "behaviours": {},
                  "targets": {}}
         try:
             data = json.loads(self.state_path.read_text())
@@ -473,6 +513,11 @@ class Soak:
         for f in self.state["failures"]:
             key = f["kind"] + (" (flaky)" if f["flaky"] else "")
             kinds[key] = kinds.get(key, 0) + 1
+        for r in self.state["repeats"].values():
+            for key, n in ((r["kind"], r["occurrences"] - r["flaky_occurrences"]),
+                           (r["kind"] + " (flaky)", r["flaky_occurrences"])):
+                if n:
+                    kinds[key] = kinds.get(key, 0) + n
         return kinds
 
     def _draw(self) -> None:
@@ -505,15 +550,13 @@ class Soak:
             self._log.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text + "\n")
 
     def _report(self) -> dict[str, Any]:
-        from streamfuzz.fuzz import soak_report
-
         return soak_report.write(self.out, self.state, read_samples(self.stats_path),
                                  config=self._config(), stop_reason=self.stop_reason)
 
     def _config(self) -> dict[str, Any]:
         info = self.pool.info[0] if self.pool.info else None
         return {"targets": self.cfg.targets, "budget_s": self.cfg.budget_s,
-                "round_s": self.cfg.round_s, "corpus": str(self.cfg.corpus),
+                "round_s": self.cfg.round_len(), "corpus": str(self.cfg.corpus),
                 **self.cfg.options.to_dict(),
                 "database": str(self.cfg.database) if self.cfg.database else None,
                 "device": self.pool.device, "world_size": self.pool.world_size,
@@ -571,6 +614,15 @@ def stop_on_signals(soak: Soak) -> Iterator[None]:
 def _hms(seconds: float) -> str:
     s = int(max(0, seconds))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _gist(message: str, width: int = 160) -> str:
+    """A finding's first line, cut at a word: the frames below it are in the
+    corpus entry and the report, and a cut mid-frame read as garbage."""
+    first = message.split("\n", 1)[0]
+    if len(first) <= width:
+        return first
+    return first[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def _kinds_text(kinds: dict[str, int]) -> str:

@@ -32,8 +32,10 @@ within a night is reported as growing, even when a short run shows little
 (docs/soak.md has the CUDA rank that made this necessary)."""
 
 PROJECTION_MIN_S = 300.0
-"""A slope fitted over less campaign time than this is not projected: a short
-run's slope is its warm-up, and eight hours of it is noise, not a finding."""
+"""Memory sampled over less campaign time than this is not judged at all: a
+short run's slope is its warm-up, and eight hours of it is noise, not a
+finding; its quarters are warm-up too (a 75-second soak's driver rose 14%
+before its first heap release, a minute in)."""
 
 
 def _quarters(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -144,9 +146,12 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
               config: dict[str, Any], stop_reason: str | None) -> dict[str, Any]:
     """The JSON report (also the input of the markdown and the plot)."""
     fails = [f for f in state["failures"]]
+    repeats = state.get("repeats", {})
     kinds: dict[str, int] = {}
-    for f in fails:
-        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    for kind in [f["kind"] for f in fails]:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    for r in repeats.values():
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["occurrences"]
     distinct: dict[str, dict[str, Any]] = {}
     for f in fails:
         d = distinct.setdefault(f["path"], {"path": f["path"], "target": f["target"],
@@ -154,6 +159,12 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
                                             "occurrences": 0, "flaky_occurrences": 0})
         d["occurrences"] += 1
         d["flaky_occurrences"] += int(bool(f["flaky"]))
+    for path, r in repeats.items():  # kept records come first: the message is there
+        d = distinct.setdefault(path, {"path": path, "target": r["target"], "kind": r["kind"],
+                                       "message": "", "occurrences": 0,
+                                       "flaky_occurrences": 0})
+        d["occurrences"] += r["occurrences"]
+        d["flaky_occurrences"] += r["flaky_occurrences"]
     elapsed = float(state["elapsed_s"])
     # Throughput: skip the sample that covers rank start-up.
     rates = [s["rate"] for s in samples[2:] if s.get("rate") is not None] or \
@@ -173,8 +184,9 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
     memory = {k: _trend(v, series["t"], drivers if k == "driver_rss" else worlds,
                         cap if re.fullmatch(r"rank\d+_rss", k) else None)
               for k, v in series.items() if k not in ("t", "rate")}
+    judged = bool(samples) and samples[-1]["t"] - samples[0]["t"] >= PROJECTION_MIN_S
     growing = sorted(k for k, v in memory.items()
-                     if k.endswith(("rss", "gpu_reserved"))
+                     if judged and k.endswith(("rss", "gpu_reserved"))
                      and max(v["growth"] or 0.0, v["projected_growth"] or 0.0) > v["limit"])
     behaviours = state.get("behaviours", {})
     return {
@@ -189,16 +201,49 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
         "rank_recycles": state.get("recycles", 0),
         "held_by": dict(sorted(state.get("held", {}).items())),
         "failures_by_kind": kinds,
-        "flaky": sum(1 for f in fails if f["flaky"]),
+        "flaky": sum(d["flaky_occurrences"] for d in distinct.values()),
         "distinct_failures": list(distinct.values()),
         "failures": fails,
+        "failures_not_listed": sum(r["occurrences"] for r in repeats.values()),
         "behaviours": {"distinct": len(behaviours),
                        "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
-        "targets": state.get("targets", {}),
+        **coverage(config.get("targets") or [], state.get("targets", {})),
         "memory": memory, "memory_growing": growing,
-        "projected": bool(samples) and samples[-1]["t"] - samples[0]["t"] >= PROJECTION_MIN_S,
+        "projected": judged, "memory_judged": judged,
         "samples": len(samples),
     }
+
+
+def coverage(asked: list[str], ran: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every target asked for, with its examples: one with none is listed as
+    never ran, so that a campaign's ``failures: 0`` never covers it unsaid."""
+    zero = {"examples": 0, "rounds": 0, "elapsed_s": 0.0, "failures": 0}
+    targets = {name: dict(zero, **ran.get(name, {})) for name in asked}
+    targets.update((k, v) for k, v in ran.items() if k not in targets)
+    never = [name for name, t in targets.items() if not t["examples"]]
+    return {"targets": targets, "targets_ran": len(targets) - len(never), "never_ran": never}
+
+
+def ran_text(rep: dict[str, Any]) -> str:
+    """``2 of 3 targets ran (never ran: c)``, from a report (a merged one too)."""
+    cov = coverage(rep["config"].get("targets") or [], rep.get("targets", {}))
+    never = cov["never_ran"]
+    return (f"{cov['targets_ran']} of {len(cov['targets'])} targets ran"
+            + (f" (never ran: {', '.join(never)})" if never else ""))
+
+
+def per_target_text(rep: dict[str, Any]) -> str:
+    """``examples per target: a 120, b 0 (never ran)``, from a report."""
+    return "examples per target: " + ", ".join(
+        f"{name} {t['examples'] or '0 (never ran)'}" for name, t in rep["targets"].items())
+
+
+def memory_text(rep: dict[str, Any]) -> str:
+    """The memory verdict in words, from a report (a merged one too)."""
+    if not rep.get("projected", True):
+        return (f"not judged: under {PROJECTION_MIN_S / 60:.0f} min of samples, too short "
+                "to tell a leak from warm-up (the table shows what was measured)")
+    return "GROWING: " + ", ".join(rep["memory_growing"]) if rep["memory_growing"] else "flat"
 
 
 def _bounded(rep: dict[str, Any]) -> str:
@@ -212,6 +257,7 @@ def _bounded(rep: dict[str, Any]) -> str:
 def markdown(rep: dict[str, Any]) -> str:
     c = rep["config"]
     tp = rep["throughput"]
+    cov = coverage(c.get("targets") or [], rep["targets"])
     lines = [
         "# streamfuzz soak report", "",
         f"- targets: {', '.join(c['targets'])}",
@@ -228,14 +274,12 @@ def markdown(rep: dict[str, Any]) -> str:
         + (", ".join(f"{k} {v}" for k, v in rep["held_by"].items()) or "nothing")
         + (f" (gates: {c['gates']})" if c.get("gates") else ""),
         f"- distinct behaviours seen: {rep['behaviours']['distinct']}",
+        f"- {ran_text(rep)}"
+        + (": a target that never ran is unchecked, not clean" if cov["never_ran"] else ""),
         f"- failures: {sum(rep['failures_by_kind'].values())} "
         f"({', '.join(f'{k} {v}' for k, v in rep['failures_by_kind'].items()) or 'none'}), "
         f"{len(rep['distinct_failures'])} distinct, {rep['flaky']} flaky",
-        "- memory: " + ("GROWING: " + ", ".join(rep["memory_growing"])
-                        if rep["memory_growing"] else "flat") + _bounded(rep)
-        + ("" if rep.get("projected", True) else
-           f" (too short to project to {PROJECTION_H:.0f} h: under "
-           f"{PROJECTION_MIN_S / 60:.0f} min of samples; judged on first vs last quarter)"),
+        "- memory: " + memory_text(rep) + _bounded(rep),
         "", "## Failures", "",
     ]
     if rep["distinct_failures"]:
@@ -267,9 +311,9 @@ def markdown(rep: dict[str, Any]) -> str:
                      f"{'*' if v.get('bounded_by_recycling') else ''} |")
     lines += ["", "## Targets", "", "| target | rounds | examples | seconds | failures |",
               "|---|---|---|---|---|"]
-    for name, t in rep["targets"].items():
-        lines.append(f"| {name} | {t['rounds']} | {t['examples']} | {t['elapsed_s']:.0f} | "
-                     f"{t['failures']} |")
+    for name, t in cov["targets"].items():
+        lines.append(f"| {name} | {t['rounds']} | {t['examples'] or 'never ran'} | "
+                     f"{t['elapsed_s']:.0f} | {t['failures']} |")
     lines += ["", "## Behaviours (hypothesis `event()` labels)", ""]
     lines += [f"- {k}: {v}" for k, v in rep["behaviours"]["counts"].items()]
     return "\n".join(lines) + "\n"

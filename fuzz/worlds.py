@@ -325,14 +325,18 @@ def run_worlds(args: Any, count: int, device: str, world_size: int) -> int:
             write_json_atomic(args.report, merged)
     finally:
         ctl.cleanup()
-    return _status(exits, ctl.signals, bool(merged["failures"]))
+    status = _status(exits, ctl.signals, bool(merged["failures"]))
+    if status == 130:
+        print("streamfuzz: interrupted" + (f"; report in {args.report}" if args.report else ""),
+              file=sys.stderr)
+    return status
 
 
 def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
     """``fuzz soak`` by ``count`` worlds, each in ``OUT/world-N`` (a campaign
     started again with the same ``--out`` resumes each), sharing the database
     and the corpus; the merged report is ``OUT/report.*``."""
-    from streamfuzz.fuzz import worlds_report
+    from streamfuzz.fuzz import soak_report, worlds_report
 
     out = Path(args.out)
     database = Path(args.database) if args.database else out / "hypothesis-db"
@@ -358,11 +362,12 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
         print(f"soak: {exc}; see {out}/world-*/soak.log", file=sys.stderr)
         return 70
     rates = ", ".join(f"w{w['world']} {w['examples_per_s']:.1f}/s" for w in rep["worlds"])
-    memory = ("GROWING: " + ", ".join(rep["memory_growing"]) if rep["memory_growing"]
-              else "flat")
+    memory = soak_report.memory_text(rep).partition(" (")[0]
+    print(f"soak: {soak_report.per_target_text(rep)}", file=sys.stderr)
     print(f"soak: {count} worlds: {rep['examples']} examples, {rep['examples_per_s']:.1f}/s "
           f"in total ({rates}); {len(rep['distinct_failures'])} distinct failures; "
-          f"memory {memory}; report in {out}/report.md", file=sys.stderr)
+          f"{soak_report.ran_text(rep)}; memory {memory}; "
+          f"report in {out}/report.md", file=sys.stderr)
     return _status(exits, ctl.signals, bool(rep["failures"]))
 
 

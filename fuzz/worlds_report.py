@@ -137,7 +137,8 @@ def run_table(merged: dict[str, Any]) -> list[str]:
                      str(t["corpus_path"] or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"streamfuzz on {merged.get('device', '?')}, world size "
-             f"{merged.get('world_size', '?')}, {merged['worlds']} worlds:"]
+             f"{merged.get('world_size', '?')}, {merged['worlds']} worlds, judged by "
+             f"{', '.join(merged.get('oracles') or ['?'])}:"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
               for row in rows]
     rates = ", ".join(f"w{w['world']} {w['examples_per_s']:.1f}/s" for w in merged["per_world"])
@@ -163,6 +164,7 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
                        "elapsed_s": r["elapsed_s"] if r else 0.0,
                        "examples_per_s": r["examples_per_s"] if r else 0.0,
                        "memory_growing": r["memory_growing"] if r else None,
+                       "memory_judged": r.get("projected", True) if r else None,
                        "report": r is not None})
     behaviours: dict[str, int] = {}
     held: dict[str, int] = {}
@@ -206,12 +208,13 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
         "failures": [dict(f, world=i) for i, r in got for f in r["failures"]],
         "behaviours": {"distinct": len(behaviours),
                        "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
-        "targets": tgts,
+        **soak_report.coverage(base["config"].get("targets") or [], tgts),
         "memory": memory,
         "memory_growing": sorted(k for k in memory
                                  if any(k == f"w{i}.{g}" for i, r in got
                                         for g in r["memory_growing"])),
         "projected": all(r.get("projected", False) for _, r in got),
+        "memory_judged": all(r.get("projected", False) for _, r in got),
         "samples": sum(r["samples"] for _, r in got),
         "worlds": worlds,
     }
@@ -230,12 +233,13 @@ def _worlds_md(rep: dict[str, Any]) -> str:
     lines = ["", "## Worlds", "", "| world | examples | ex/s | memory | exit | folder |",
              "|---|---|---|---|---|---|"]
     for w in rep["worlds"]:
-        mem = ("no report" if not w["report"] else
-               "GROWING: " + ", ".join(w["memory_growing"]) if w["memory_growing"] else "flat")
+        mem = ("no report" if not w["report"] else "not judged" if not w.get("memory_judged", True)
+               else "GROWING: " + ", ".join(w["memory_growing"]) if w["memory_growing"]
+               else "flat")
         lines.append(f"| w{w['world']} | {w['examples']} | {w['examples_per_s']:.1f} | {mem} | "
                      f"{w['exit']} | {w['out']} |")
     lines.append(f"| total | {rep['examples']} | {rep['examples_per_s']:.1f} | "
-                 f"{'GROWING' if rep['memory_growing'] else 'flat'} | | |")
+                 f"{soak_report.memory_text(rep).partition(':')[0]} | | |")
     if rep["config"].get("gpu_sharing"):
         lines += ["", f"The worlds shared the GPU by {rep['config']['gpu_sharing']}."]
     return "\n".join(lines) + "\n"

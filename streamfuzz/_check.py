@@ -62,6 +62,10 @@ def _valid_oracles(oracles: Any) -> tuple[str, ...]:
     except TypeError:
         raise CheckArgumentError(f"oracles must be a name or a list of names from "
                                  f"{', '.join(ORACLES)}, not {oracles!r}") from None
+    if chosen in ((), ("",)):  # an unset setting in config code: it would judge nothing
+        raise CheckArgumentError(f"no oracle given, so nothing would judge the block and any "
+                                 f"code would pass; name one or more of {', '.join(ORACLES)}, "
+                                 f"or leave oracles out for all")
     unknown = sorted({o if isinstance(o, str) else repr(o) for o in chosen if o not in ORACLES})
     if unknown:
         raise CheckArgumentError(f"unknown oracle(s) {', '.join(unknown)}; "

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import streamfuzz
 from streamfuzz import _group
-from streamfuzz.fuzz.errors import BadInput, FuzzError
+from streamfuzz.fuzz.errors import BadInput, CheckArgumentError, FuzzError
 from tests.helpers import ROOT
 
 # Plain torch.cuda code with the pre-PR bug, written as an engine's test would.
@@ -119,6 +119,29 @@ def test_a_bare_string_names_one_oracle():
     with streamfuzz.checked(device="cpu", oracles="race", collect=True) as check:
         pass
     assert check.oracles == ("race",) and check.findings == []
+
+
+@pytest.mark.parametrize("empty", [[], (), ""], ids=["list", "tuple", "string"])
+def test_an_empty_oracle_list_is_refused_not_a_block_that_judges_nothing(empty):
+    # An unset setting in config-driven code comes through as an empty list:
+    # checking with no oracle would pass any code, so it is refused, as the
+    # command line refuses it.
+    with pytest.raises(CheckArgumentError) as info:
+        streamfuzz.checked(oracles=empty)
+    assert "no oracle given" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_empty_oracle_list_on_the_marker_fails_the_test(tmp_path):
+    out = _pytest(tmp_path, """
+        import pytest
+        import torch
+
+        @pytest.mark.streamfuzz(oracles=[], device="cpu")
+        def test_no_oracles():
+            torch.ones(2)
+    """)
+    assert "1 failed" in out.stdout and "passed" not in out.stdout, out.stdout
+    assert "CheckArgumentError: no oracle given" in out.stdout, out.stdout
 
 
 def test_bad_marker_and_fixture_arguments_are_bad_input(tmp_path):
@@ -367,3 +390,22 @@ def check_async_collective_findings(found: dict[str, list[str]]) -> None:
 
 def test_an_async_collective_runs_on_the_backends_stream_until_waited_for():
     check_async_collective_findings(async_collective_findings("cpu"))
+
+
+@streamfuzz.opaque(reads=["x"], writes=["out"])
+def _launch(x, out):
+    pass
+
+
+def test_an_opaque_access_is_quoted_at_the_users_call_not_the_decorators_wrapper():
+    with streamfuzz.checked(device="cpu", collect=True) as check:
+        side = torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        out = torch.empty(4, device="cuda")
+        with torch.cuda.stream(side):
+            _launch(x, out)
+        del out
+    finding = next(f for f in check.findings if "used on side:" in f.message)
+    used = finding.message.split("used on side:", 1)[1].splitlines()
+    assert used[0].strip().startswith("tests/test_checked.py:"), finding.message
+    assert used[1].strip() == "> _launch(x, out)", finding.message

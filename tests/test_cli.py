@@ -27,6 +27,18 @@ from tests.helpers import fuzz_cli as _cli
     (["run", "--report", "pyproject.toml/r.json"], "--report pyproject.toml: exists and is not"),
     (["run", "--report", "tests"], "--report tests: is a directory"),
     (["soak", "--budget", "1m", "--out", "pyproject.toml"], "--out pyproject.toml: exists and"),
+    (["run", "--timeout", "1e9"], "'1e9' must be > 0 and at most 86400 (a day)"),
+    (["run", "--timeout", "1e12"], "'1e12' must be > 0 and at most 86400"),
+    (["run", "--timeout", "1e30"], "'1e30' must be > 0 and at most 86400"),
+    (["run", "--timeout", "inf"], "'inf' must be > 0 and at most 86400"),
+    (["soak", "--budget", "1m", "--timeout", "1e12"], "'1e12' must be > 0 and at most 86400"),
+    (["soak", "--budget", "1m", "--startup-timeout", "99999999999d"], "must be at most a day"),
+    (["mutate", "--target", "pre-fix", "--timeout", "1e9"], "'1e9' must be > 0 and at most"),
+    (["matrix", "--timeout", "1e30"], "'1e30' must be > 0 and at most 86400"),
+    (["run", "--target", "weight-sync-ordered", "--weight-scale", "1" + "0" * 30],
+     "must be in 1..65536"),
+    (["run", "--target", "main-gather", "--weight-scale", "4"],
+     "--weight-scale 4: only weight-sync targets have weights to scale, and none of main-gather"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(args, message):
     if "cuda" in args:
@@ -39,6 +51,93 @@ def test_bad_usage_is_one_line_and_exit_2(args, message):
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr
+
+
+def test_weight_scale_applies_to_a_users_weight_sync_target(tmp_path):
+    # The protocol comes from the factory's declaration, not from the name:
+    # the draft broadcast's was taken, and the scale silently did nothing.
+    (tmp_path / "mine.py").write_text(textwrap.dedent("""
+        from streamfuzz.fuzz.weight_sync.targets import unordered
+
+        def make(ctx):
+            return unordered(ctx)
+
+        make.protocol = "weight-sync"
+    """))
+    out = _cli("run", "--target", "mine.py:make", "--device", "cpu", "--weight-scale", "50",
+               "--max-examples", "50", "--shrink-budget", "30", "--corpus", tmp_path / "corpus",
+               cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (saved,) = (tmp_path / "corpus").rglob("*.json")
+    params = json.loads(saved.read_text())["scenario"]["params"]
+    assert params and all(p["shape"][0] % 50 == 0 for p in params), params
+
+
+def test_replay_skips_entries_that_cannot_run_here_and_replays_the_rest(tmp_path):
+    # A fresh clone: no vLLM wheel fetched, and a user's entry replayed from
+    # another folder than the one it was found in. Both are skipped with why;
+    # the CPU entry still runs.
+    entries = tmp_path / "corpus"
+    for rel in ("pre-fix/lifetime-49e37d792dd6.json", "vllm-pp-0.32.0/race-136fec688d42.json"):
+        (entries / rel).parent.mkdir(parents=True, exist_ok=True)
+        (entries / rel).write_text((ROOT / "corpus" / rel).read_text())
+    user = json.loads((ROOT / "corpus/pre-fix/lifetime-49e37d792dd6.json").read_text())
+    user["target"] = "evhandler.py:make_host_no_sync"
+    (entries / "mine").mkdir()
+    (entries / "mine" / "lifetime-0.json").write_text(json.dumps(user))
+    env = env_with_path()
+    env["STREAMFUZZ_VLLM_CACHE"] = str(tmp_path / "no-wheels")
+    out = _cli("replay", entries, "--device", "cpu", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    vllm = next(ln for ln in lines if "race-136fec688d42.json: skipped" in ln)
+    assert "vLLM 0.32.0 is not here" in vllm
+    mine = next(ln for ln in lines if "lifetime-0.json: skipped" in ln)
+    assert "no such file 'evhandler.py'" in mine and "replay from the folder" in mine
+    assert any("lifetime-49e37d792dd6.json: pre-fix still fails" in ln for ln in lines), lines
+    assert lines[-1].startswith("replayed 1 of 3 entries; the other 2 cannot run here")
+
+
+@pytest.mark.parametrize("oracle, judged", [("all", "lifetime, value"),
+                                            ("lifetime", "lifetime")])
+def test_the_table_says_which_oracles_judged_what_it_calls_clean(tmp_path, oracle, judged):
+    out = _cli("run", "--target", "main-gather", "--device", "cpu", "--max-examples", "5",
+               "--oracle", oracle, "--corpus", tmp_path / "corpus")
+    assert out.returncode == 0, out.stderr
+    assert f"streamfuzz on cpu, world size 2, judged by {judged}:" in out.stdout, out.stdout
+
+
+def test_a_past_failure_replayed_counts_against_max_examples(tmp_path):
+    # The first run saves a failure to the example database; the code is then
+    # fixed, and the next run replays it first: "--max-examples 5" must run 5
+    # examples in all, not 5 after the replay ("clean over 6 examples").
+    (tmp_path / "mine.py").write_text(textwrap.dedent("""
+        import os
+        from streamfuzz.fuzz.draft.targets.pp_draft import MainGather, PreFix
+
+        def make(ctx):
+            return (PreFix if os.environ.get("MINE_BUGGY") else MainGather)(ctx)
+    """))
+    args = ("run", "--target", "mine.py:make", "--device", "cpu", "--max-examples", "5",
+            "--corpus", tmp_path / "corpus")
+    buggy = _cli(*args, cwd=tmp_path, env=env_with_path(ROOT) | {"MINE_BUGGY": "1"})
+    assert buggy.returncode == 1, buggy.stdout + buggy.stderr
+    fixed = _cli(*args, cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "mine.py:make: clean over 5 examples" in fixed.stdout, fixed.stdout
+
+
+@pytest.mark.parametrize("oracles, says", [([], "found_on names no oracle"),
+                                           (["bogus"], "found_on: unknown oracle 'bogus'")])
+def test_an_entry_whose_oracles_judge_nothing_is_refused_not_passed(tmp_path, oracles, says):
+    # A hand-edited "oracles": [] replayed with no judge and said the bug was gone.
+    src = json.loads((ROOT / "corpus/pre-fix/lifetime-49e37d792dd6.json").read_text())
+    entry = tmp_path / "edited.json"
+    entry.write_text(json.dumps(dict(src, found_on=dict(src["found_on"], oracles=oracles))))
+    out = _cli("replay", entry, "--device", "cpu")
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    (line,) = out.stderr.strip().splitlines()
+    assert str(entry) in line and says in line, line
 
 
 def test_bad_corpus_file_is_named_and_nothing_is_touched(tmp_path):
@@ -143,6 +242,24 @@ def test_an_unwritable_report_place_is_refused_before_fuzzing(tmp_path):
     assert out.returncode == 2 and out.stdout == "", out.stdout
     (line,) = out.stderr.strip().splitlines()
     assert "--report /proc/streamfuzz-nowhere: not a writable directory" in line
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["mutate", "--target", "pre-fix", "--out", "/proc/streamfuzz-nowhere"], "--out"),
+    (["mutate", "--target", "pre-fix", "--corpus", "/proc/streamfuzz-nowhere"], "--corpus"),
+    (["scan", "examples/my_handler.py", "--md", "/proc/streamfuzz-nowhere/x.md"], "--md"),
+    (["scan", "examples/my_handler.py", "--json", "/proc/streamfuzz-nowhere/x.json"], "--json"),
+    (["scan", "examples/my_handler.py", "--harness", "my_handler.py:45", "--out",
+      "/proc/streamfuzz-nowhere/t.py"], "--out"),
+    (["bench", "--device", "cpu", "--out", "/proc/streamfuzz-nowhere"], "--out"),
+])
+def test_every_output_place_is_checked_before_any_work(args, flag):
+    # mutate did all its work (46 s on a user's target), then lost its table
+    # to a folder it could not write; scan crashed with a traceback.
+    out = _cli(*args, timeout=120)
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    (line,) = out.stderr.strip().splitlines()
+    assert f"{flag} /proc/streamfuzz-nowhere: not a writable directory" in line, line
 
 
 @pytest.mark.parametrize("source, where, what", [

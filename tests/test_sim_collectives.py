@@ -39,3 +39,6 @@ def test_a_receive_never_waited_for_races_with_the_apply_on_main(cpu_pool, targe
     assert first.kind == "race" and first.rank == 0, verdict.summary()
     stream = r"nccl\(group [^,)]+, p2p 0-1\)" if "recv" in op else r"nccl\(group [^,)]+\)"
     assert re.search(f"{stream}'s write \\({op}", first.message), first.message
+    # The access quoted is the target's call, not the wrapper that notes collectives.
+    assert "collectives.py" not in first.message and "fn(*args" not in first.message, \
+        first.message

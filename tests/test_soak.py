@@ -142,6 +142,88 @@ def test_the_heap_is_released_at_most_once_a_minute_not_after_every_round(
     assert len(released) == 4
 
 
+def test_a_target_that_never_ran_is_named_in_the_summary_and_both_reports(tmp_path):
+    # One round, two targets: the second never runs, and a bare "0 failures"
+    # would be a false clean for it.
+    import io
+
+    term = io.StringIO()
+    cfg = _cfg(tmp_path, ["main-gather", "tests.targets:shifted_rows"], 600.0,
+               round_examples=3, max_rounds=1)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=term).run()
+    *_, per_target, summary = term.getvalue().strip().splitlines()
+    assert "1 of 2 targets ran (never ran: tests.targets:shifted_rows)" in summary, summary
+    assert per_target == ("soak: examples per target: main-gather 3, "
+                          "tests.targets:shifted_rows 0 (never ran)"), per_target
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["never_ran"] == ["tests.targets:shifted_rows"] and data["targets_ran"] == 1
+    assert data["targets"]["tests.targets:shifted_rows"]["examples"] == 0
+    assert data["targets"]["main-gather"]["examples"] == rep["examples"] == 3
+    md = (tmp_path / "out" / "report.md").read_text()
+    failures = next(ln for ln in md.splitlines() if ln.startswith("- failures: 0"))
+    before = md.splitlines()[md.splitlines().index(failures) - 1]
+    assert before.startswith("- 1 of 2 targets ran (never ran: tests.targets:shifted_rows)")
+    assert "| tests.targets:shifted_rows | 0 | never ran |" in md, md
+
+
+def test_a_short_soak_of_several_targets_gives_each_a_round(tmp_path):
+    # Rounds of 5 minutes (the default) in a 16-second budget: the round is cut
+    # to the budget's share per target, so the buggy second target runs and is found.
+    import io
+
+    term = io.StringIO()
+    cfg = _cfg(tmp_path, ["main-gather", "tests.targets:shifted_rows"], 16.0,
+               round_examples=10**6, stats_every_s=5.0)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=term).run()
+    assert rep["targets"].get("tests.targets:shifted_rows", {}).get("examples"), term.getvalue()
+    assert rep["never_ran"] == [] and rep["targets_ran"] == 2
+    assert rep["failures_by_kind"], rep["targets"]
+    assert rep["config"]["round_s"] == 8.0
+    assert "rounds of 0:00:08, the budget's share per target" in term.getvalue()
+
+
+def test_a_failure_found_every_round_keeps_state_json_bounded_and_its_count(tmp_path):
+    # A buggy target is found again every round (the database replays it
+    # first): state.json keeps the first few occurrences in full, counts the
+    # rest, and the report's counts are those of every occurrence.
+    from streamfuzz.fuzz.soak import KEPT_OCCURRENCES
+
+    rounds = KEPT_OCCURRENCES + 5
+    cfg = _cfg(tmp_path, ["tests.targets:shifted_rows"], 900.0, round_examples=20,
+               max_rounds=rounds, strategy=st.sampled_from([_scenario(2), _scenario(3)]))
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=sys.stdout).run()
+    (d,) = rep["distinct_failures"]
+    assert d["occurrences"] == rounds and sum(rep["failures_by_kind"].values()) == rounds
+    assert d["message"]  # the first occurrence's, kept
+    state = json.loads((tmp_path / "out" / "state.json").read_text())
+    assert [f["path"] for f in state["failures"]] == [d["path"]] * KEPT_OCCURRENCES
+    assert state["repeats"][d["path"]]["occurrences"] == rounds - KEPT_OCCURRENCES
+    assert len(rep["failures"]) == KEPT_OCCURRENCES
+    assert rep["failures_not_listed"] == rounds - KEPT_OCCURRENCES
+
+
+def test_a_saved_failure_is_one_whole_line_in_the_soak_output(tmp_path):
+    # pre-fix's lifetime finding has frames under its first line: the
+    # terminal line once cut them mid-word ("    main: fuz").
+    import io
+
+    term = io.StringIO()
+    cfg = _cfg(tmp_path, ["pre-fix"], 600.0, round_examples=20, max_rounds=1)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=term).run()
+    (d,) = rep["distinct_failures"]
+    lines = term.getvalue().splitlines()
+    i = next(i for i, ln in enumerate(lines) if " saved to " in ln)
+    assert lines[i + 1].startswith("soak: "), lines[i:i + 3]
+    first = d["message"].splitlines()[0]
+    said = lines[i].split("reproduces: ", 1)[1]
+    assert said == first or (said.endswith(" ...") and first.startswith(said[:-4])
+                             and first[len(said) - 4] == " "), said
+
+
 def test_memory_is_sampled_for_every_rank_and_report_files_are_written(tmp_path):
     cfg = _cfg(tmp_path, ["main-gather"], 6.0)
     with RankPool(2, "cpu", timeout=20.0) as pool:
@@ -677,7 +759,26 @@ def test_a_short_run_is_not_projected_and_says_so(tmp_path):
     cfg = {"targets": ["main-gather"], "device": "cpu", "world_size": 2, "budget_s": 90.0}
     soak_report.write(tmp_path, state, samples, config=cfg, stop_reason="budget spent")
     md = (tmp_path / "report.md").read_text()
-    assert "- memory: flat (too short to project to 8 h" in md
+    assert "- memory: not judged: under 5 min of samples" in md
+
+
+def test_a_short_soak_whose_driver_rises_before_its_first_release_calls_nothing_growing(
+        tmp_path):
+    # 75 s of a driver rising 14% before its first heap release (what a
+    # newcomer's first soak showed): too short to tell a leak from warm-up.
+    samples = _samples(lambda i: 300, n=8)
+    for i, s in enumerate(samples):
+        s["driver_rss"] = int((265 + 8 * i) * 2**20)
+    rep = _memory_verdict(samples)
+    assert rep["memory_growing"] == [] and not rep["memory_judged"], rep["memory"]
+    assert rep["memory"]["driver_rss"]["growth"] > soak_report.GROWTH_LIMIT  # still measured
+    state = {"failures": [], "elapsed_s": 75.0, "examples": 1, "rounds": 1, "starts": 1,
+             "restarts": 0}
+    cfg = {"targets": ["main-gather"], "device": "cpu", "world_size": 2, "budget_s": 75.0}
+    soak_report.write(tmp_path, state, samples, config=cfg, stop_reason="budget spent")
+    md = (tmp_path / "report.md").read_text()
+    assert "GROWING" not in md and "- memory: not judged: under 5 min of samples" in md, md
+    assert "| driver_rss | " in md  # the numbers are still there to read
 
 
 @pytest.mark.parametrize("rank_mib, slope_mib, gpu_mib", [
@@ -703,7 +804,7 @@ def test_a_two_minute_soak_with_flat_memory_is_not_growing_whatever_the_cap(
            "world_size": 1, "budget_s": 120.0, "recycle_mib": 32}
     soak_report.write(tmp_path, state, samples, config=cfg, stop_reason="budget spent")
     md = (tmp_path / "report.md").read_text()
-    assert "GROWING" not in md and "- memory: flat (too short to project" in md, md
+    assert "GROWING" not in md and "- memory: not judged: under 5 min" in md, md
 
 
 def test_the_plot_title_fits_and_a_resumed_start_is_marked():

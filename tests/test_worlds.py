@@ -204,6 +204,7 @@ def test_two_worlds_find_one_bug_once_and_merge_their_report(tmp_path):
     # Each world runs its share of --max-examples.
     assert clean["failure"] is None and clean["examples"] == 30
     assert "2 worlds" in p.stdout and "total" in p.stdout
+    assert "2 worlds, judged by lifetime, value:" in p.stdout, p.stdout
 
 
 def test_a_soak_of_two_worlds_merges_their_reports(tmp_path):
@@ -220,6 +221,8 @@ def test_a_soak_of_two_worlds_merges_their_reports(tmp_path):
         assert world["config"]["database"] == str(out / "hypothesis-db")
     md = (out / "report.md").read_text()
     assert "## Worlds" in md and "| w1 |" in md
+    assert rep["targets_ran"] == 1 and rep["never_ran"] == [] and "- 1 of 1 targets ran" in md
+    assert "; 1 of 1 targets ran; " in p.stderr.strip().splitlines()[-1], p.stderr
 
 
 def test_ctrl_c_reaches_every_world_and_the_report_is_written(tmp_path):
@@ -244,6 +247,9 @@ def test_ctrl_c_reaches_every_world_and_the_report_is_written(tmp_path):
     assert proc.returncode == 130, out + err
     rep = json.loads(report.read_text())
     assert rep["interrupted"] and rep["worlds"] == 2
+    # The worlds' own reports are temporary: only the merged one is named.
+    assert "world-0.json" not in err and "world-1.json" not in err, err
+    assert err.strip().splitlines()[-1] == f"streamfuzz: interrupted; report in {report}", err
     assert all(w["report"] for w in rep["per_world"]), rep["per_world"]
 
 

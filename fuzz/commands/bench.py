@@ -7,13 +7,14 @@ import argparse
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz import targets
 from streamfuzz.fuzz.commands import UsageError
-from streamfuzz.fuzz.commands.checks import run_options
+from streamfuzz.fuzz.commands.checks import check_dir, run_options
 from streamfuzz.fuzz.host import probe_gpus
 
 
 def bench_command(args: argparse.Namespace) -> int:
     from streamfuzz.fuzz import bench
 
+    check_dir(args.out, "--out")
     draft = protocols.get(protocols.DEFAULT)
     names = args.target or [*draft.versions, *draft.mutants]
     for name in names:

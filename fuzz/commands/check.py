@@ -35,14 +35,14 @@ def add_parser(sub: Any) -> None:
                    help="cpu: simulated CUDA streams, no GPU needed; cuda: real streams; "
                         "auto (default): cuda where a GPU is visible")
     c.add_argument("--oracle", default=None, metavar="O[,O]",
-                   help="which findings to report: lifetime, race (default both)")
+                   help="which findings to report: lifetime, race (default: both)")
     c.add_argument("--record", default=None, metavar="FILE",
                    help="write the run's record to FILE (which functions did stream work, "
                         "which a finding named), for `streamfuzz scan PATH --record FILE` "
                         "(default: none)")
     c.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
                    help="run a module as `python -m MODULE` does, instead of a script; "
-                        "what follows is its arguments")
+                        "what follows is its arguments (default: a script)")
     c.add_argument("program", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
                    help="the program and its arguments")
 

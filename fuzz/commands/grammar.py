@@ -49,6 +49,34 @@ def _seconds(text: str) -> float:
     return _number(text, float, "a number of seconds", lambda v: v > 0, "> 0")
 
 
+MAX_WAIT_S = 86400.0
+"""The longest wait on the ranks (``--timeout``, ``--startup-timeout``): the
+system's waits count milliseconds in 32 bits (24.8 days), and ``--timeout 1e9``
+crashed in one; a day is already no limit."""
+
+MAX_WEIGHT_SCALE = 65536
+"""``--weight-scale`` at most: a parameter's first dimension is up to 16 times
+it, so an example's parameters reach 384 MiB a rank here; far beyond, the ranks
+run out of memory, and that was saved as a crash of the target."""
+
+
+def _wait(text: str) -> float:
+    return _number(text, float, "a number of seconds", lambda v: 0 < v <= MAX_WAIT_S,
+                   f"> 0 and at most {MAX_WAIT_S:g} (a day)")
+
+
+def _wait_duration(text: str) -> float:
+    value = _duration(text)
+    if value > MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most a day ({MAX_WAIT_S:g}s)")
+    return value
+
+
+def _scale(text: str) -> int:
+    return _number(text, int, "an integer", lambda v: 1 <= v <= MAX_WEIGHT_SCALE,
+                   f"in 1..{MAX_WEIGHT_SCALE}")
+
+
 def _mib(text: str) -> float:
     return _number(text, float, "a number of MiB", lambda v: v >= 0, ">= 0")
 
@@ -165,8 +193,9 @@ def _common(q: argparse.ArgumentParser) -> None:
     q.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                    help="where the ranks run; auto: CUDA where a GPU is visible, "
                         "else the CPU (default auto)")
-    q.add_argument("--timeout", type=_seconds, default=60.0,
-                   help="seconds one example may take before it is a hang (default 60)")
+    q.add_argument("--timeout", type=_wait, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60; "
+                        "at most a day)")
 
 
 
@@ -187,9 +216,10 @@ def _run_parser(sub: Any) -> None:
                    help="seconds of shrinking per failure before the case is saved (default 120)")
     r.add_argument("--seed", type=int, default=None,
                    help="Hypothesis seed, for a repeatable run (default: random)")
-    r.add_argument("--weight-scale", type=_positive, default=1,
+    r.add_argument("--weight-scale", type=_scale, default=1,
                    help="weight-sync targets: multiply every parameter's first dimension "
-                        "(GPU soaks; default 1: a few KiB an example)")
+                        f"(GPU soaks; default 1: a few KiB an example; at most "
+                        f"{MAX_WEIGHT_SCALE})")
     r.add_argument("--corpus", type=Path, default=Path("corpus"),
                    help="directory the shrunk failures are saved in (default corpus/)")
     r.add_argument("--report", type=Path, default=None,
@@ -225,7 +255,8 @@ def _soak_parser(sub: Any) -> None:
                    help="Hypothesis example database, may be shared by several nodes "
                         "(default OUT/hypothesis-db)")
     k.add_argument("--round", type=_duration, default=300.0,
-                   help="time per round before the next target (default 5m)")
+                   help="time per round before the next target, at most the budget's "
+                        "share per target (default 5m)")
     k.add_argument("--round-examples", type=_positive, default=2000,
                    help="examples per round at most; bounds the driver's memory (default 2000)")
     k.add_argument("--shrink", type=_duration, default=None,
@@ -246,8 +277,8 @@ def _soak_parser(sub: Any) -> None:
     k.add_argument("--ranks-external", type=_positive, default=None, metavar="N",
                    help="do not start ranks; wait for N ranks launched by torchrun "
                         "(default: none, the driver starts its ranks)")
-    k.add_argument("--startup-timeout", type=_duration, default=600.0,
-                   help="how long to wait for the ranks to join (default 10m)")
+    k.add_argument("--startup-timeout", type=_wait_duration, default=600.0,
+                   help="how long to wait for the ranks to join (default 10m; at most a day)")
 
 
 def _replay_parser(sub: Any) -> None:
@@ -291,8 +322,9 @@ def _bench_parser(sub: Any) -> None:
                    help="ranks on the CPU (default 2)")
     b.add_argument("--cuda-world-size", type=_positive, default=1,
                    help="ranks on CUDA, one GPU each (default 1)")
-    b.add_argument("--timeout", type=_seconds, default=60.0,
-                   help="seconds one example may take before it is a hang (default 60)")
+    b.add_argument("--timeout", type=_wait, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60; "
+                        "at most a day)")
     b.add_argument("--waiting", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the fuzzer judging each example before drawing the next "
                         "(the 'waiting ex/s' column; as long again as the fuzzer's run; "
@@ -307,8 +339,9 @@ def _matrix_parser(sub: Any) -> None:
     m = sub.add_parser("matrix", help="every built-in target x oracle: found or clean")
     m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="where the ranks run (default cpu)")
-    m.add_argument("--timeout", type=_seconds, default=60.0,
-                   help="seconds one example may take before it is a hang (default 60)")
+    m.add_argument("--timeout", type=_wait, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60; "
+                        "at most a day)")
     m.add_argument("--max-examples", type=_positive, default=200,
                    help="examples per cell and seed at most (default 200)")
     m.add_argument("--seeds", type=_positive, default=1,
@@ -333,8 +366,9 @@ def _mutate_parser(sub: Any) -> None:
                         "(required)")
     u.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="where the mutants run (default cpu)")
-    u.add_argument("--timeout", type=_seconds, default=60.0,
-                   help="seconds one example may take before it is a hang (default 60)")
+    u.add_argument("--timeout", type=_wait, default=60.0,
+                   help="seconds one example may take before it is a hang (default 60; "
+                        "at most a day)")
     u.add_argument("--world-size", type=_positive, default=None,
                    help="ranks per mutant (default: 2 on cpu, 1 on cuda)")
     u.add_argument("--max-examples", type=_positive, default=200,

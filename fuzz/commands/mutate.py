@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from streamfuzz.fuzz.commands import UsageError
-from streamfuzz.fuzz.commands.checks import judging, pick_device, pick_world_size
+from streamfuzz.fuzz.commands.checks import check_dir, judging, pick_device, pick_world_size
 from streamfuzz.fuzz.options import (
     RunOptions,
 )
@@ -15,6 +15,9 @@ from streamfuzz.fuzz.options import (
 def mutate_command(args: argparse.Namespace) -> int:
     from streamfuzz.fuzz import mutate, mutate_report
 
+    check_dir(args.out, "--out")  # a mutate run takes minutes: its table must not be lost
+    if args.corpus is not None:
+        check_dir(args.corpus, "--corpus")
     try:
         sites = mutate.select(args.target, args.site)
     except ValueError as exc:

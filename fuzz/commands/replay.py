@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 from streamfuzz.fuzz import corpus, targets
@@ -19,14 +21,19 @@ def replay_command(args: argparse.Namespace) -> int:
     if not entries:
         raise UsageError("no corpus entries (*.json) under the given paths")
     device, gpus = pick_device(args.device)
-    bad = 0
+    bad = replayed = 0
     by_world: dict[tuple[str, int], list[corpus.Entry]] = {}
     for e in entries:
         try:
             targets.check_importable(e.target)
             targets.check_upstream(e.target, e.found_on.get("upstream"))
         except targets.TargetError as exc:
-            raise UsageError(f"{e.path}: {exc}") from None
+            if not _not_here(e.target):  # a name that means nothing: the entry is wrong
+                raise UsageError(f"{e.path}: {exc}") from None
+            # Absent here (a vLLM wheel not fetched, a user's file found from another
+            # folder): skipped, as an entry found on a GPU is, and the rest replayed.
+            print(f"{e.path}: skipped ({_why_not_here(e.target, exc)})")
+            continue
         need = e.device
         if need != "cuda":
             check_cpu_world(e.scenario.world_size,
@@ -43,7 +50,39 @@ def replay_command(args: argparse.Namespace) -> int:
         with RankPool(world, dev, timeout=args.timeout) as pool:
             for e in group:
                 bad += _replay_one(driver, pool, e, args.attempts if dev == "cuda" else 1)
+                replayed += 1
+    if replayed < len(entries):
+        print(f"replayed {replayed} of {len(entries)} entries; the other "
+              f"{len(entries) - replayed} cannot run here (each skipped above, with why)")
     return 1 if bad else 0
+
+
+def _not_here(name: str) -> bool:
+    """Whether the code target ``name`` runs is absent here rather than the name
+    wrong: vLLM's (a wheel not fetched, or another build of it), or a user's
+    module or file (an entry is found from the folder it was found in)."""
+    base = name.split("#", 1)[0]
+    if targets.family_of(base) is not None:
+        return True
+    module, colon, _ = base.partition(":")
+    if not colon:
+        return False
+    if module.endswith(".py"):
+        return not Path(module).is_file()
+    try:
+        return importlib.util.find_spec(module) is None
+    except ModuleNotFoundError:
+        return True
+    except Exception:  # there, but broken: an error to show, not a skip
+        return False
+
+
+def _why_not_here(name: str, exc: targets.TargetError) -> str:
+    text = str(exc).removeprefix(f"target {name!r}: ").split("; supported versions")[0]
+    if ".py:" in name and "no such file" in text:
+        text += ("; a file target is found from the current folder: replay from the "
+                 "folder it was found in")
+    return f"{name}: {text}"
 
 
 def _available(name: str) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from streamfuzz.fuzz import corpus, profiles, targets, upstream
 from streamfuzz.fuzz import protocol as protocols
-from streamfuzz.fuzz.commands import say_error
+from streamfuzz.fuzz.commands import UsageError, say_error
 from streamfuzz.fuzz.commands.checks import (
     check_dir,
     check_file,
@@ -77,6 +77,10 @@ def run_command(args: argparse.Namespace) -> int:
     names = _with_upstream(args.target, args.upstream)
     for name in names:
         targets.check_importable(name)
+    spoken = {name: _protocol(name) for name in names}
+    if args.weight_scale != 1 and "weight-sync" not in spoken.values():
+        raise UsageError(f"--weight-scale {args.weight_scale}: only weight-sync targets have "
+                         f"weights to scale, and none of {', '.join(names)} is one")
     check_dir(args.corpus, "--corpus")
     if args.report:
         check_file(args.report, "--report")
@@ -122,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
         pool.close()
     restarts = pool.restarts
     if results and args.world_of is None:  # the controller prints every world's
-        _print_table(results, device, world)
+        _print_table(results, device, world, options.running_on(device))
     if args.report:
         write_report(args.report, results, device, world, restarts, options, interrupted,
                       misused, start_s)
@@ -135,8 +139,11 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _say_interrupted(args: argparse.Namespace, saved: list[str]) -> None:
+    # A world's report is the controller's temporary file, merged and removed:
+    # the controller names the report the user asked for.
+    report = args.report if args.world_of is None else None
     print("streamfuzz: interrupted" + (f"; saved {', '.join(saved)}" if saved else "")
-          + (f"; report in {args.report}" if args.report else ""), file=sys.stderr)
+          + (f"; report in {report}" if report else ""), file=sys.stderr)
 
 
 def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, settings: Any,
@@ -156,7 +163,7 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
                               seed=args.seed, budget_s=args.budget,
                               shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
                               progress=progress, options=options,
-                              strategy=_strategy(name, world, args.weight_scale),
+                              strategy=_strategy(_protocol(name), world, args.weight_scale),
                               claim=claim, stop=stop)
         except driver.Interrupted as exc:  # before anything was found in this target
             res = exc.result
@@ -206,9 +213,16 @@ def _vllm_family(name: str) -> tuple[str, str | None] | None:
     return targets.upstream_family(name)
 
 
-def _strategy(name: str, world: int, scale: int) -> Any:
+def _protocol(name: str) -> str:
+    """The protocol target ``name`` speaks: a user's factory declares its own,
+    which the name alone does not tell (it was taken for the draft broadcast's,
+    and ``--weight-scale`` did nothing for a user's weight sync)."""
+    return protocols.of_target(name, targets.load(name) if ":" in name else None).name
+
+
+def _strategy(protocol: str, world: int, scale: int) -> Any:
     """The weight-sync strategy at ``scale``; None (the protocol's default) otherwise."""
-    if scale == 1 or protocols.of_target(name).name != "weight-sync":
+    if scale == 1 or protocol != "weight-sync":
         return None
     from streamfuzz.fuzz.weight_sync.strategies import weight_sync_scenarios
 
@@ -240,7 +254,7 @@ def _print_result(res: Any) -> None:
           f"  saved: {res.corpus_path}")
 
 
-def _print_table(results: list, device: str, world: int) -> None:
+def _print_table(results: list, device: str, world: int, oracles: list[str]) -> None:
     rows = [("target", "result", "examples", "ex/s", "first failure", "seconds", "corpus")]
     for r in results:
         first = (f"{r.first_failure_examples} ex / {r.first_failure_s:.1f}s"
@@ -250,7 +264,8 @@ def _print_table(results: list, device: str, world: int) -> None:
                      f"{r.examples_per_s:.1f}", first, f"{r.elapsed_s:.1f}",
                      str(r.corpus_path or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    print(f"\nstreamfuzz on {device}, world size {world}:")
+    # "clean" means no finding by these: say which judged (on CPU, not reuse).
+    print(f"\nstreamfuzz on {device}, world size {world}, judged by {', '.join(oracles)}:")
     for row in rows:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 

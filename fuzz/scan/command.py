@@ -70,9 +70,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from streamfuzz.fuzz.commands.checks import check_file
     from streamfuzz.fuzz.scan import report, scan
     from streamfuzz.fuzz.scan.sources import open_source
 
+    for path, flag in ((args.json, "--json"), (args.md, "--md"), (args.out, "--out")):
+        if path is not None:
+            check_file(path, flag)
     site = _site(args.harness) if args.harness else None
     record = _record(args.record, site is not None)
     source = open_source(args.path)  # bad input: one line, exit 2, nothing read yet
