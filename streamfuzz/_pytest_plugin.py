@@ -101,11 +101,14 @@ def _check_record(path: str, whole: bool) -> None:
     if not whole:
         raise pytest.UsageError("--streamfuzz-record needs --streamfuzz: the record is of "
                                 "the whole suite's run")
-    from streamfuzz._record import RecordError, check_writable
+    from pathlib import Path
+
+    from streamfuzz.fuzz.commands import UsageError
+    from streamfuzz.fuzz.commands.checks import check_file
 
     try:
-        check_writable(path, "--streamfuzz-record")
-    except RecordError as exc:
+        check_file(Path(path), "--streamfuzz-record")
+    except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
 
 

@@ -32,7 +32,7 @@ Frames = tuple[tuple[str, int, str], ...]
 
 
 class RecordError(BadInput, ValueError):
-    """A record file that cannot be written or read; the message is one line."""
+    """A record file that cannot be read; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -214,22 +214,11 @@ def _absolute(path: str) -> str:
 
 # -- the file ------------------------------------------------------------------
 
-def check_writable(path: str, option: str) -> None:
-    """Refuse, in one line, a record path the run could not write at its end."""
-    full = os.path.abspath(path)
-    folder = os.path.dirname(full)
-    why = (f"{path} is a directory" if os.path.isdir(full) else
-           f"no such directory {folder}" if not os.path.isdir(folder) else
-           f"cannot write in {folder}" if not os.access(folder, os.W_OK | os.X_OK) else
-           f"cannot write {path}" if os.path.exists(full) and not os.access(full, os.W_OK)
-           else None)
-    if why is not None:
-        raise RecordError(f"{option} {path}: {why}")
-
-
 def write(path: str, record: Record) -> None:
-    """The record to ``path`` whole: a temporary file beside it, then a rename."""
+    """The record to ``path`` whole: a temporary file beside it, then a rename
+    (its folder made where missing: ``check_file`` vouched for it before the run)."""
     folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "w") as fh:

@@ -195,13 +195,27 @@ def test_a_bad_record_is_one_line_and_exit_2(tmp_path, content, says):
 def test_a_record_that_cannot_be_written_is_refused_before_the_run(tmp_path):
     (tmp_path / "prog.py").write_text("open('ran', 'w').close()\n")
     (tmp_path / "test_x.py").write_text("def test_x():\n    open('ran', 'w').close()\n")
-    r = _run(tmp_path, "-m", "streamfuzz", "check", "--device", "cpu", "--record",
-             "no/such/dir/r.json", "prog.py")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "check --record no/such/dir/r.json: no such directory" in r.stderr
+    (tmp_path / "out").mkdir()
+    for bad, says in (("out", "out: is a directory"),
+                      ("prog.py/r.json", "prog.py: exists and is not a directory")):
+        r = _run(tmp_path, "-m", "streamfuzz", "check", "--device", "cpu", "--record", bad,
+                 "prog.py")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"check --record {says}" in r.stderr
     for args in (["--streamfuzz", "--streamfuzz-device", "cpu"], []):
         r = _run(tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                 *args, "--streamfuzz-record", "no/such/dir/r.json", "test_x.py")
+                 *args, "--streamfuzz-record", "out", "test_x.py")
         assert r.returncode == 4, r.stdout + r.stderr
-        assert ("no such directory" if args else "needs --streamfuzz") in r.stderr
+        assert ("--streamfuzz-record out: is a directory" if args
+                else "needs --streamfuzz") in r.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_record_in_a_folder_not_made_yet_is_written_there(tmp_path):
+    _package(tmp_path)
+    (tmp_path / "test_steps.py").write_text(TESTS)
+    r = _run(tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+             "--streamfuzz", "--streamfuzz-device", "cpu", "--streamfuzz-record",
+             "runs/r.json", "test_steps.py")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert json.loads((tmp_path / "runs" / "r.json").read_text())["version"] == VERSION

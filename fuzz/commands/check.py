@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 from typing import Any
 
 from streamfuzz.fuzz.commands import UsageError
@@ -50,10 +51,11 @@ def add_parser(sub: Any) -> None:
 def _plan(args: argparse.Namespace) -> tuple[str, list[str], tuple[str, ...]]:
     """What to run (``script`` or ``-m``), its argv, and the oracles: bad input
     is one line here, before anything starts."""
-    from streamfuzz import _check, _record
+    from streamfuzz import _check
+    from streamfuzz.fuzz.commands.checks import check_file
 
     if args.record is not None:
-        _record.check_writable(args.record, "check --record")
+        check_file(Path(args.record), "check --record")
     if args.oracle is not None and not args.oracle.strip(" ,"):
         raise UsageError("--oracle: no oracle given, so nothing would judge the program")
     names = None if args.oracle is None else [o.strip() for o in args.oracle.split(",")
