@@ -6,7 +6,8 @@ package, read as text) -> ``package`` (parsed, indexed) -> ``streams_ast``
 calls and bindings do, ``calls`` and ``binding``) -> ``hazards`` (rules and
 score; an event handed to the caller, ``handoff``) -> ``report``
 (table, JSON, markdown); ``harness`` turns one finding into a
-``streamfuzz.checked()`` skeleton.
+``streamfuzz.checked()`` skeleton; ``marks`` marks each finding from a
+checked run's record (flagged, clean, not reached).
 """
 
 from __future__ import annotations
