@@ -168,7 +168,13 @@ class SimStreams:
     kind = "sim"
     stream_type = SimStream
     event_type = SimEvent
-    """What ``torch.cuda.Stream`` and ``torch.cuda.Event`` are in a session."""
+    external_stream_type = stream_types.SimExternalStream
+    """What ``torch.cuda.Stream``, ``Event`` and ``ExternalStream`` are in a session."""
+    stream_context_type = stream_types.SimStreamContext
+    """What ``torch.cuda.stream`` and ``torch.cuda.StreamContext`` are in a session."""
+    generic_stream_type = stream_types.GenericStream
+    generic_event_type = stream_types.GenericEvent
+    """What ``torch.Stream`` and ``torch.Event`` are in a session."""
     device = cuda_on_cpu.DEVICE
     """What ``ctx.device`` is: tensors made on it stand for device memory."""
 
@@ -201,12 +207,34 @@ class SimStreams:
         """Whether the host does not know a stream's, event's or work handle's
         work done (the lifetime checker's answer); None: every poll says done."""
 
-    def Stream(self, priority: int = 0) -> SimStream:  # noqa: N802
+    def Stream(self, priority: int = 0,  # noqa: N802
+               kind: type[SimStream] | None = None) -> SimStream:
+        """A new stream, of ``kind`` where the program derived a class of its own."""
         stream_id = next(stream_types.stream_ids)
-        s = SimStream._make(self, stream_id, priority, self._names.of(stream_id, site_name()))
+        while stream_id in stream_types.EXTERNAL:
+            stream_id = next(stream_types.stream_ids)
+        s = (kind or SimStream)._make(self, stream_id, priority,
+                                      self._names.of(stream_id, site_name()))
         stream_types.STREAMS[stream_id] = s
         self._add(s)
         return s
+
+    def external(self, handle: int, kind: type[SimStream] | None = None) -> SimStream:
+        """The stream whose handle (``cuda_stream``, its id) is ``handle``, as
+        an object of ``kind``: one this run or an earlier one made, else a
+        stream of its own that a library made outside torch."""
+        kind = kind or SimStream
+        known = self._by_id.get(handle) or stream_types.STREAMS.get(handle)
+        if known is None:
+            s = kind._make(self, handle, 0, self._names.of(handle, site_name()))
+            stream_types.EXTERNAL.add(handle)
+            stream_types.STREAMS[handle] = s
+            self._add(s)
+            return s
+        self.adopt(known)
+        if isinstance(known, kind):
+            return known
+        return kind._make(self, handle, known.priority, known._name)
 
     def _add(self, s: SimStream) -> None:
         self.created.append(s)
@@ -224,18 +252,8 @@ class SimStreams:
             if s.stream_id != 0 and s.stream_id not in self._by_id:
                 self._add(s)
 
-    @contextlib.contextmanager
-    def stream(self, s: Any) -> Iterator[None]:
-        if s is None:
-            yield
-            return
-        if isinstance(s, SimStream) and s._api is not self:
-            self.adopt(s)
-        before, self._current = self._current, s
-        try:
-            yield
-        finally:
-            self._current = before
+    def stream(self, s: Any) -> stream_types.SimStreamContext:
+        return stream_types.SimStreamContext(s)
 
     @property
     def _current(self) -> SimStream:
@@ -315,6 +333,10 @@ class SimStreams:
         if self._arriving and storage_key(t) in self._arriving:
             self.land()
         self.emit("host_read", t, op)
+
+    def resized(self, storage: torch.UntypedStorage, before: int) -> None:
+        """``storage.resize_`` ran on the current stream, from ``before`` bytes."""
+        self.emit("resize", storage, before, self._current)
 
     def touches_arriving(self, args: tuple, kwargs: dict) -> bool:
         """Whether an op's tensors share a storage with a broadcast still arriving."""

@@ -43,6 +43,28 @@ def test_host_reads_report_nothing_once_no_checker_is_active(monkeypatch):
         assert torch.ones(2).tolist() == [1.0, 1.0]
 
 
+class _Resizes(_Checker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.resizes: list[tuple[int, int]] = []
+
+    def _on_resize(self, storage: torch.UntypedStorage, before: int) -> None:
+        self.resizes.append((before, storage.nbytes()))
+
+
+def test_a_storage_resize_is_seen_while_attached_and_the_method_restored_after(monkeypatch):
+    """``resize_`` frees and allocates with no op saying so (FSDP's reshard)."""
+    checker = _Resizes()
+    monkeypatch.setattr(lifetime_cuda, "_active", checker)
+    storage = torch.ones(4).untyped_storage()
+    with lifetime_cuda._HostReads():
+        storage.resize_(0)
+        storage.resize_(8)
+    storage.resize_(4)
+    assert checker.resizes == [(16, 0), (0, 8)]
+    assert "resize_" not in torch.UntypedStorage.__dict__
+
+
 class _Syncs:
     """Records the syncs the adapter would hand the lifetime checker."""
 

@@ -213,6 +213,117 @@ def test_an_allocation_race_says_which_block_may_be_reused():
     assert "> x.fill_(1)" in msg
 
 
+# -- storages freed and made again in place (resize_) ---------------------------------
+def _stash_then_free(order: str):
+    """Memory-saving code: a side stream copies a buffer out (a stash to the
+    host, an all-gather's input), then main frees the buffer's memory in
+    place with ``untyped_storage().resize_(0)``, keeping the tensor."""
+    def probe():
+        buf = torch.ones(256, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            stash = buf.to("cpu", non_blocking=True)
+        if order == "record_stream":
+            buf.record_stream(side)
+        elif order == "wait_stream":
+            torch.cuda.current_stream().wait_stream(side)
+        buf.untyped_storage().resize_(0)
+        torch.cuda.synchronize()
+        del stash
+    return probe
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("order, expected", [
+    ("none", ["lifetime"]), ("record_stream", []), ("wait_stream", [])])
+def test_a_resize_to_zero_frees_the_storage(device, order, expected):
+    assert _verdict(device, _stash_then_free(order)) == expected
+
+
+def _unshard_after_a_free(record: bool):
+    """FSDP-style: free a parameter's memory while a side stream still reads
+    it, then allocate it again and write it on main (an unshard)."""
+    def probe():
+        param = torch.ones(256, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            total = param.sum()
+        if record:
+            param.record_stream(side)  # the old block waits for side; the new one is another
+        param.untyped_storage().resize_(0)
+        param.untyped_storage().resize_(256 * 4)
+        param.fill_(2)  # main writes the new memory while side may still read the old
+        torch.cuda.synchronize()
+        del total
+    return probe
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("record, expected", [(False, ["lifetime"]), (True, [])])
+def test_a_resize_from_zero_is_a_new_allocation(device, record, expected):
+    """Once the old block is freed, main's write to the new one races nothing."""
+    assert _verdict(device, _unshard_after_a_free(record)) == expected
+
+
+def _gather_into_a_reallocated_buffer(wait: bool):
+    """The new allocation may be a block main freed while its work still used
+    it: a side stream that writes it (an all-gather into the unsharded
+    parameter) must wait for main first."""
+    def probe():
+        side = torch.cuda.Stream()
+        param = torch.empty(256, device="cuda")
+        param.untyped_storage().resize_(0)
+        torch.cuda.synchronize()
+        scratch = torch.ones(256, device="cuda")
+        scratch.mul_(3)
+        del scratch  # freed on main, its block still in use by the mul_
+        param.untyped_storage().resize_(256 * 4)
+        if wait:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            param.fill_(1)
+        param.record_stream(side)
+        torch.cuda.synchronize()
+    return probe
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("wait, expected", [(False, ["race"]), (True, [])])
+def test_a_resize_from_zero_stands_for_the_work_queued_before_it(device, wait, expected):
+    assert _verdict(device, _gather_into_a_reallocated_buffer(wait)) == expected
+
+
+# -- set_: a tensor pointed at another storage ------------------------------------------
+def _aliased_on_a_copy_stream(use_alias: bool):
+    """A pipeline's ``record_stream`` workaround: on a copy stream that has
+    not waited for main's write of ``x``, a shift-free alias of ``x``'s storage
+    (``new_empty`` then ``set_``) is recorded, then detached. Only metadata:
+    no data is touched, unless the alias is used."""
+    def probe():
+        x = torch.ones(256, device="cuda")                 # main writes x
+        copy = torch.cuda.Stream()
+        with torch.cuda.stream(copy):
+            alias = x.new_empty([0]).set_(x.untyped_storage())
+            alias.record_stream(copy)
+            alias.set_()
+            window = torch.empty(0, device="cuda").set_(x.untyped_storage(), 64, (16,), (1,))
+            same = torch.zeros_like(x).set_(x)
+            if use_alias:
+                window.add_(1)                             # a write: unordered with main's
+        torch.cuda.synchronize()
+        del same
+    return probe
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_alias, expected", [(False, []), (True, ["race"])],
+                         ids=["metadata-only", "alias-written"])
+def test_set_points_a_tensor_at_a_storage_and_touches_no_data(device, use_alias, expected):
+    assert _verdict(device, _aliased_on_a_copy_stream(use_alias)) == expected
+
+
 # -- opaque work, described ------------------------------------------------------------
 def _raw_copy(dst: torch.Tensor, src: torch.Tensor, gpu: bool) -> None:
     """A copy no aten op reports: on simulated streams the bytes move by memmove;

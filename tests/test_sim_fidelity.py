@@ -153,6 +153,169 @@ def test_the_default_device_cuda_makes_device_memory(device):
     del y
 
 
+# -- optimizers, and the stream and event types engine code derives from -------------
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_optimizer_made_in_the_block_steps_device_memory(device, optimizer, waits):
+    """Verdict: a race where a side stream snapshots the weights that the step
+    on main writes, unordered; clean once the side stream waits. (Making an
+    optimizer imports torch's compiler, which derives a class from ``torch.Event``.)"""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        layer = torch.nn.Linear(4, 4, device="cuda")
+        opt = optimizer(layer.parameters(), lr=0.1)
+        layer(torch.ones(2, 4, device="cuda")).sum().backward()
+        opt.step()
+        side = torch.cuda.Stream()
+        if waits:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            snapshot = layer.weight.detach().clone()
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del snapshot
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_stream_and_event_types_derived_in_the_block_are_simulated(device, waits):
+    """Verdict: a race where a lane stream reads what main wrote, with no wait
+    for main's event; clean once it waits. The lane and the event are of
+    classes the block derives from ``torch.cuda.Stream`` and ``torch.Event``."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        class Lane(torch.cuda.Stream):  # torch's constructor takes the arguments
+            def __init__(self, priority: int = 0) -> None:
+                super().__init__()
+                self.label = "copy"
+
+        class Marker(torch.Event):
+            def __init__(self, enable_timing: bool = False) -> None:
+                super().__init__()
+                self.label = "ready"
+
+        lane, ready = Lane(priority=-1), Marker(enable_timing=True)
+        assert isinstance(lane, Lane) and isinstance(lane, torch.cuda.Stream)
+        assert isinstance(lane, torch.Stream) and lane.label == "copy" and lane.priority == -1
+        assert isinstance(ready, Marker) and isinstance(ready, torch.Event)
+        assert ready.label == "ready" and issubclass(Marker, torch.Event)
+        assert not isinstance(torch.cuda.current_stream(), Lane)
+        x = torch.ones(4, device="cuda")
+        ready.record()
+        if waits:
+            lane.wait_event(ready)
+        with torch.cuda.stream(lane):
+            y = x * 2
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del y
+
+
+# -- the device module ------------------------------------------------------------------
+def _overlap_step(waits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Engine code that picks its stream API for whatever accelerator there is."""
+    module = torch.get_device_module()
+    accelerator = torch.accelerator.current_accelerator()
+    x = torch.ones(4, device=accelerator)
+    side = module.Stream()
+    if waits:
+        side.wait_stream(module.current_stream())
+    with module.stream(side):
+        return x, x * 2
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_device_module_of_the_accelerator_is_torch_cuda(device, waits):
+    """Verdict: a race where the side stream that ``torch.get_device_module()``
+    made reads what main wrote, unordered; clean once it waits."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        kept = _overlap_step(waits)
+        modules = [torch.get_device_module(), torch.get_device_module("cuda"),
+                   torch.get_device_module(torch.device("cuda", 0))]
+        accelerators = [torch._C._get_accelerator(), torch.accelerator.current_accelerator()]
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    assert all(m is torch.cuda for m in modules), modules
+    assert [a.type for a in accelerators] == ["cuda", "cuda"]
+    del kept
+
+
+# -- stream contexts --------------------------------------------------------------------
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_stored_stream_context_enters_again(device, waits):
+    """Verdict: a race where the second entry of a stored ``torch.cuda.stream(side)``
+    reads main's second write, unordered; clean once side waits. Entered
+    again inside itself, it keeps one saved stream, as torch's does: its
+    outer exit then leaves side current."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        on_side = torch.cuda.stream(side)
+        assert isinstance(on_side, torch.cuda.StreamContext)
+        x = torch.ones(4, device="cuda")
+        side.wait_stream(main)
+        with on_side:
+            first = x * 2
+        assert torch.cuda.current_stream() == main
+        main.wait_stream(side)
+        x.add_(1)
+        if waits:
+            side.wait_stream(main)
+        with on_side:
+            second = x * 2
+            with on_side:
+                assert torch.cuda.current_stream() == side
+            assert torch.cuda.current_stream() == side
+        after_nested = torch.cuda.current_stream()
+        torch.cuda.set_stream(main)
+        torch.cuda.synchronize()
+    assert after_nested == side
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del first, second
+
+
+# -- external streams -------------------------------------------------------------------
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_external_stream_is_the_stream_its_handle_names(device, waits):
+    """Verdict: a race where work on ``ExternalStream(side.cuda_stream)`` (a
+    library's handle to ``side``) reads main's write, unordered; clean once
+    ``side`` itself waits for main: they are one stream."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        side = torch.cuda.Stream()
+        theirs = torch.cuda.ExternalStream(side.cuda_stream)
+        again = torch.cuda.Stream(stream_id=side.stream_id, device_index=side.device_index,
+                                  device_type=side.device_type)  # torch's own way back
+        assert isinstance(theirs, torch.cuda.ExternalStream)
+        assert isinstance(theirs, torch.cuda.Stream) and theirs == side == again
+        assert theirs.cuda_stream == side.cuda_stream and hash(theirs) == hash(side)
+        x = torch.ones(4, device="cuda")
+        if waits:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(theirs):
+            y = x * 2
+        torch.cuda.current_stream().wait_stream(side)
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del y
+
+
+@pytest.mark.parametrize("waits", [False, True])
+def test_an_external_stream_of_a_handle_made_elsewhere_is_a_stream_of_its_own(waits):
+    """Verdict: a race where a stream another library made (a handle no
+    simulated stream has) reads main's write, unordered; clean once it waits.
+    Every ``ExternalStream`` of that handle is that one stream."""
+    with streamfuzz.checked(device="cpu", collect=True) as check:
+        handle = 0x7F00_0000_1230
+        lib = torch.cuda.ExternalStream(handle)
+        assert lib == torch.cuda.ExternalStream(handle) and lib.cuda_stream == handle
+        assert lib != torch.cuda.current_stream() and lib != torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        if waits:
+            torch.cuda.ExternalStream(handle).wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(lib):
+            y = x * 2
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    assert "lib reads it" in "".join(f.message for f in check.findings) or waits
+    del y
+
+
 # -- streams and events made before the block ------------------------------------------
 @functools.cache
 def _copy_stream(device: str) -> torch.cuda.Stream:

@@ -40,6 +40,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from streamfuzz.fuzz import stages
 from streamfuzz.fuzz.frames import Frames, frames_here, user_code
+from streamfuzz.fuzz.oracles.access import StorageInfo
 from streamfuzz.fuzz.oracles.lifetime_messages import internal_error
 from streamfuzz.fuzz.oracles.lifetime_model import LifetimeModel
 from streamfuzz.fuzz.oracles.ops import (
@@ -65,6 +66,12 @@ _Leaf = tuple[torch.Tensor, int, str | None]
 """A followed tensor of an op: the tensor, its storage key, its memory kind."""
 _expired = torch.UntypedStorage._expired
 """Whether a storage weak reference's storage is gone (what ``StorageWeakRef.expired`` asks)."""
+_RESIZE = "UntypedStorage.resize_"
+
+
+def _itemsize(dtype: str) -> int:
+    """The bytes of one element of a dtype as reports name it (``float32``)."""
+    return getattr(torch, dtype).itemsize
 
 
 class TensorTracker:
@@ -83,6 +90,9 @@ class TensorTracker:
         self._live: dict[int, int] = {}
         """Each followed storage's weak reference as the raw handle ``poll`` tests,
         in the model's order (polled at every op: one dict, no attribute lookups)."""
+        self._emptied: dict[int, StorageInfo] = {}
+        """Storages ``resize_(0)`` left with no memory, as they were before it:
+        their next allocation is reported with their dtype and name."""
 
     @property
     def step(self) -> int | None:
@@ -182,6 +192,47 @@ class TensorTracker:
         if key not in self.model.storages:  # the frames only for a storage first seen here
             self._follow(t, key, s, made_by, frames_here(), kind)
         self.model.storages[key].name = name
+
+    def storage_kind(self, storage: torch.UntypedStorage) -> str:
+        """What memory a storage is: ``kind``, asked of a storage with no tensor."""
+        if storage.is_cuda:
+            return DEVICE
+        return PINNED if storage.is_pinned() else PAGEABLE
+
+    def resize(self, storage: torch.UntypedStorage, before: int, s: Any) -> None:
+        """``storage.resize_(n)`` from ``before`` bytes, issued on ``s``: the
+        block it had is freed (the lifetime rule judges it there) and, unless
+        ``n`` is 0, a new one is allocated on ``s``, its contents copied from
+        the old one by ``s`` where both have any. Memory-saving code frees
+        memory this way and keeps the tensor (FSDP's reshard, a stash)."""
+        frames = self._poll() or frames_here()
+        key = storage._cdata
+        kind = self.storage_kind(storage)
+        if kind == PAGEABLE:
+            return
+        party = HOST if kind == PINNED else s
+        model = self.model
+        old = model.storages.get(key)
+        after = storage.nbytes()
+        if old is not None:
+            if before and after:
+                model.access(key, party, False, _RESIZE, frames)
+            del self._live[key]
+            model.free(key, frames)
+        else:  # emptied by an earlier resize_(0): what it held, for the report
+            old = self._emptied.pop(key, None)
+            if old is not None and _expired(old.ref.cdata):
+                old = None
+        if not after:
+            if old is not None:
+                self._emptied[key] = old
+            return
+        dtype = old.dtype if old is not None else "uint8"
+        ref = StorageWeakRef(storage)
+        info = model.allocate(key, ref, party, (after // _itemsize(dtype),), dtype, _RESIZE,
+                              frames, filled=bool(before), nbytes=after)
+        info.name = old.name if old is not None else self.names.pop(key, None)
+        self._live[key] = ref.cdata
 
     def record_stream(self, t: torch.Tensor, s: Any) -> None:
         self._poll()
@@ -452,6 +503,9 @@ class LifetimeChecker(TensorTracker):
         """CPU tensors stand for every kind of memory: the simulation says which."""
         return self.streams.memory.kind(t)
 
+    def storage_kind(self, storage: torch.UntypedStorage) -> str:
+        return self.streams.memory.key_kind_of(storage._cdata)
+
     def _classify(self, t: Any) -> tuple[int | None, str | None]:
         if not isinstance(t, torch.Tensor):
             return None, None
@@ -482,6 +536,10 @@ class LifetimeChecker(TensorTracker):
             return
         if what == "host_read":
             self.host_read(*args)
+            return
+        if what == "resize":
+            storage, before, s = args
+            self.resize(storage, before, self._sid(s))
             return
         if what == "opaque":
             reads, writes, label, s = args

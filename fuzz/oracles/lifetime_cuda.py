@@ -133,6 +133,20 @@ def _query_method(method: Any, sync: str, handle: str) -> Any:
     return query
 
 
+def _resize_method(method: Any) -> Any:
+    """``UntypedStorage.resize_``: a free of the storage's block and a new
+    allocation, which no op or trace callback reports."""
+
+    def resize_(self: torch.UntypedStorage, size: int) -> Any:
+        before = self.nbytes()
+        out = method(self, size)
+        checker = _active
+        if checker is not None:
+            checker._guarded(checker._on_resize, self, before)
+        return out
+    return resize_
+
+
 def _patches() -> list[tuple[type, str, Any]]:
     """(class, method name, wrapper maker) for every method ``_HostReads`` wraps."""
     return ([(torch.Tensor, name, lambda m, n=name: _host_read_method(n, m))
@@ -140,17 +154,19 @@ def _patches() -> list[tuple[type, str, Any]]:
             + [(torch.cuda.Event, "query", lambda m: _query_method(m, "_on_event_sync",
                                                                    "cuda_event")),
                (torch.cuda.Stream, "query", lambda m: _query_method(m, "_on_stream_sync",
-                                                                    "cuda_stream"))])
+                                                                    "cuda_stream")),
+               (torch.UntypedStorage, "resize_", _resize_method)])
 
 
 class _HostReads:
     """While a checker is attached, the methods by which the host learns what
     the device did with no aten op or trace callback saying so: ``tolist`` and
     ``numpy`` on ``torch.Tensor`` (the host reads pinned memory), ``query`` on
-    ``torch.cuda.Event`` and ``torch.cuda.Stream`` (True: the work is done).
+    ``torch.cuda.Event`` and ``torch.cuda.Stream`` (True: the work is done);
+    and ``UntypedStorage.resize_``, which frees and allocates unreported.
 
     Not a ``TorchFunctionMode``: a mode runs Python for every torch call and
-    every tensor attribute of the whole example, to catch four methods.
+    every tensor attribute of the whole example, to catch five methods.
     """
 
     def __init__(self) -> None:
@@ -263,6 +279,9 @@ class CudaLifetimeChecker(TensorTracker):
             handle = self._handles[ids] = torch.cuda.Stream(
                 stream_id=ids[0], device_index=ids[1], device_type=ids[2]).cuda_stream
         self.record_stream(t, self._sid(handle))
+
+    def _on_resize(self, storage: torch.UntypedStorage, before: int) -> None:
+        self.resize(storage, before, self._current())
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         # Blocking copies and .item() make the host wait: TensorTracker.op says so.

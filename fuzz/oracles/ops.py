@@ -18,10 +18,18 @@ HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::
                             "aten::is_nonzero", "aten::masked_select", "aten::unique_dim",
                             "aten::_unique2"})
 # Ops that read a tensor's metadata, never its data: no access, like a view.
+# ``set_`` points a tensor at another storage (or none): metadata only too,
+# though its schema marks the tensor written.
 METADATA_OPS = frozenset({"aten::is_pinned", "aten::sym_size", "aten::sym_stride",
                            "aten::sym_numel", "aten::sym_storage_offset", "aten::size",
                            "aten::stride", "aten::dim", "aten::numel", "aten::is_contiguous",
-                           "aten::is_same_size", "aten::storage_offset"})
+                           "aten::is_same_size", "aten::storage_offset", "aten::set_"})
+# Ops that make a new tensor like their tensor argument: they read its shape,
+# dtype and device, never its data.
+LIKE_OPS = frozenset({"aten::new_empty", "aten::new_empty_strided", "aten::new_zeros",
+                      "aten::new_ones", "aten::new_full", "aten::empty_like",
+                      "aten::zeros_like", "aten::ones_like", "aten::full_like",
+                      "aten::rand_like", "aten::randn_like", "aten::randint_like"})
 COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from",
                        "aten::_copy_from_and_resize"})
 RECEIVES = frozenset({"c10d::recv_", "c10d::recv_any_source_"})
@@ -81,8 +89,9 @@ def op_info(func: Any) -> OpInfo:
         views = [r.alias_info is not None and not r.alias_info.is_write for r in schema.returns]
         writes = tuple(a.alias_info is not None and a.alias_info.is_write
                        for a in schema.arguments)
-        slots = tuple((i, a.name, writes[i], holds) for i, a in enumerate(schema.arguments)
-                      if (holds := _holds(str(a.type))) is not None)
+        slots = () if schema.name in LIKE_OPS else tuple(
+            (i, a.name, writes[i], holds) for i, a in enumerate(schema.arguments)
+            if (holds := _holds(str(a.type))) is not None)
         info = _OPS[func] = (
             schema.name, str(func).replace(".default", ""),
             tuple(a.name for a in schema.arguments), writes,

@@ -48,7 +48,7 @@ from streamfuzz.fuzz.sim.device import (
     running,
     running_as,
 )
-from streamfuzz.fuzz.sim.memory import DeviceMode, Memory, storage_key
+from streamfuzz.fuzz.sim.memory import DeviceMode, Memory, resizes_seen, storage_key
 
 __all__ = ["DEVICE", "FUZZ", "SIMULATED_DEVICE", "TORCH_STREAM", "DeviceProperties", "Memory",
            "NotSimulated", "Simulation", "running", "session", "storage_key"]
@@ -69,9 +69,6 @@ class _Device:
 
 
 def _cuda_patches(api: Any) -> dict[str, Any]:
-    def stream(s: Any = None) -> Any:
-        return api.stream(s)
-
     def current_stream(device: Any = None) -> Any:
         check_index(device)
         return api.current_stream()
@@ -104,7 +101,8 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
 
     return {
         "Stream": api.stream_type, "Event": api.event_type,
-        "stream": stream, "StreamContext": stream,
+        "ExternalStream": api.external_stream_type,
+        "stream": api.stream_context_type, "StreamContext": api.stream_context_type,
         "current_stream": current_stream, "default_stream": default_stream,
         "set_stream": set_stream, "synchronize": synchronize,
         "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
@@ -138,17 +136,7 @@ def _accelerator_patches(api: Any) -> dict[str, Any]:
 
 
 TORCH_STREAM = torch.Stream
-"""torch's own ``Stream``: a session swaps a ``_GenericStream`` in for it."""
-
-
-class _StreamType(type):
-    """``isinstance`` and ``issubclass`` against the stand-in ask torch's own ``Stream``."""
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, TORCH_STREAM)
-
-    def __subclasscheck__(cls, sub: type) -> bool:
-        return issubclass(sub, TORCH_STREAM)
+"""torch's own ``Stream``: a session swaps ``stream_types.GenericStream`` in for it."""
 
 
 TORCH_GENERATOR = torch.Generator
@@ -180,23 +168,14 @@ class _Generator(metaclass=_GeneratorType):
 def _torch_patches(api: Any) -> dict[str, Any]:
     """``torch.Event`` and ``torch.Stream``, the device-generic ones, on ``api``'s
     types; ``torch.Generator`` making CPU generators for the device."""
+    return {"Event": api.generic_event_type, "Stream": api.generic_stream_type,
+            "Generator": _Generator}
 
-    def event(device: Any = None, **kwargs: Any) -> Any:
-        check_index(device)
-        return api.event_type(**kwargs)
 
-    class _GenericStream(metaclass=_StreamType):
-        """``torch.Stream(device, priority=...)``, the device-generic stream: on a
-        CUDA device (or the current accelerator, which is CUDA here) a new simulated
-        stream; on the CPU, torch's own."""
-
-        def __new__(cls, device: Any = None, *, priority: int = 0, **kwargs: Any) -> Any:
-            if device is not None and torch.device(device).type == "cpu":
-                return TORCH_STREAM(device, priority=priority, **kwargs)
-            check_index(device)
-            return api.stream_type(priority=priority)
-
-    return {"Event": event, "Stream": _GenericStream, "Generator": _Generator}
+_ACCELERATOR = {"_get_accelerator": lambda: torch.device("cuda")}
+"""What torch asks for the accelerator where no device is named
+(``torch.get_device_module()``, c10d's and FSDP's default device): CUDA, so
+that engine code that picks its stream API this way takes its CUDA path."""
 
 
 _KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
@@ -285,7 +264,7 @@ def _default_device_kept() -> Iterator[None]:
 def session(api: Any, simulation: Simulation = FUZZ) -> Iterator[Memory]:
     """torch.cuda and torch.accelerator on ``api``'s simulated streams, for one
     example or block; ``simulation`` names what runs it in messages."""
-    memory = Memory(api.host_read)
+    memory = Memory(api.host_read, api.resized)
     cuda = _cuda_patches(api)
     cuda.update(_unsimulated(torch.cuda, frozenset(cuda)))
     cuda["_sleep"] = not_simulated("torch.cuda._sleep")
@@ -299,5 +278,7 @@ def session(api: Any, simulation: Simulation = FUZZ) -> Iterator[Memory]:
         stack.enter_context(_patched(torch.cuda.graphs, _cuda_graphs()))
         stack.enter_context(_patched(torch.cuda.nvtx, _nvtx_patches()))
         stack.enter_context(_patched(torch, _torch_patches(api)))
+        stack.enter_context(_patched(torch._C, _ACCELERATOR))
+        stack.enter_context(resizes_seen(memory))
         stack.enter_context(DeviceMode(memory))
         yield memory

@@ -10,6 +10,8 @@ tensor methods that ask or change a tensor's device as CUDA would.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -43,13 +45,16 @@ class Memory:
     nothing here keeps a storage alive. Storages never seen are host memory.
     """
 
-    def __init__(self, host_read: Any = None) -> None:
+    def __init__(self, host_read: Any = None, resized: Any = None) -> None:
         self._kinds: dict[int, tuple[Any, str]] = {}
         self.making: str | None = None
         """The kind of the storages the current call creates, when the call says."""
         self._since_sweep = 0
         self.host_read = host_read or (lambda t, op: None)
         """Told when the host reads host memory with no aten op (``tolist``, ``numpy``)."""
+        self.resized = resized or (lambda storage, before: None)
+        """Told after ``UntypedStorage.resize_`` (the storage, its bytes before):
+        its block freed and another allocated (``resizes_seen``)."""
 
     def kind(self, t: torch.Tensor) -> str:
         return self.key_kind(t)[1]
@@ -59,10 +64,14 @@ class Memory:
         key = storage_key(t)
         if key is None:
             return None, PAGEABLE
+        return key, self.key_kind_of(key)
+
+    def key_kind_of(self, key: int) -> str:
+        """What the storage of key ``key`` (``storage._cdata``) stands for."""
         entry = self._kinds.get(key)
         if entry is None or _expired(entry[0].cdata):
-            return key, PAGEABLE
-        return key, entry[1]
+            return PAGEABLE
+        return entry[1]
 
     def is_device(self, t: Any) -> bool:
         return isinstance(t, torch.Tensor) and self.kind(t) == DEVICE_KIND
@@ -264,3 +273,28 @@ _METHODS: dict[Any, Any] = {
 }
 
 
+
+
+@contextlib.contextmanager
+def resizes_seen(memory: Memory) -> Iterator[None]:
+    """``UntypedStorage.resize_`` tells ``memory`` (``Memory.resized``) for the
+    length of a session. No op or mode sees it, yet it frees the storage's
+    block and allocates another: memory-saving code (FSDP's unshard and
+    reshard, activation stashing) frees memory this way, keeping the tensor."""
+    resize = torch.UntypedStorage.resize_
+    own = torch.UntypedStorage.__dict__.get("resize_")  # an enclosing session's
+
+    def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+        before = storage.nbytes()
+        out = resize(storage, size)
+        memory.resized(storage, before)
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        if own is None:
+            del torch.UntypedStorage.resize_
+        else:
+            torch.UntypedStorage.resize_ = own  # type: ignore[method-assign]

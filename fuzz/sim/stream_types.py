@@ -18,14 +18,21 @@ import torch
 
 from streamfuzz.fuzz.errors import FuzzError
 from streamfuzz.fuzz.sim.cuda_on_cpu import DEVICE, TORCH_STREAM
+from streamfuzz.fuzz.sim.device import check_index
+
+TORCH_EVENT = torch.Event
+"""torch's own ``Event``: a session swaps ``GenericEvent`` in for it."""
 
 
 class Simulated(Protocol):
     """What a stream, an event or a work handle asks of the simulation it is
     part of (``streamfuzz.fuzz.streams.Simulated``)."""
 
-    def Stream(self, priority: int = 0) -> SimStream: ...  # noqa: N802
+    def Stream(self, priority: int = 0,  # noqa: N802
+               kind: type[SimStream] | None = None) -> SimStream: ...
     def Event(self, **kwargs: Any) -> SimEvent: ...  # noqa: N802
+    def external(self, handle: int,
+                 kind: type[SimStream] | None = None) -> SimStream: ...
     def adopt(self, s: SimStream) -> None: ...
     def current_stream(self) -> SimStream: ...
     def set_stream(self, s: SimStream) -> None: ...
@@ -49,8 +56,12 @@ class SimStream(TORCH_STREAM):
     _priority: int
     _entered: SimStream
 
-    def __new__(cls, device: Any = None, priority: int = 0, **_: Any) -> SimStream:
-        return _active("torch.cuda.Stream()").Stream(priority)
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:
+        api = _active("torch.cuda.Stream()")
+        if "stream_id" in kwargs:  # torch's way back to a stream it made already
+            return api.external(kwargs["stream_id"], cls)
+        # A class the program derives from torch.cuda.Stream makes its own objects.
+        return api.Stream(priority, cls)
 
     PRIORITIES = (0, -3)
     """``priority_range()``: (least, greatest), what torch gives on current GPUs."""
@@ -140,6 +151,40 @@ class SimStream(TORCH_STREAM):
         return isinstance(other, SimStream) and other.stream_id == self.stream_id
 
 
+class SimExternalStream(SimStream):
+    """``torch.cuda.ExternalStream(handle)``: the stream a library made,
+    known by its handle (``cuda_stream``, which is a simulated stream's id).
+    The handle of a simulated stream names that stream; any other is a stream
+    of its own, the same one for every ``ExternalStream`` of that handle."""
+
+    def __new__(cls, stream_ptr: int, device: Any = None,  # type: ignore[misc]
+                **kwargs: Any) -> SimStream:
+        check_index(device)
+        return _active("torch.cuda.ExternalStream()").external(stream_ptr, cls)
+
+
+class SimStreamContext:
+    """``torch.cuda.stream(s)`` and ``torch.cuda.StreamContext(s)`` on the
+    simulation running when it is entered. An object, as torch's is, so that
+    a stored one enters again; entered inside itself, it keeps one saved
+    stream, as torch's does (its outer exit then leaves ``s`` current)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self._before: Any = None
+
+    def __enter__(self) -> None:
+        if self.stream is None:
+            return
+        api = _active("torch.cuda.stream(...)")
+        self._before = api.current_stream()
+        api.set_stream(self.stream)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.stream is not None:
+            _active("torch.cuda.stream(...)").set_stream(self._before)
+
+
 class SimEvent:
     """An event on simulated streams: its clock is kept by the listeners.
 
@@ -147,12 +192,22 @@ class SimEvent:
     """
 
     _ids = itertools.count(1)
+    _api: Simulated
+    event_id: int
+    _at: float
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, *, _api: Simulated | None = None) -> None:
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False,
+                interprocess: bool = False, *, _api: Simulated | None = None) -> SimEvent:
+        # Made here, not in __init__: a derived class's __init__ need not call
+        # it, as torch's constructor does its work in __new__ too.
+        self = super().__new__(cls)
         self._api = _api if _api is not None else _active("torch.cuda.Event()")
-        self.event_id = next(self._ids)
+        self.event_id = next(cls._ids)
         self._at = 0.0
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
     def _now(self, what: str) -> Simulated:
         """The simulated streams running now: an event made in an earlier run
@@ -190,12 +245,114 @@ class SimEvent:
         return (end._at - self._at) * 1000.0
 
 
+def _on_cpu(device: Any) -> bool:
+    return device is not None and torch.device(device).type == "cpu"
+
+
+class _GenericStreamType(type):
+    """``isinstance`` and ``issubclass`` against ``torch.Stream`` itself ask
+    torch's own; a class derived from it answers as any class does."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if cls is GenericStream:
+            return isinstance(obj, TORCH_STREAM)
+        return type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        if cls is GenericStream:
+            return issubclass(sub, TORCH_STREAM)
+        return type.__subclasscheck__(cls, sub)
+
+
+class GenericStream(SimStream, metaclass=_GenericStreamType):
+    """``torch.Stream(device, priority=...)``, the device-generic stream, under
+    CUDA on CPU: on the CUDA device (or the current accelerator, which is CUDA
+    here) a new simulated stream; on the CPU, torch's own. A class the program
+    derives from it makes simulated streams of its own class."""
+
+    def __new__(cls, device: Any = None, *, priority: int = 0,  # type: ignore[misc]
+                **kwargs: Any) -> Any:
+        if _on_cpu(device):
+            return TORCH_STREAM(device, priority=priority, **kwargs)
+        check_index(device)
+        return _active("torch.Stream()").Stream(priority,
+                                                SimStream if cls is GenericStream else cls)
+
+
+class _GenericEventType(type):
+    """``isinstance`` and ``issubclass`` against ``torch.Event`` itself: torch's
+    own events and simulated ones; a class derived from it answers as any class does."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if cls is GenericEvent:
+            return isinstance(obj, (TORCH_EVENT, SimEvent))
+        return type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        if cls is GenericEvent:
+            return issubclass(sub, (TORCH_EVENT, SimEvent))
+        return type.__subclasscheck__(cls, sub)
+
+
+class GenericEvent(TORCH_EVENT, metaclass=_GenericEventType):
+    """``torch.Event(device, ...)``, the device-generic event, under CUDA on
+    CPU: on the CUDA device a ``SimEvent``, on the CPU torch's own.
+
+    torch derives classes from ``torch.Event`` as it imports its compiler
+    (the first optimizer made does), and they outlive the block. So a derived
+    class's objects are torch events: while a simulation runs, each stands for
+    a simulated one (``_sim``) that its calls go to; after, torch's own.
+    """
+
+    _sim: SimEvent | None = None
+
+    def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
+        simulated = running() is not None and not _on_cpu(device)
+        if simulated:
+            check_index(device)
+        if cls is GenericEvent:
+            return _active("torch.Event()").Event(**kwargs) if simulated else TORCH_EVENT(
+                device, **kwargs)
+        if not simulated:
+            return TORCH_EVENT.__new__(cls, device, **kwargs)
+        self = TORCH_EVENT.__new__(cls, "cpu")
+        self._sim = _active("torch.Event()").Event(**kwargs)
+        return self
+
+    def record(self, stream: Any = None) -> None:
+        if self._sim is None:
+            return TORCH_EVENT.record(self, stream)
+        self._sim.record(stream)
+
+    def wait(self, stream: Any = None) -> None:
+        if self._sim is None:
+            return TORCH_EVENT.wait(self, stream)
+        self._sim.wait(stream)
+
+    def query(self) -> bool:
+        return TORCH_EVENT.query(self) if self._sim is None else self._sim.query()
+
+    def synchronize(self) -> None:
+        if self._sim is None:
+            return TORCH_EVENT.synchronize(self)
+        self._sim.synchronize()
+
+    def elapsed_time(self, end: Any) -> float:
+        if self._sim is None:
+            return TORCH_EVENT.elapsed_time(self, end)
+        return self._sim.elapsed_time(end._sim if isinstance(end, GenericEvent)
+                                      and end._sim is not None else end)
+
+
 ACTIVE: list[Simulated] = []
 """The simulations running (``streamfuzz.fuzz.streams.SimStreams.session``), innermost last."""
 
 stream_ids = itertools.count(1)
 """Simulated stream ids, unique in the process: a stream kept from an earlier
 run is never taken for one of the current run's."""
+
+EXTERNAL: set[int] = set()
+"""The handles ``ExternalStream`` made streams for: ids ``stream_ids`` skips."""
 
 STREAMS: weakref.WeakValueDictionary[int, SimStream] = weakref.WeakValueDictionary()
 """Every simulated stream still alive, by id: aten names a stream by its id
