@@ -253,7 +253,7 @@ class SimStreams:
                 self._add(s)
 
     def stream(self, s: Any) -> stream_types.SimStreamContext:
-        return stream_types.SimStreamContext(s)
+        return stream_types.SimStreamContext(s, self)
 
     @property
     def _current(self) -> SimStream:

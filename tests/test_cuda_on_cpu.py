@@ -151,12 +151,14 @@ def test_what_is_not_simulated_says_so_in_one_line():
     api = SimStreams()
     with api.session():
         for call in (torch.cuda.CUDAGraph, lambda: torch.cuda.graph(None),
-                     torch.cuda.memory_allocated, lambda: torch.cuda.set_device(1),
+                     torch.cuda.memory_snapshot, lambda: torch.cuda.set_device(1),
                      lambda: torch.cuda._sleep(10)):
             with pytest.raises(NotSimulated) as err:
                 call()
             assert "\n" not in str(err.value) and "not simulated on --device cpu" in str(
                 err.value)
+    assert str(err.value) == ("torch.cuda._sleep is not simulated on --device cpu (see "
+                              "docs/cuda-on-cpu.md); run this target with --device cuda")
 
 
 def test_every_patch_is_restored_after_the_session_even_on_error():

@@ -84,6 +84,68 @@ def test_a_generator_on_the_device_samples_device_memory(device):
     assert check.findings == []
 
 
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_integer_device_is_the_cuda_device(device, waits):
+    """Verdict: a race where the side stream reads, unordered, what main wrote
+    into memory made on device ``0``; clean once the side stream waits."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        assert torch.device(0) == torch.device("cuda", 0)
+        made = [torch.zeros(2, device=0), torch.ones(2).to(0), torch.ones(2).to(0, torch.half),
+                torch.empty(2, device=torch.device(0)), torch.ones(2).cuda(0)]
+        assert all(t.is_cuda and t.device == torch.device(0) for t in made)
+        buf = torch.zeros(4, device=0)
+        side = torch.cuda.Stream(0)
+        if waits:
+            side.wait_stream(torch.cuda.current_stream(0))
+        with torch.cuda.stream(side):
+            y = buf * 2
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del y
+
+
+MOVES = {
+    "to(device=)": lambda m: m.to(device="cuda"),
+    "to(device=, dtype=)": lambda m: m.to(device="cuda", dtype=torch.float32),
+    "to(index)": lambda m: m.to(0),
+    "to(tensor)": lambda m: m.to(torch.empty(0, device="cuda")),
+    "to(torch.device)": lambda m: m.to(torch.device("cuda")),
+    "cuda()": lambda m: m.cuda(),
+}
+
+
+def _offload_then_reload(move, waits: bool) -> torch.Tensor:
+    """An offload path: weights parked in pinned host memory, copied back on a
+    load stream, then used by the forward on main."""
+    layer = torch.nn.Linear(16, 16)
+    move(layer)
+    assert layer.weight.is_cuda and layer.bias.is_cuda
+    parked = [p.detach().to("cpu", non_blocking=True) for p in layer.parameters()]
+    torch.cuda.synchronize()
+    load = torch.cuda.Stream()
+    load.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(load):
+        for p, host in zip(layer.parameters(), parked):
+            p.data.copy_(host, non_blocking=True)
+    if waits:
+        torch.cuda.current_stream().wait_stream(load)
+    out = layer(torch.ones(2, 16, device="cuda"))
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("move", list(MOVES))
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_module_moved_to_the_device_holds_device_memory(device, move, waits):
+    """Verdict: a race where the forward on main reads the weights a load
+    stream copies back, unordered; clean once main waits for the load."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        out = _offload_then_reload(MOVES[move], waits)
+    assert set(_kinds(check)) == (set() if waits else {"race"}), check.findings
+    del out
+
+
 # -- meta, and the default device ----------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 def test_meta_stays_meta_and_materializes_as_device_memory(device):
@@ -198,6 +260,17 @@ def test_stream_and_event_types_derived_in_the_block_are_simulated(device, waits
         assert isinstance(ready, Marker) and isinstance(ready, torch.Event)
         assert ready.label == "ready" and issubclass(Marker, torch.Event)
         assert not isinstance(torch.cuda.current_stream(), Lane)
+
+        class Timer(torch.cuda.Event):
+            pass
+
+        class Queue(torch.Stream):
+            pass
+
+        timer, queue = Timer(enable_timing=True), Queue()
+        assert isinstance(timer, Timer) and isinstance(timer, torch.cuda.Event)
+        assert isinstance(queue, Queue) and isinstance(queue, torch.Stream)
+        assert queue != lane and queue != torch.cuda.current_stream()
         x = torch.ones(4, device="cuda")
         ready.record()
         if waits:
@@ -316,6 +389,82 @@ def test_an_external_stream_of_a_handle_made_elsewhere_is_a_stream_of_its_own(wa
     del y
 
 
+# -- random state and memory statistics ------------------------------------------------
+def _checkpointed_dropout(layer: torch.nn.Module, x: torch.Tensor, checkpoint: bool) -> None:
+    torch.cuda.manual_seed(0)
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(layer(t), 0.5, training=True)
+
+    out = (torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if checkpoint
+           else block(x))
+    out.sum().backward()
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_activation_checkpointing_replays_the_device_random_state(device, waits):
+    """Verdict: a race where a side stream reads the gradient that the
+    checkpointed backward wrote on main, unordered; clean once it waits. The
+    recomputed dropout draws the forward's mask: checkpointing saves and
+    restores ``torch.cuda``'s random state, so its gradient is the plain one."""
+    with torch.random.fork_rng(devices=[]), \
+            streamfuzz.checked(device=device, collect=True) as check:
+        layer = torch.nn.Linear(64, 64, device="cuda")
+        x = torch.ones(8, 64, device="cuda", requires_grad=True)
+        _checkpointed_dropout(layer, x, checkpoint=False)
+        plain, x.grad = x.grad, None
+        _checkpointed_dropout(layer, x, checkpoint=True)
+        side = torch.cuda.Stream()
+        if waits:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            copied = x.grad.clone()
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(plain, x.grad) and torch.cuda.initial_seed() == 0
+        state = torch.cuda.get_rng_state()
+        drawn = torch.rand(4, device="cuda")
+        torch.cuda.set_rng_state_all([state])
+        assert torch.equal(drawn, torch.rand(4, device="cuda"))
+        assert torch.equal(torch.cuda.get_rng_state_all()[0], torch.cuda.get_rng_state())
+    assert _kinds(check) == ([] if waits else ["race"]), check.findings
+    del copied
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_statistics_count_live_device_memory(device):
+    """Verdict: clean. ``memory_allocated`` follows the device memory the block
+    holds, as the caching allocator counts it (each block rounded up to 512
+    bytes), through allocations, frees and ``resize_``; the peaks and what is
+    reserved hold it."""
+    with streamfuzz.checked(device=device, collect=True) as check:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        x = torch.empty(1 << 20, device="cuda")
+        small = torch.ones(3, device="cuda")
+        assert torch.cuda.memory_allocated() - before == (4 << 20) + 512
+        peak = torch.cuda.max_memory_allocated()
+        assert peak >= before + (4 << 20) + 512
+        x.untyped_storage().resize_(0)
+        assert torch.cuda.memory_allocated() - before == 512
+        x.untyped_storage().resize_(1 << 20)
+        assert torch.cuda.memory_allocated() - before == (1 << 20) + 512
+        del x, small
+        assert torch.cuda.memory_allocated() == before
+        assert torch.cuda.max_memory_allocated() == peak
+        reserved = torch.cuda.memory_reserved()
+        assert reserved >= peak and torch.cuda.max_memory_reserved() >= reserved
+        free, total = torch.cuda.mem_get_info()
+        assert 0 < free <= total - reserved
+        stats = torch.cuda.memory_stats()
+        assert stats["allocated_bytes.all.current"] == before
+        assert stats["allocated_bytes.all.peak"] == peak
+        assert stats["reserved_bytes.all.current"] == reserved
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == before
+    assert check.findings == []
+
+
 # -- streams and events made before the block ------------------------------------------
 @functools.cache
 def _copy_stream(device: str) -> torch.cuda.Stream:
@@ -423,12 +572,12 @@ def test_what_is_not_simulated_names_the_call_and_how_the_block_runs_on_a_gpu():
     """Verdict: one ``NotSimulated`` line; under ``checked()`` it names
     ``checked(device="cuda")``, in a fuzz target the ``--device`` flag."""
     with pytest.raises(NotSimulated) as err, streamfuzz.checked(device="cpu", collect=True):
-        torch.cuda.memory_allocated()
+        torch.cuda.memory_snapshot()
     text = str(err.value)
-    assert "\n" not in text and text.startswith("torch.cuda.memory_allocated is not simulated")
+    assert "\n" not in text and text.startswith("torch.cuda.memory_snapshot is not simulated")
     assert 'checked(device="cuda")' in text and "--device" not in text
     with pytest.raises(NotSimulated) as err, SimStreams().session():
-        torch.cuda.memory_allocated()
+        torch.cuda.memory_snapshot()
     assert "--device cuda" in str(err.value) and "checked(" not in str(err.value)
 
 

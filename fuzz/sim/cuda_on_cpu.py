@@ -113,8 +113,76 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
         "get_device_capability": get_device_capability,
         "get_arch_list": lambda: [f"sm_{SIMULATED_DEVICE.major}{SIMULATED_DEVICE.minor}"],
         "is_bf16_supported": lambda including_emulation=True: True,
-        "is_current_stream_capturing": lambda: False, "empty_cache": lambda: None,
+        "is_current_stream_capturing": lambda: False,
         "get_sync_debug_mode": lambda: 0, "set_sync_debug_mode": lambda mode: None,
+    }
+
+
+def _random_patches() -> dict[str, Any]:
+    """The device's random numbers: its factory calls run on the CPU and draw
+    from the CPU's default generator, so its state is the device's too
+    (seeding one seeds the other, unlike on a GPU)."""
+    cpu = torch.default_generator
+
+    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+        check_index(device)
+        return cpu.get_state()
+
+    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+        check_index(device)
+        cpu.set_state(new_state)
+
+    def set_rng_state_all(new_states: Any) -> None:
+        for state in new_states:
+            cpu.set_state(state)
+
+    def manual_seed(seed: int) -> None:
+        cpu.manual_seed(int(seed))
+
+    def seed() -> None:
+        cpu.seed()
+
+    return {"get_rng_state": get_rng_state, "set_rng_state": set_rng_state,
+            "get_rng_state_all": lambda: [cpu.get_state()],
+            "set_rng_state_all": set_rng_state_all,
+            "manual_seed": manual_seed, "manual_seed_all": manual_seed,
+            "seed": seed, "seed_all": seed, "initial_seed": cpu.initial_seed,
+            "default_generators": (cpu,)}
+
+
+def _memory_patches(memory: Memory) -> dict[str, Any]:
+    """The caching allocator's statistics, of the device memory the session
+    holds (``streamfuzz.fuzz.sim.memory.DeviceBytes``); ``empty_cache`` lets
+    what is reserved fall back to what is held."""
+    counts = memory.counts
+
+    def stat(value: Any) -> Any:
+        def call(device: Any = None) -> Any:
+            check_index(device)
+            return value()
+        return call
+
+    def stats() -> dict[str, int]:
+        current, reserved = counts.current(), counts.reserved()
+        out = {}
+        for kind in ("allocated_bytes", "active_bytes"):
+            out[f"{kind}.all.current"] = current
+            out[f"{kind}.all.peak"] = counts.peak
+        out["reserved_bytes.all.current"] = reserved
+        out["reserved_bytes.all.peak"] = counts.reserved_peak()
+        out.update({"num_alloc_retries": 0, "num_ooms": 0})
+        return dict(sorted(out.items()))
+
+    total = SIMULATED_DEVICE.total_memory
+    return {
+        "memory_allocated": stat(counts.current),
+        "max_memory_allocated": stat(lambda: counts.peak),
+        "memory_reserved": stat(counts.reserved),
+        "max_memory_reserved": stat(counts.reserved_peak),
+        "reset_peak_memory_stats": stat(counts.reset_peaks),
+        "reset_max_memory_allocated": stat(counts.reset_peaks),
+        "memory_stats": stat(stats), "empty_cache": counts.empty_cache,
+        "mem_get_info": stat(lambda: (total - counts.reserved(), total)),
     }
 
 
@@ -178,8 +246,7 @@ _ACCELERATOR = {"_get_accelerator": lambda: torch.device("cuda")}
 that engine code that picks its stream API this way takes its CUDA path."""
 
 
-_KEEP = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
-                   "cast", "lru_cache", "classproperty", "NewType", "Any", "Callable",
+_KEEP = frozenset({"cast", "lru_cache", "classproperty", "NewType", "Any", "Callable",
                    "Optional"})
 
 
@@ -266,6 +333,8 @@ def session(api: Any, simulation: Simulation = FUZZ) -> Iterator[Memory]:
     example or block; ``simulation`` names what runs it in messages."""
     memory = Memory(api.host_read, api.resized)
     cuda = _cuda_patches(api)
+    cuda.update(_random_patches())
+    cuda.update(_memory_patches(memory))
     cuda.update(_unsimulated(torch.cuda, frozenset(cuda)))
     cuda["_sleep"] = not_simulated("torch.cuda._sleep")
     accel = _accelerator_patches(api)

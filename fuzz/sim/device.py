@@ -85,7 +85,7 @@ class NotSimulated(FuzzError, RuntimeError):
     def __init__(self, what: str) -> None:
         sim = running() or FUZZ
         super().__init__(f"{what} is not simulated {sim.where} (see docs/cuda-on-cpu.md); "
-                         f"'CUDA on CPU'); {sim.on_gpu}")
+                         f"{sim.on_gpu}")
 
 
 def is_cuda(device: Any) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from itertools import compress
 from typing import Any, cast
 
 import torch
@@ -52,9 +53,11 @@ class Memory:
         self._since_sweep = 0
         self.host_read = host_read or (lambda t, op: None)
         """Told when the host reads host memory with no aten op (``tolist``, ``numpy``)."""
-        self.resized = resized or (lambda storage, before: None)
+        self.on_resize = resized or (lambda storage, before: None)
         """Told after ``UntypedStorage.resize_`` (the storage, its bytes before):
         its block freed and another allocated (``resizes_seen``)."""
+        self.counts = DeviceBytes()
+        """The device memory held, as ``torch.cuda.memory_allocated`` counts it."""
 
     def kind(self, t: torch.Tensor) -> str:
         return self.key_kind(t)[1]
@@ -78,11 +81,21 @@ class Memory:
 
     def mark(self, t: torch.Tensor, kind: str) -> None:
         storage = t.untyped_storage()
-        self._kinds[storage._cdata] = (StorageWeakRef(storage), kind)
+        ref = StorageWeakRef(storage)
+        self._kinds[storage._cdata] = (ref, kind)
+        if kind == DEVICE_KIND:
+            self.counts.allocated(storage._cdata, ref, storage.nbytes())
         self._since_sweep += 1
         if self._since_sweep > 4096:
             self._since_sweep = 0
             self._kinds = {k: v for k, v in self._kinds.items() if not _expired(v[0].cdata)}
+
+    def resized(self, storage: torch.UntypedStorage, before: int) -> None:
+        """``storage.resize_`` ran: count its new size, and tell ``on_resize``."""
+        key = storage._cdata
+        if self.key_kind_of(key) == DEVICE_KIND:
+            self.counts.allocated(key, self._kinds[key][0], storage.nbytes())
+        self.on_resize(storage, before)
 
     def known(self, t: torch.Tensor) -> bool:
         entry = self._kinds.get(t.untyped_storage()._cdata)
@@ -105,6 +118,77 @@ class Memory:
         for t in fresh:
             if not t.is_meta:  # a meta tensor has no memory, here as on a GPU
                 self.mark(t, kind)
+
+
+_BLOCK = 512
+"""The caching allocator's rounding: ``memory_allocated`` counts whole blocks."""
+_SEGMENT = 2 << 20
+"""What it reserves at least at a time (``memory_reserved``)."""
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-nbytes // _BLOCK) * _BLOCK
+
+
+def _segments(nbytes: int) -> int:
+    return -(-nbytes // _SEGMENT) * _SEGMENT
+
+
+class DeviceBytes:
+    """Device memory held, as the caching allocator's statistics count it:
+    each live device storage's size rounded up to a block. A storage's free
+    is seen when it is next counted (its weak reference has expired), so
+    ``current`` sweeps first; a new high sweeps too, so that a peak counts
+    only live storages."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[Any, int]] = {}
+        """Per live device storage (key): its weak reference and counted bytes."""
+        self._weak: dict[int, int] = {}
+        """The same keys' weak references as the raw handles a sweep tests."""
+        self._total = 0
+        """Their bytes, and those of storages freed since the last sweep."""
+        self.peak = 0
+        self.cached = 0
+        """The most held since the allocator's cache was last emptied: what it reserves."""
+        self.cached_peak = 0
+
+    def allocated(self, key: int, ref: Any, nbytes: int) -> None:
+        """Storage ``key`` holds ``nbytes`` now (made, or resized)."""
+        size = _blocks(nbytes)
+        old = self._held.get(key)
+        self._total += size - (old[1] if old is not None else 0)
+        self._held[key] = (ref, size)
+        self._weak[key] = ref.cdata
+        if self._total > self.peak or self._total > self.cached:
+            self._new_high()
+
+    def _new_high(self) -> None:
+        self.current()
+        self.peak = max(self.peak, self._total)
+        self.cached = max(self.cached, self._total)
+        self.cached_peak = max(self.cached_peak, self.cached)
+
+    def current(self) -> int:
+        """The bytes live device storages hold now."""
+        weak = self._weak
+        for k in list(compress(weak, map(_expired, weak.values()))):
+            del weak[k]
+            self._total -= self._held.pop(k)[1]
+        return self._total
+
+    def reserved(self) -> int:
+        return _segments(self.cached)
+
+    def reserved_peak(self) -> int:
+        return _segments(self.cached_peak)
+
+    def reset_peaks(self) -> None:
+        self.peak = self.current()
+        self.cached_peak = self.cached
+
+    def empty_cache(self) -> None:
+        self.cached = self.current()
 
 
 class DeviceMode(TorchFunctionMode):
@@ -152,6 +236,33 @@ def _making(memory: Memory, kind: str, func: Any, *args: Any, **kwargs: Any) -> 
         return func(*args, **kwargs)
     finally:
         memory.making = before
+
+
+def _torch_device(memory: Memory, *args: Any, **kwargs: Any) -> torch.device:
+    """``torch.device(i)``: an index alone names a device of the accelerator,
+    which is CUDA here (a CPU-only torch raises, having none)."""
+    if len(args) == 1 and not kwargs:
+        args = (_index(args[0]),)
+    return torch.device(*args, **kwargs)
+
+
+def _index(device: Any) -> Any:
+    return torch.device("cuda", device) if isinstance(device, int) and not isinstance(
+        device, bool) else device
+
+
+def _parse_to(memory: Memory, *args: Any, **kwargs: Any) -> Any:
+    """``Module.to``'s parse of its arguments: the device as given (``device=
+    "cuda"`` too, an index, or a device tensor's), which the module then
+    passes to each tensor's ``to``."""
+    if "device" in kwargs:
+        kwargs["device"] = _index(kwargs["device"])
+    if args:
+        args = (_index(args[0]), *args[1:])
+    parsed = torch._C._nn._parse_to(*args, **kwargs)
+    if args and isinstance(args[0], torch.Tensor) and memory.is_device(args[0]):
+        return (DEVICE, *parsed[1:])
+    return parsed
 
 
 def _device(memory: Memory, t: torch.Tensor) -> torch.device:
@@ -258,6 +369,8 @@ def _host_read(method: Any) -> Any:
 
 
 _METHODS: dict[Any, Any] = {
+    torch.device: _torch_device,
+    torch._C._nn._parse_to: _parse_to,
     _DEVICE_OF: _device,
     cast(Any, torch.Tensor.is_cuda).__get__: _is_cuda_tensor,
     _IS_CPU: _is_cpu_tensor,

@@ -1,7 +1,9 @@
 """The simulated stream and event types, and which simulation runs now.
 
-Under CUDA on CPU they are ``torch.cuda.Stream`` and ``torch.cuda.Event``
-(``streamfuzz.fuzz.sim.cuda_on_cpu`` installs them for the length of an example). Each
+Under CUDA on CPU they are ``torch.cuda.Stream``, ``Event``, ``ExternalStream``
+and ``stream``, and ``torch.Stream`` and ``torch.Event``
+(``streamfuzz.fuzz.sim.cuda_on_cpu`` installs them for the length of an
+example); all are classes, since engine code and torch derive their own. Each
 is an identity for the listeners, never a queue: every op has already run.
 What they do goes to the simulation running now (``running()``), which a
 stream or event made in an earlier example or block joins on first use.
@@ -169,20 +171,25 @@ class SimStreamContext:
     a stored one enters again; entered inside itself, it keeps one saved
     stream, as torch's does (its outer exit then leaves ``s`` current)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, api: Simulated | None = None) -> None:
         self.stream = stream
+        self._api = api
+        """The simulation it is bound to (``ctx.streams.stream``), else None."""
         self._before: Any = None
+
+    def _now(self) -> Simulated:
+        return self._api or _active("torch.cuda.stream(...)")
 
     def __enter__(self) -> None:
         if self.stream is None:
             return
-        api = _active("torch.cuda.stream(...)")
+        api = self._now()
         self._before = api.current_stream()
         api.set_stream(self.stream)
 
     def __exit__(self, *exc: Any) -> None:
         if self.stream is not None:
-            _active("torch.cuda.stream(...)").set_stream(self._before)
+            self._now().set_stream(self._before)
 
 
 class SimEvent:
