@@ -139,7 +139,9 @@ def _venv(cache: Path, suite: Suite) -> tuple[Path, str]:
     if stamp.exists():
         return python, stamp.read_text()
     shutil.rmtree(home, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True)
+    # pip comes from the interpreter's own packages, through the .pth below: a GPU
+    # node's python may have no ensurepip.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(home)], check=True)
     purelib = subprocess.run([str(python), "-c", "import sysconfig; "
                               "print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
