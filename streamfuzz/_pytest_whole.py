@@ -214,5 +214,18 @@ def _not_simulated(exc: BaseException | None) -> str | None:
         if isinstance(exc, NotImplementedError) and "with arguments from the 'CPU' backend" in text:
             op = text.split("'", 2)[1] if text.count("'") >= 2 else "an operator"
             return f"{op} (a kernel with no CPU implementation)"
+        if type(exc).__module__.startswith("torch._dynamo") or _DYNAMO_REFUSES in text:
+            return _COMPILE
+        if _NO_NCCL in text:
+            return "the NCCL backend (this torch has none; simulated collectives use gloo)"
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+_DYNAMO_REFUSES = "non-infra torch dispatch mode present"
+"""How torch.compile(fullgraph=True) refuses a frame run under a dispatch mode."""
+_NO_NCCL = "Distributed package doesn't have NCCL built in"
+"""A CPU build of torch, asked for an NCCL process group (a GPU test's fixture)."""
+_COMPILE = "torch.compile(fullgraph=True) (Dynamo does not trace through the checker's modes)"
+"""Without fullgraph, Dynamo falls back to running the frame eagerly, which is checked;
+with it, Dynamo either refuses the frame or fails tracing into the mode's handler."""
