@@ -280,16 +280,19 @@ def test_a_leaking_rank_is_recycled_and_its_memory_bounded(tmp_path):
     assert "recycling the ranks: rank" in (tmp_path / "out" / "soak.log").read_text()
 
 
-def test_the_same_leak_without_recycling_is_reported_growing(tmp_path):
+def test_the_same_leak_without_recycling_is_measured_and_a_short_run_not_judged(tmp_path):
     rep, pool, first, last = _leaking_soak(tmp_path, recycle_mib=0)
     assert last == first
     assert pool.recycles == 0 and rep["rank_recycles"] == 0
-    # The last rank is the one that leaks (it runs the drafter's rows); a short run
-    # is judged on its quarters, not projected.
-    assert "rank1_rss" in rep["memory_growing"], rep["memory"]
-    assert "rank0_rss" not in rep["memory_growing"], rep["memory"]
-    assert rep["memory"]["rank1_rss"]["projected_growth"] is None and not rep["projected"]
-    assert "GROWING" in (tmp_path / "out" / "report.md").read_text()
+    # The last rank is the one that leaks (it runs the drafter's rows): the
+    # table shows it. Seconds of samples are too short to tell a leak from
+    # warm-up, so nothing is called growing (the long run's verdicts:
+    # test_a_steady_slope_is_growing_even_when_ten_minutes_show_little).
+    memory = rep["memory"]
+    assert memory["rank1_rss"]["growth"] > soak_report.GROWTH_LIMIT, memory
+    assert memory["rank1_rss"]["growth"] > 5 * (memory["rank0_rss"]["growth"] or 0), memory
+    assert rep["memory_growing"] == [] and not rep["memory_judged"], memory
+    assert "- memory: not judged" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_bad_recycle_limit_is_one_line_and_exit_2(tmp_path):
