@@ -36,8 +36,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 import streamfuzz
-from streamfuzz import _check
 from examples.test_user_code import MainGather, batches, run_steps
+from streamfuzz import _check
 
 
 def _test(mode: str, device: str, examples: int) -> Any:
