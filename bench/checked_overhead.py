@@ -136,6 +136,9 @@ def _csan_rounds(examples: int, rounds: int) -> int:
     """``--only csan``: the example test under the CUDA Sanitizer; JSON on stdout."""
     from torch.cuda._sanitizer import enable_cuda_sanitizer
 
+    from streamfuzz import _group
+
+    _group.ensure()  # the test's broadcast needs the one-rank group a block starts
     enable_cuda_sanitizer()
     test = _test("csan", "cuda", examples)
     test()  # warm
