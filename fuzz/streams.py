@@ -109,7 +109,17 @@ class CudaStreams:
         real = torch.cuda.Stream
         note = self._note
 
-        class _Noted(real):  # type: ignore[valid-type, misc]
+        class _Real(type(real)):  # type: ignore[misc]
+            """``isinstance(s, torch.cuda.Stream)`` holds for every real stream
+            (an ``ExternalStream`` too), not only for those made here."""
+
+            def __instancecheck__(cls, obj: Any) -> bool:
+                return isinstance(obj, real)
+
+            def __subclasscheck__(cls, sub: type) -> bool:
+                return issubclass(sub, real)
+
+        class _Noted(real, metaclass=_Real):  # type: ignore[valid-type, misc]
             def __new__(cls, *args: Any, **kwargs: Any) -> Any:
                 s = real.__new__(cls, *args, **kwargs)
                 # torch.cuda.current_stream() wraps an existing stream through this
