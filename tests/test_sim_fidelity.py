@@ -660,3 +660,38 @@ def test_on_cuda_a_stream_is_named_by_its_site_or_the_user(monkeypatch):
              for s in (copy_stream, *lanes, quant)]
     assert names == ["copy_stream", "lanes[0]", "lanes[1]", "quant"]
     assert checker.model.name_of(checker._sid(0xFFFF)) == "stream0xffff"  # made elsewhere
+
+
+def test_a_copy_to_the_device_in_one_thread_does_not_make_another_threads_tensors_device_memory():
+    """Verdict: a tensor another thread makes on the host (a DataLoader's pin
+    thread) while this one copies to the device is host memory, and pins."""
+    import threading
+
+    from streamfuzz.fuzz.sim import memory as sim_memory
+    from streamfuzz.fuzz.sim.stream_types import ACTIVE
+
+    made: dict[str, torch.Tensor] = {}
+    ready, done = threading.Event(), threading.Event()
+
+    def pin_thread() -> None:
+        ready.wait()
+        made["host"] = torch.ones(4)
+        made["pinned"] = made["host"].pin_memory()
+        done.set()
+
+    with streamfuzz.checked(device="cpu", collect=True) as check:
+        memory = ACTIVE[-1].memory
+        worker = threading.Thread(target=pin_thread)
+        worker.start()
+
+        def copy_while_the_other_thread_makes(t: torch.Tensor) -> torch.Tensor:
+            ready.set()
+            done.wait(30)
+            return t.clone()
+
+        on_device = sim_memory._making(memory, sim_memory.DEVICE_KIND,
+                                       copy_while_the_other_thread_makes, torch.ones(4))
+        worker.join()
+        assert not made["host"].is_cuda and made["pinned"].is_pinned()
+        assert on_device.is_cuda
+    assert check.findings == []

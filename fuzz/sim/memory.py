@@ -11,6 +11,7 @@ tensor methods that ask or change a tensor's device as CUDA would.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from itertools import compress
 from typing import Any, cast
@@ -46,10 +47,20 @@ class Memory:
     nothing here keeps a storage alive. Storages never seen are host memory.
     """
 
+    @property
+    def making(self) -> str | None:
+        """The kind of the storages the current call creates, when the call
+        says: per thread, since another thread (a DataLoader's pin thread)
+        makes host tensors while this one copies to the device."""
+        return getattr(self._local, "making", None)
+
+    @making.setter
+    def making(self, kind: str | None) -> None:
+        self._local.making = kind
+
     def __init__(self, host_read: Any = None, resized: Any = None) -> None:
         self._kinds: dict[int, tuple[Any, str]] = {}
-        self.making: str | None = None
-        """The kind of the storages the current call creates, when the call says."""
+        self._local = threading.local()
         self._since_sweep = 0
         self.host_read = host_read or (lambda t, op: None)
         """Told when the host reads host memory with no aten op (``tolist``, ``numpy``)."""
