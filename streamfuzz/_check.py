@@ -247,27 +247,19 @@ def _session(device: str, check: bool, pending_polls: int = 0) -> Iterator[Any]:
     from streamfuzz.fuzz.sim.cuda_on_cpu import Simulation
     from streamfuzz.fuzz.streams import SimStreams
 
-    if _whole is not None and _whole.sim is not None:
-        # The simulation the whole process runs on: its tensors, made before
-        # this block (at import, in fixtures), are already device memory.
-        shared = _whole.sim
-        watching = LifetimeChecker(shared, group_rank=_group.rank()).attach() if check else None
-        shared.hold_polls(pending_polls)
-        try:
-            yield watching
-        finally:
-            shared.hold_polls(0)
-            if watching is not None:
-                watching.detach()
-        return
-    sim = SimStreams(Simulation('under streamfuzz.checked(device="cpu")',
-                                'run the block under checked(device="cuda") on a GPU'))
+    # Under a whole process's simulation (already open, its tensors made at import
+    # or in fixtures already device memory) a block only attaches its checker.
+    shared = _whole.sim if _whole is not None else None
+    sim = shared if shared is not None else SimStreams(Simulation(
+        'under streamfuzz.checked(device="cpu")',
+        'run the block under checked(device="cuda") on a GPU'))
     on_cpu = LifetimeChecker(sim, group_rank=_group.rank()).attach() if check else None
     sim.hold_polls(pending_polls)
     try:
-        with sim.session():
+        with contextlib.nullcontext() if shared is not None else sim.session():
             yield on_cpu
     finally:
+        sim.hold_polls(0)
         if on_cpu is not None:
             on_cpu.detach()
 

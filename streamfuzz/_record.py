@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from streamfuzz.fuzz.errors import BadInput
@@ -215,20 +215,12 @@ def _absolute(path: str) -> str:
 # -- the file ------------------------------------------------------------------
 
 def write(path: str, record: Record) -> None:
-    """The record to ``path`` whole: a temporary file beside it, then a rename
-    (its folder made where missing: ``check_file`` vouched for it before the run)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(record.to_dict(), fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """The record to ``path`` whole, as reports are written (its folder made
+    where missing: ``check_file`` vouched for it before the run)."""
+    from streamfuzz.fuzz.corpus import write_json_atomic
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_json_atomic(Path(path), record.to_dict())
 
 
 def read(path: str, option: str = "--record") -> Record:

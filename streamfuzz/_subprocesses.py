@@ -19,6 +19,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from streamfuzz.fuzz.verdict import Failure
@@ -99,11 +100,21 @@ def check_this_process() -> None:
 
     if os.environ.get(_record.RECORD_ENV):
         _record.start()
-    device = check_module.begin_whole(os.environ.get(DEVICE_ENV, "auto"),
-                                      "in a process of a checked program",
-                                      "run the program with --device cuda on a GPU")
+    check_module.begin_whole(os.environ.get(DEVICE_ENV, "auto"),
+                             "in a process of a checked program",
+                             "run the program with --device cuda on a GPU")
+    _start_checker()
+
+
+def _start_checker() -> None:
+    """This process's block over the rest of its run, on the whole process's
+    device, judged by the oracles the parent exported; written at its exit."""
+    global _check
+    from streamfuzz import _check as check_module
+
     oracles = [o for o in os.environ.get(ORACLES_ENV, "").split(",") if o] or None
-    _check = check_module.checked(device=device, oracles=oracles, collect=True)
+    _check = check_module.checked(device=check_module.whole_device(), oracles=oracles,
+                                  collect=True)
     _check.__enter__()
     atexit.register(_write)
 
@@ -139,10 +150,7 @@ def _forked() -> None:
     _wrote = False
     _check = None
     if os.environ.get(DIR_ENV) and check_module.whole_device() is not None:
-        oracles = [o for o in os.environ.get(ORACLES_ENV, "").split(",") if o] or None
-        _check = check_module.checked(oracles=oracles, collect=True)
-        _check.__enter__()
-        atexit.register(_write)
+        _start_checker()
 
 
 def _forked_by_multiprocessing(_: object) -> None:
@@ -173,13 +181,11 @@ def _write() -> None:
 
     part = (_record.this_process("a child process", check.device or "?").to_dict()
             if _record.recording() else None)
+    from streamfuzz.fuzz.corpus import write_json_atomic
+
     record = ChildFindings(os.getpid(), list(sys.argv), list(check.findings), part)
-    path = os.path.join(folder, f"{os.getpid()}.json")
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(record.to_dict(), f)
-        os.replace(tmp, path)
+    try:  # a temporary name first: ``gather`` reads only whole ``.json`` files
+        write_json_atomic(Path(folder) / f"{os.getpid()}.json", record.to_dict())
     except OSError as exc:
         print(f"streamfuzz: process {os.getpid()} could not report its findings: {exc}",
               file=sys.stderr)
