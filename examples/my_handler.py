@@ -6,11 +6,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from streamfuzz.fuzz.targets import Batch, TargetContext
+import streamfuzz
+from streamfuzz.draft import Batch, DraftContext
 
 
 class MyHandler:
-    def __init__(self, ctx: TargetContext) -> None:
+    def __init__(self, ctx: DraftContext) -> None:
         self.ctx = ctx
         self.main = torch.cuda.current_stream()
         self.side = torch.cuda.Stream()
@@ -28,6 +29,7 @@ class MyHandler:
         with torch.cuda.stream(self.side):
             self.side.wait_stream(self.main)
             for t in (batch.sampled_tokens, batch.num_sampled, batch.num_rejected, send):
+                assert t is not None                   # the last rank's batch has them
                 t.record_stream(self.side)             # made on main, used on side
                 self._bcast(t)
         return send
@@ -49,12 +51,14 @@ class MyHandler:
             done.record(self.side)
         self.parked.append((batch.idx_mapping, got, done))
 
-    def apply_received(self, draft_table: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def apply_received(self, draft_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                 torch.Tensor]:
         idx_mapping, (tokens, num_sampled, num_rejected, drafts), done = self.parked.popleft()
         done.wait(self.main)
         draft_table[idx_mapping] = drafts
         return tokens, num_sampled, num_rejected
 
 
-def make_handler(ctx: TargetContext) -> MyHandler:
+@streamfuzz.target
+def make_handler(ctx: DraftContext) -> MyHandler:
     return MyHandler(ctx)

@@ -1,15 +1,11 @@
 """A complete weight-sync target: pack on buffer streams, unpack on them, in order."""
 
 import math
-from collections.abc import Callable, Iterator
 
 import torch
 
-from streamfuzz.fuzz.weight_sync.context import WeightSyncContext
-
-Named = Iterator[tuple[str, torch.Tensor]]
-Meta = Iterator[tuple[str, tuple[list[int], torch.dtype]]]
-Load = Callable[[list[tuple[str, torch.Tensor]]], None]
+import streamfuzz
+from streamfuzz.weight_sync import Load, Meta, Named, WeightSyncContext
 
 
 def chunks(sizes: list[int], buffer_bytes: int) -> list[range]:
@@ -66,8 +62,6 @@ class MyWeightSync:
             caller.wait_stream(s)                      # the caller reads its parameters next
 
 
+@streamfuzz.target
 def make_handler(ctx: WeightSyncContext) -> MyWeightSync:
     return MyWeightSync(ctx)
-
-
-make_handler.protocol = "weight-sync"  # type: ignore[attr-defined]

@@ -9,7 +9,9 @@ The public surface, kept small on purpose (the engine lives in
         out = my_engine_step(n)      # unmodified torch.cuda code
 
 At the block's end any finding raises ``StreamfuzzError``, whose message is
-what ``python -m streamfuzz run`` prints for it. Under pytest the plugin also gives
+what ``python -m streamfuzz run`` prints for it. A target's writer imports
+``streamfuzz.draft`` or ``streamfuzz.weight_sync`` (the contexts and handler
+``typing.Protocol``s) and marks the factory with ``streamfuzz.target``. Under pytest the plugin also gives
 the ``stream_checker`` fixture, the ``@pytest.mark.streamfuzz`` marker and the
 ``--streamfuzz-device`` option.
 
@@ -39,17 +41,19 @@ from streamfuzz.fuzz import __version__  # noqa: E402 - found through the path a
 if TYPE_CHECKING:
     from streamfuzz._check import DEVICES, ORACLES, Check, StreamfuzzError, checked
     from streamfuzz._opaque import opaque
+    from streamfuzz._target import target
     from streamfuzz.fuzz.errors import BadInput, FuzzError
     from streamfuzz.fuzz.verdict import Failure
 
 _PUBLIC = {"DEVICES": "streamfuzz._check", "ORACLES": "streamfuzz._check",
            "Check": "streamfuzz._check", "StreamfuzzError": "streamfuzz._check",
            "checked": "streamfuzz._check", "opaque": "streamfuzz._opaque",
+           "target": "streamfuzz._target",
            "BadInput": "streamfuzz.fuzz.errors", "FuzzError": "streamfuzz.fuzz.errors",
            "Failure": "streamfuzz.fuzz.verdict"}
 
 __all__ = ["DEVICES", "ORACLES", "BadInput", "Check", "Failure", "FuzzError", "StreamfuzzError",
-           "__version__", "checked", "opaque"]
+           "__version__", "checked", "opaque", "target"]
 
 
 def __getattr__(name: str) -> Any:

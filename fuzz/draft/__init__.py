@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamfuzz.fuzz.draft.context import DraftReceiver, DraftSender
 from streamfuzz.fuzz.draft.reference import Applied
 from streamfuzz.fuzz.messages import Observations
-from streamfuzz.fuzz.protocol import Protocol
+from streamfuzz.fuzz.protocol import Protocol, methods_of
 
 LAST_RANK, OTHER_RANKS = "the last rank", "the other ranks"
 """The handler's two roles, as reports name them."""
@@ -40,8 +41,7 @@ PROTOCOL = Protocol(
     upstream="streamfuzz.fuzz.draft.vllm:FAMILY",
     receiver_side=frozenset({"receiver-no-wait", "receiver-async-unwaited", "receiver-no-record",
                              "receiver-drops-idx", "early-event"}),
-    handler_methods={LAST_RANK: ("broadcast_drafts",),
-                     OTHER_RANKS: ("receive_drafts", "apply_received")},
+    handler_methods={LAST_RANK: methods_of(DraftSender), OTHER_RANKS: methods_of(DraftReceiver)},
     alone=LAST_RANK,
 )
 

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the driver imports this module and never needs torch itself
     import torch
 
 
 @dataclass
-class TargetContext:
+class DraftContext:
     """What one rank's handler is built from.
 
     ``device`` is the rank's CUDA device (``cuda:0`` on the CPU simulation).
@@ -80,4 +80,32 @@ class Batch:
         return any(self.final)
 
 
-Factory = Callable[[TargetContext], Any]
+TargetContext = DraftContext
+"""The context's name before there were several protocols."""
+
+
+class DraftSender(Protocol):
+    """The last rank's handler: what the runner calls there, per step."""
+
+    def broadcast_drafts(self, draft_table: torch.Tensor,
+                         batch: Batch) -> torch.Tensor | None: ...
+
+
+class DraftReceiver(Protocol):
+    """Every other rank's handler: ``receive_drafts`` every step, and
+    ``apply_received`` pipeline depth steps after a step that broadcast."""
+
+    def receive_drafts(self, batch: Batch) -> None: ...
+
+    def apply_received(
+            self, draft_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The oldest parked step applied to ``draft_table``; returns the received
+        ``(sampled_tokens, num_sampled, num_rejected)``."""
+        ...
+
+
+class DraftHandler(DraftSender, DraftReceiver, Protocol):
+    """A handler of every role, as a factory returns it (one class serves all ranks)."""
+
+
+Factory = Callable[[DraftContext], Any]

@@ -184,6 +184,12 @@ def builtin_targets() -> dict[str, str]:
     return out
 
 
+def methods_of(role: type) -> tuple[str, ...]:
+    """The methods a role's ``typing.Protocol`` declares, in the order it
+    declares them: the one source of a protocol's ``handler_methods``."""
+    return tuple(n for n, v in vars(role).items() if callable(v) and not n.startswith("_"))
+
+
 def check_handler(p: Protocol, handler: Any, role: str | None = None) -> None:
     """Raise ProtocolError, in one line, where ``handler`` (or a handler class)
     lacks a method ``p``'s runner calls in ``role`` (None: in every role),

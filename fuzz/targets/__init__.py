@@ -1,21 +1,23 @@
 """Target names: which factory a name loads, and what reports say about it.
 
 A target is a callable ``factory(ctx) -> handler``; what ``ctx`` holds and
-which handler methods are called is its protocol's (``streamfuzz.fuzz.draft.context``,
-``streamfuzz.fuzz.weight_sync.context``). Built-in targets are named by their protocols
+which handler methods are called is its protocol's (``streamfuzz.draft``,
+``streamfuzz.weight_sync``). Built-in targets are named by their protocols
 (``streamfuzz.fuzz.protocol.builtin_targets``); a user's target is ``package.module:attr``
 or ``path/to/file.py:attr``; upstream code is a family with a version
 (``vllm-pp@0.32.0``), loaded by the protocol that drives it
 (``streamfuzz.fuzz.targets.names.family_of``). What a name means is
 ``streamfuzz.fuzz.targets.names``.
 
-``TargetContext`` and ``Batch`` are the draft broadcast's, kept here by name.
+``TargetContext`` and ``Batch`` are the draft broadcast's, kept here by name for
+one release (deprecated: ``streamfuzz.draft``).
 """
 
 from __future__ import annotations
 
 import importlib
 import traceback
+import warnings
 from typing import Any
 
 from streamfuzz.fuzz import protocol as protocols
@@ -41,7 +43,8 @@ __all__ = ["UPSTREAM", "UPSTREAM_FIXED", "WEIGHTS_FAMILY", "Factory", "TargetErr
 
 _COMPAT = {"TargetContext": "streamfuzz.fuzz.draft.context:TargetContext",
            "Batch": "streamfuzz.fuzz.draft.context:Batch"}
-"""Names this module had when it was the draft broadcast's target API."""
+"""Names this module had when it was the draft broadcast's target API:
+deprecated for ``streamfuzz.draft``'s, removed in the next release."""
 
 
 def _tables() -> dict[str, Any]:
@@ -68,6 +71,9 @@ def __getattr__(name: str) -> Any:
     draft broadcast's context types under their old names."""
     if name in _COMPAT:
         module, _, attr = _COMPAT[name].partition(":")
+        new = "DraftContext" if attr == "TargetContext" else attr
+        warnings.warn(f"{__name__}.{name} is deprecated: use `from streamfuzz.draft import "
+                      f"{new}`", DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(module), attr)
     tables = _tables()
     if name in tables:

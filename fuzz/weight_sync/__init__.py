@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamfuzz.fuzz.messages import Observations
-from streamfuzz.fuzz.protocol import Protocol
+from streamfuzz.fuzz.protocol import Protocol, methods_of
+from streamfuzz.fuzz.weight_sync.handler import WeightSyncConsumer, WeightSyncProducer
 
 PRODUCER, CONSUMERS = "group rank 0", "the other ranks"
 """The handler's two roles, as reports name them."""
@@ -43,7 +44,8 @@ PROTOCOL = Protocol(
     upstream="streamfuzz.fuzz.weight_sync.vllm:FAMILY",
     receiver_side=frozenset({"weight-sync-consumer-no-drain", "weight-sync-consumer-caller-alloc",
                              "weight-sync-consumer-load-on-caller"}),
-    handler_methods={PRODUCER: ("send",), CONSUMERS: ("receive",)},
+    handler_methods={PRODUCER: methods_of(WeightSyncProducer),
+                     CONSUMERS: methods_of(WeightSyncConsumer)},
     alone=PRODUCER,
     callbacks={CONSUMERS: ("load",)},
 )

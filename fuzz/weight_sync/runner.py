@@ -22,7 +22,7 @@ from streamfuzz.fuzz.options import RunOptions
 from streamfuzz.fuzz.protocol import RankEnv, check_handler, make_handler
 from streamfuzz.fuzz.protocol.runner import Harness, Report, run_example
 from streamfuzz.fuzz.weight_sync import CONSUMERS, PRODUCER, PROTOCOL, WeightSyncObservations
-from streamfuzz.fuzz.weight_sync.context import Group, WeightSyncContext
+from streamfuzz.fuzz.weight_sync.group import Group, WeightSyncContext
 from streamfuzz.fuzz.weight_sync.reference import TORCH_DTYPES, values
 from streamfuzz.fuzz.weight_sync.scenario import Sync, WeightSyncScenario
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from streamfuzz.fuzz.weight_sync.context import WeightSyncContext
+from streamfuzz.fuzz.weight_sync.group import WeightSyncContext
 
 Named = Iterator[tuple[str, torch.Tensor]]
 Meta = Iterator[tuple[str, tuple[list[int], torch.dtype]]]

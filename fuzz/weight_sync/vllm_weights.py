@@ -21,7 +21,7 @@ import types
 from typing import Any
 
 from streamfuzz.fuzz import upstream
-from streamfuzz.fuzz.weight_sync.context import WeightSyncContext
+from streamfuzz.fuzz.weight_sync.group import WeightSyncContext
 
 FILE = "vllm/distributed/weight_transfer/packed_tensor.py"
 
