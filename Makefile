@@ -63,7 +63,7 @@ vllm: vllm-fetch
 		--max-examples $(EXAMPLES) --report reports/vllm-$(VLLM).json; rc=$$?; test $$rc -le 1
 
 vllm-fetch: $(VENV)/.ready
-	@$(PY) -m streamfuzz.fuzz.upstream fetch $(VLLM)
+	@$(PY) -m streamfuzz.vllm fetch $(VLLM)
 
 # A time-budgeted campaign (docs/soak.md): BUDGET is 30s, 10m, 8h...; the same
 # SOAK_OUT resumes it. Report, plot and log land in SOAK_OUT, failures in corpus/.

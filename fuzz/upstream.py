@@ -11,7 +11,7 @@ set by its family loader: ``streamfuzz.fuzz.draft.vllm``).
 
 A version is looked up, in order, in the paths of ``STREAMFUZZ_UPSTREAM``
 (what ``--upstream`` sets for the ranks), the cache (``cache_dir()``) and an
-installed ``vllm``. ``python -m streamfuzz.fuzz.upstream fetch 0.32.0`` fills the cache.
+installed ``vllm``. ``python -m streamfuzz.vllm fetch 0.32.0`` fills the cache.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def cache_dir() -> Path:
 
 
 def fetch_hint(version: str) -> str:
-    return (f"fetch it with `python -m streamfuzz.fuzz.upstream fetch {version}` (pip download "
+    return (f"fetch it with `python -m streamfuzz.vllm fetch {version}` (pip download "
             f"vllm=={version} --no-deps into {cache_dir()}) or pass --upstream PATH")
 
 
@@ -444,10 +444,10 @@ def fetch(version: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m streamfuzz.fuzz.upstream fetch VERSION...``: fill the cache, print the paths."""
+    """``python -m streamfuzz.vllm fetch VERSION...``: fill the cache, print the paths."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[0] != "fetch":
-        print("usage: python -m streamfuzz.fuzz.upstream fetch VERSION...", file=sys.stderr)
+        print("usage: python -m streamfuzz.vllm fetch VERSION...", file=sys.stderr)
         return 2
     try:
         for version in args[1:]:

@@ -11,9 +11,9 @@ The public surface, kept small on purpose (the engine lives in
 At the block's end any finding raises ``StreamfuzzError``, whose message is
 what ``python -m streamfuzz run`` prints for it. A target's writer imports
 ``streamfuzz.draft`` or ``streamfuzz.weight_sync`` (the contexts and handler
-``typing.Protocol``s) and marks the factory with ``streamfuzz.target``. Under pytest the plugin also gives
-the ``stream_checker`` fixture, the ``@pytest.mark.streamfuzz`` marker and the
-``--streamfuzz-device`` option.
+``typing.Protocol``s) and marks the factory with ``streamfuzz.target``. Under
+pytest the plugin also gives the ``stream_checker`` fixture, the
+``@pytest.mark.streamfuzz`` marker and the ``--streamfuzz-device`` option.
 
 This package is the only import name the distribution owns: the repository's
 ``fuzz/`` and ``strategies/`` folders are ``streamfuzz.fuzz`` and

@@ -9,6 +9,7 @@ still work for one release, with a warning that names the new import.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -247,3 +248,14 @@ def test_py_typed_is_package_data():
     text = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'\[tool\.setuptools\.package-data\]\s*\nstreamfuzz = \["py\.typed"\]',
                      text), "py.typed is not package data"
+
+
+@pytest.mark.parametrize("module, says", [
+    ("streamfuzz.rank", "STREAMFUZZ_DRIVER=host:port is not set"),
+    ("streamfuzz.vllm", "usage: python -m streamfuzz.vllm fetch VERSION..."),
+])
+def test_the_documented_entry_points_are_public_and_run(module, says):
+    env = {k: v for k, v in os.environ.items() if k != "STREAMFUZZ_DRIVER"}
+    r = subprocess.run([sys.executable, "-m", module], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and says in r.stderr, r.stderr

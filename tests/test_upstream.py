@@ -1,7 +1,7 @@
 """vLLM's own PPHandler as a target: reading sources, the AST edit, bad input, real runs.
 
 The tests that run vLLM's code need its wheel in the cache (``.ci/run`` fetches
-it; ``python -m streamfuzz.fuzz.upstream fetch 0.32.0 0.34.0`` does it by hand) and skip,
+it; ``python -m streamfuzz.vllm fetch 0.32.0 0.34.0`` does it by hand) and skip,
 saying so, without it. The rest use small handler files written here that
 only have the shape of vLLM's API.
 """
@@ -145,7 +145,7 @@ def test_a_version_not_cached_says_how_to_get_it(tmp_path):
     env = {**__import__("os").environ, "STREAMFUZZ_VLLM_CACHE": str(tmp_path)}
     res = _cli("run", "--device", "cpu", "--target", "vllm-pp@0.32.0", env=env)
     assert res.returncode == 2 and res.stderr.count("\n") == 1
-    assert "python -m streamfuzz.fuzz.upstream fetch 0.32.0" in res.stderr
+    assert "python -m streamfuzz.vllm fetch 0.32.0" in res.stderr
 
 
 # -- vLLM's code, when its wheel is cached -----------------------------------------
@@ -217,4 +217,4 @@ def test_an_unsupported_version_is_refused_before_any_download(tmp_path, monkeyp
     # Nor does a run tell the user to fetch it.
     with pytest.raises(upstream.UpstreamError, match="not a supported version") as info:
         upstream.resolve("0.29.0")
-    assert "streamfuzz.fuzz.upstream fetch" not in str(info.value)
+    assert "streamfuzz.vllm fetch" not in str(info.value)

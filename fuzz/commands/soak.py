@@ -64,7 +64,7 @@ def soak_command(args: argparse.Namespace) -> int:
         try:
             if args.listen:
                 print(f"soak: waiting for {world} ranks on {args.listen[0]}:{args.listen[1]} "
-                      f"(torchrun ... -m streamfuzz.fuzz.rank_main)", file=sys.stderr, flush=True)
+                      f"(torchrun ... -m streamfuzz.rank)", file=sys.stderr, flush=True)
             pool.start()
             report = soak.run()
         finally:

@@ -202,8 +202,8 @@ def check_handler(p: Protocol, handler: Any, role: str | None = None) -> None:
     kind = handler if isinstance(handler, type) else type(handler)
     where = f" on {role}" if role is not None else ""
     hint = next((f"; it has the {q.name} protocol's methods: declare protocol = "
-                 f"{q.name!r} on the factory (a function attribute, or a class attribute "
-                 f"where the factory is the class)"
+                 f"{q.name!r} on the factory (@streamfuzz.target, or a function or class "
+                 f"attribute)"
                  for q in all_protocols().values() if q is not p and q.handler_methods
                  and all(callable(getattr(handler, m, None))
                          for ms in q.handler_methods.values() for m in ms)), "")
