@@ -145,9 +145,11 @@ def test_a_misspelled_context_field_is_a_type_error(mypy_lines):
 def test_a_factory_of_the_wrong_protocol_is_a_type_error(mypy_lines):
     errors = [line for line in mypy_lines.get("probe_wrong_protocol.py", [])
               if ": error:" in line]
-    lines = {int(line.split(":")[1]) for line in errors}
-    # the draft factory under "weight-sync", the misspelled name, the half handler
-    assert {8, 13, 27} <= lines, "\n".join(errors)
+    # the draft factory under "weight-sync", the misspelled name, the half handler:
+    # each refused by target's signature, not by a name mypy cannot find
+    refused = {int(line.split(":")[1]) for line in errors
+               if line.endswith(("[type-var]", "[call-overload]"))}
+    assert refused == {8, 13, 26}, "\n".join(errors)
 
 
 def _user_facing() -> list[Path]:
