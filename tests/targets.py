@@ -9,8 +9,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from streamfuzz.draft import Batch, TargetContext
 from streamfuzz.fuzz.draft.targets.pp_draft import MainGather, MainGatherSynced, PreFix
-from streamfuzz.fuzz.targets import Batch, TargetContext
 
 
 class ShiftedRows(MainGather):
