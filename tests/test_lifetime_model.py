@@ -27,7 +27,7 @@ def _alloc(m, key=7, stream=MAIN, name="idx_mapping"):
 
 
 def _kinds(m):
-    return [f.kind for f in m.findings]
+    return [f.kind for f in m.report()]
 
 
 def test_free_after_unordered_side_read_is_lifetime_and_names_the_tensor():
@@ -37,7 +37,8 @@ def test_free_after_unordered_side_read_is_lifetime_and_names_the_tensor():
     m.access(k, SIDE, False, "aten.index.Tensor", ())
     m.step = 4
     m.free(k, ())
-    (f,) = m.findings
+    m.step = 5
+    (f,) = m.report()
     assert f.kind == "lifetime" and f.step == 4 and f.rank == 1
     assert f.message.startswith("idx_mapping (int64[3]) was freed while stream side")
     assert "aten.index.Tensor" in f.message
@@ -58,7 +59,7 @@ def test_free_is_clean_when_the_use_is_covered(sync):
     m.access(k, SIDE, False, "aten.index.Tensor", ())
     sync(m)
     m.free(k, ())
-    assert m.findings == []
+    assert m.report() == []
 
 
 def test_record_stream_on_the_wrong_stream_does_not_cover():
@@ -87,7 +88,7 @@ def test_same_stream_use_and_free_is_clean():
     k = _alloc(m)
     m.access(k, MAIN, True, "aten.fill_", ())
     m.free(k, ())
-    assert m.findings == []
+    assert m.report() == []
 
 
 @pytest.mark.parametrize("first, second, kind", [
@@ -185,7 +186,7 @@ def test_a_use_that_a_recorded_stream_waited_for_is_covered():
     m.wait_stream(SIDE, NCCL)
     m.record_stream(k, SIDE)
     m.free(k, ())
-    assert m.findings == []
+    assert m.report() == []
 
 
 def _async_send(m, k):
@@ -225,3 +226,64 @@ def test_reading_what_an_async_collective_writes_needs_a_wait_for_its_handle(wai
         m.wait_work(MAIN, "w")
     m.access(k, MAIN, False, "aten.index.Tensor", ())
     assert _kinds(m) == kinds
+
+
+def _consumer_step(m, key, wait_first):
+    """A batch made on the producer (SIDE), read on the consumer (MAIN), dropped
+    with no record_stream; the producer's next batch, waited or not."""
+    if wait_first:
+        m.wait_stream(SIDE, MAIN)
+    _alloc(m, key=key, stream=SIDE, name=f"batch{key}")
+    m.wait_stream(MAIN, SIDE)
+    m.access(key, MAIN, False, "aten.add.Tensor", ())
+    m.free(key, ())
+
+
+@pytest.mark.parametrize("wait_first, kinds", [(True, []), (False, ["lifetime"] * 3)],
+                         ids=["producer-waits-before-each-allocation", "never-waits"])
+def test_a_free_is_judged_at_the_next_allocation_on_its_stream(wait_first, kinds):
+    # The caching allocator hands a freed block only to its own stream: a
+    # producer that waits for the consumer before each allocation reuses
+    # blocks only after the consumer's reads (a prefetching loader's shape).
+    m = _model()
+    for key in range(10, 14):
+        _consumer_step(m, key, wait_first)
+    assert [f.kind for f in m.findings] == kinds  # the last free is still pending
+    # At the end the last free is judged too: trusted where the stream was
+    # seen to wait before every reuse, reported where it was not.
+    assert _kinds(m) == (kinds + ["lifetime"] if kinds else [])
+
+
+def test_a_free_pending_at_the_end_is_judged_at_its_own_point():
+    # Nothing reused the block, and a host sync came after the free: the
+    # program's next step may still allocate on main before waiting, so the
+    # free is judged where it happened (a one-step example keeps its finding).
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "aten.index.Tensor", ())
+    m.free(k, ())
+    m.sync_device()
+    assert _kinds(m) == ["lifetime"]
+
+
+def test_a_wait_between_the_free_and_the_next_allocation_orders_the_reuse():
+    m = _model()
+    k = _alloc(m)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "aten.index.Tensor", ())
+    m.step = 2
+    m.free(k, ())
+    m.wait_stream(MAIN, SIDE)
+    _alloc(m, key=8)
+    assert _kinds(m) == []
+    k = 9
+    _alloc(m, key=k)
+    m.wait_stream(SIDE, MAIN)
+    m.access(k, SIDE, False, "aten.index.Tensor", ())
+    m.step = 3
+    m.free(k, ())
+    m.step = 4
+    _alloc(m, key=11)  # no wait this time: the reuse is unordered
+    (f,) = m.report()
+    assert f.kind == "lifetime" and f.step == 3

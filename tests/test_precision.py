@@ -412,3 +412,34 @@ def test_outside_a_checked_block_an_annotation_does_nothing():
     t = torch.ones(2)
     with streamfuzz.opaque(reads=[t], writes=[t]):
         pass
+
+
+# -- a prefetching loader: the block goes back to the producer's pool ------------
+def _prefetch_loader(wait_before_each_batch: bool, batches: int = 4):
+    """A loader of the shape data loaders use: each batch is made on a
+    prefetch stream, handed to the consumer's stream (it waits for the
+    prefetch) and dropped with no record_stream. Safe only if the prefetch
+    stream waits for the consumer before it allocates the next batch."""
+    def probe():
+        consumer = torch.cuda.current_stream()
+        prefetch = torch.cuda.Stream()
+        host = torch.arange(64, dtype=torch.float32).pin_memory()
+        total = torch.zeros((), device="cuda")
+        for _ in range(batches):
+            if wait_before_each_batch:
+                prefetch.wait_stream(consumer)
+            with torch.cuda.stream(prefetch):
+                batch = host.to("cuda", non_blocking=True)
+            consumer.wait_stream(prefetch)
+            total += batch.sum()  # the consumer reads the batch...
+            del batch  # ...and drops it: its block goes back to the prefetch stream
+        torch.cuda.synchronize()
+    return probe
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("wait, expected", [(True, []), (False, ["lifetime"] * 4)],
+                         ids=["waits-before-each-batch", "never-waits"])
+def test_a_prefetch_stream_that_waits_before_each_allocation_reuses_safely(
+        device, wait, expected):
+    assert _verdict(device, _prefetch_loader(wait)) == expected

@@ -8,7 +8,7 @@ keys, storages are keys with what a report says about them. The trackers of
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from streamfuzz.fuzz.frames import Frames
@@ -27,6 +27,17 @@ from streamfuzz.fuzz.oracles.access import (
 from streamfuzz.fuzz.oracles.spans import WHOLE, Span, overlap
 from streamfuzz.fuzz.tensors import HOST
 from streamfuzz.fuzz.verdict import Failure
+
+
+@dataclass
+class _Pending:
+    """A free whose other streams' uses were not ordered before its point."""
+
+    info: StorageInfo
+    frames: Frames
+    uses: list[Access]
+    point: Clock
+    step: int | None
 
 
 class LifetimeModel:
@@ -54,6 +65,11 @@ class LifetimeModel:
         """Per stream, its point when it last freed a block of its own (``allocate``)."""
         self.last_freed: dict[Any, tuple[StorageInfo, Frames]] = {}
         """Per stream, the storage it last freed and where: what an allocation may reuse."""
+        self.pending: dict[Any, list[_Pending]] = {}
+        """Per stream, frees whose other streams' uses were not ordered yet (``free``)."""
+        self.disciplined: dict[Any, bool] = {}
+        """Per stream, whether each of its allocations so far came after the uses
+        of the blocks it had freed (``_settle``)."""
         self.findings: list[Failure] = []
         self.dropped = 0
         self.sites: list[tuple[str, str, Frames]] = []
@@ -150,6 +166,7 @@ class LifetimeModel:
         a wait for ``s`` that covers that point, another stream may write the
         new storage at once.
         """
+        self._settle(s)
         info = StorageInfo(key=key, ref=ref, stream=s, shape=shape, dtype=dtype,
                            alloc_op=op, alloc_frames=frames, nbytes=nbytes)
         self.storages[key] = info
@@ -198,7 +215,9 @@ class LifetimeModel:
             info.recorded.add(s)
 
     def free(self, key: int, frames: Frames) -> None:
-        """The rule fires here: a freed block is what the next allocation gets."""
+        """A block freed while another stream's use of it is not ordered yet is
+        kept pending: the allocator hands it only to its own stream, so the
+        rule is judged when that stream next allocates (``_settle``)."""
         info = self.storages.pop(key, None)
         if info is None or info.stream == HOST:
             return
@@ -220,17 +239,45 @@ class LifetimeModel:
         join(point, self.host)
         for r in info.recorded:
             join(point, self._clock(r))
-        for a in uses.values():
-            if not ordered(a, point):
-                self._lifetime(info, a, frames)
-                break
+        late = [a for a in uses.values() if not ordered(a, point)]
+        if late:
+            self.pending.setdefault(info.stream, []).append(
+                _Pending(info, frames, late, point, self.step))
+
+    def _settle(self, s: Any, end: bool = False) -> None:
+        """Judge the frees pending on ``s`` when it allocates: work ``s``
+        enqueues from now on (what writes a reused block) starts after
+        everything ``s`` and the host have waited for since the free.
+
+        At the block's end (``end``) nothing reused the block. A stream seen
+        to wait for such uses before every allocation so far is taken to keep
+        that discipline; any other pending free is judged at its own point,
+        as the next allocation in the program (a later step) may come first.
+        """
+        pending = self.pending.pop(s, ())
+        if not pending:
+            return
+        trusted = end and self.disciplined.get(s, False)
+        for p in pending:
+            point = dict(p.point)
+            if not end:
+                join(point, self._clock(s))
+                join(point, self.host)
+            late = next((a for a in p.uses if not ordered(a, point)), None)
+            if not end:
+                self.disciplined[s] = late is None and self.disciplined.get(s, True)
+            if late is not None and not trusted:
+                self._lifetime(p.info, late, p.frames, p.step)
 
     # -- reports -------------------------------------------------------------
     def name_of(self, s: Any) -> str:
         return self.stream_names.get(s, str(s))
 
     def report(self) -> list[Failure]:
-        """The findings, the last one saying how many more were left out."""
+        """The findings, the last one saying how many more were left out; frees
+        still pending are judged as the block's end finds them (``_settle``)."""
+        for s in list(self.pending):
+            self._settle(s, end=True)
         found = list(self.findings)
         if self.dropped:
             found[-1] = replace(found[-1], message=found[-1].message + (
@@ -238,17 +285,19 @@ class LifetimeModel:
                 f"example, not shown (the first {messages.MAX_FINDINGS} are)"))
         return found
 
-    def _add(self, kind: str, message: str, frames: Frames) -> None:
+    def _add(self, kind: str, message: str, frames: Frames, step: int | None = None) -> None:
         self.sites.append((kind, message.split("\n", 1)[0], frames))
         if len(self.findings) >= messages.MAX_FINDINGS:
             self.dropped += 1
             return
-        self.findings.append(Failure(kind, message, self.rank, self.step))
+        self.findings.append(Failure(kind, message, self.rank,
+                                     self.step if step is None else step))
 
-    def _lifetime(self, info: StorageInfo, use: Access, free_frames: Frames) -> None:
+    def _lifetime(self, info: StorageInfo, use: Access, free_frames: Frames,
+                  step: int | None) -> None:
         self._add("lifetime", messages.freed_in_use(self.name_of, info, use, free_frames,
                                                     use.stream in self.backends),
-                  free_frames + use.frames + info.alloc_frames)
+                  free_frames + use.frames + info.alloc_frames, step)
 
     def _race(self, info: StorageInfo, prev: Access, now: Access) -> None:
         self._add("race", messages.race(self.name_of, info, prev, now,
