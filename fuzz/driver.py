@@ -24,6 +24,7 @@ import hypothesis
 from hypothesis import Phase, given
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
+from hypothesis.internal.reflection import function_digest
 
 from streamfuzz.fuzz import corpus, profiles, stages, targets
 from streamfuzz.fuzz import protocol as protocols
@@ -248,11 +249,28 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
                          first_sight=sight if first is not None or claim is not None
                          else None)
     _run_phases(campaign, strategy, settings, max_examples, seed, pipeline=pipeline)
+    if result.failure is not None and result.reason is not None \
+            and result.reason is not StopReason.CLAIMED:
+        _shrink_again_later(campaign.db_key, settings)
     result.elapsed_s = time.monotonic() - campaign.start
     result.held = sorted(campaign.held)
     if owned and not owned[0]:
         result.reason = StopReason.CLAIMED
     return _settled(result, corpus_dir, first, entry)
+
+
+def _shrink_again_later(key: bytes | None, settings: hypothesis.settings) -> None:
+    """A failure whose shrinking was cut short goes from the database's primary
+    entries to its secondary ones. Hypothesis takes a primary entry that still
+    fails for one shrunk to the end and does not shrink it again: a soak's
+    later rounds found the half-shrunk failure at their first example and
+    saved it unchanged, every round. Replayed from the secondary entries it
+    fails just as first, and its shrinking goes on from there."""
+    db = settings.database
+    if db is None or key is None:
+        return
+    for value in list(db.fetch(key)):
+        db.move(key, key + b".secondary", value)
 
 
 def _settled(result: CampaignResult, corpus_dir: Path | None, first: corpus.FirstSight | None,
@@ -365,6 +383,8 @@ class _Campaign:
         self.deferred_verdict: Verdict | None = None
         self.own_seed = own_seed
         """The seed is ours, only so that a replay draws what the ahead run drew."""
+        self.db_key: bytes | None = None
+        """The example database's key for this target's test (set by ``_test``)."""
 
     def goes_on(self) -> bool:
         """Whether nothing ended the campaign: no shrunk failure, no interrupt, no stop."""
@@ -452,6 +472,7 @@ class _Campaign:
         body.__qualname__ = f"streamfuzz[{self.target}]"
         body._hypothesis_internal_add_digest = self.target.encode()  # type: ignore[attr-defined]
         test = given(strategy)(body)
+        self.db_key = function_digest(body)  # Hypothesis's key for this test's entries
         ours = hypothesis.settings(settings, max_examples=max_examples, phases=phases)
         if seed is None:
             return ours(test)

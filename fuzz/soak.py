@@ -11,9 +11,10 @@ outlive the driver is written to the campaign directory before it matters:
   (``_Journal``). A start that finds one replays them, in order, before
   anything else (the driver died mid-example, perhaps because of one) and
   records the first that fails.
-* ``state.json``: running totals, rewritten atomically at every failure, stats
-  sample and round end, so a restarted campaign resumes its budget and counts;
-  bounded however long it runs (``KEPT_OCCURRENCES``).
+* ``state.json``: running totals, rewritten atomically at a failure not seen
+  before and otherwise at most once per stats sample, so a restarted campaign
+  resumes its budget and counts; bounded however long it runs
+  (``KEPT_OCCURRENCES``).
 * ``stats.jsonl``: one memory/throughput sample per line (a line cut by a kill
   is skipped on reading); ``soak.log``: the same as text.
 * the corpus: each failure is saved on first sight, then replaced by its shrunk
@@ -151,6 +152,7 @@ class Soak:
         self._world_base: tuple[int, list[int | None] | None] = (-1, None)
         self._t0 = time.monotonic()
         self._last_sample = -1e9
+        self._state_saved = -1e9
         self._released = time.monotonic()
         self._last_sample_examples = 0
         self._last_draw = 0.0
@@ -211,7 +213,7 @@ class Soak:
                 target = self.cfg.targets[n % len(self.cfg.targets)]
                 self._round(target, settings, rng.getrandbits(32) if rng else None)
                 self.state["rounds"] = n + 1
-                self._save_state()
+                self._save_state(urgent=False)
                 if time.monotonic() - self._released >= _RELEASE_EVERY_S:
                     _release_heap()
                     self._released = time.monotonic()
@@ -413,6 +415,10 @@ class Soak:
                "message": failure.message, "path": str(path), "shrunk": shrunk,
                "flaky": flaky, "recovered": recovered, "pending": pending,
                "examples_to_find": examples_to_find}
+        # A failure not settled before is written at once; the same one found
+        # again (every round, for a buggy target) waits for the next due write.
+        new = not any(f["path"] == str(path) and not f["pending"] for f in fails) \
+            and str(path) not in self.state["repeats"]
         # One record per saved file and round: the pending copy is replaced in place.
         if fails and fails[-1]["path"] == str(path) and fails[-1]["pending"]:
             fails[-1] = rec
@@ -420,7 +426,7 @@ class Soak:
             fails.append(rec)
         if not pending:
             self._fold(fails)
-        self._save_state()
+        self._save_state(urgent=new)
 
     def _fold(self, fails: list[dict[str, Any]]) -> None:
         """Count the last record instead of keeping it, once its failure has
@@ -456,7 +462,18 @@ class Soak:
             return fresh
         return dict(fresh, **data)
 
-    def _save_state(self) -> None:
+    def _save_state(self, urgent: bool = True) -> None:
+        """Rewrite ``state.json`` now, or, unless ``urgent``, once ``stats_every_s``
+        has passed since the last write. Written whole and synced at every
+        round and failure, it cost each round of a buggy target three synced
+        writes of a state that grows to ~100 KB as the kept occurrences fill
+        up (docs/soak.md). What waits is counts (rounds, a known failure
+        found again), never a failure first seen; a killed driver loses at
+        most ``stats_every_s`` of them."""
+        now = time.monotonic()
+        if not urgent and now - self._state_saved < self.cfg.stats_every_s:
+            return
+        self._state_saved = now
         self.state["elapsed_s"] = round(self.elapsed(), 3)
         self.state["restarts"] = self._restarts()
         self.state["recycles"] = self._recycles()

@@ -238,6 +238,40 @@ def receiver_raises(ctx: TargetContext) -> ReceiverRaises:
     return ReceiverRaises(ctx)
 
 
+class ReceiverRaisesOnThree(MainGather):
+    """main-gather whose receivers raise on a batch of 3 or more requests while
+    the last rank waits in its broadcast: a crash whose first sight is rarely
+    minimal, so that shrinking it runs many crashing examples."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        if batch.num_reqs >= 3:
+            raise RuntimeError("receiver gave up on a batch of 3")
+        super().receive_drafts(batch)
+
+
+def receiver_raises_on_three(ctx: TargetContext) -> ReceiverRaisesOnThree:
+    return ReceiverRaisesOnThree(ctx)
+
+
+class RaisesWhileRootWorks(MainGather):
+    """main-gather whose receivers raise once they have received, while the
+    last rank works on for a second after its broadcast: a peer that is not
+    blocked, only late."""
+
+    def receive_drafts(self, batch: Batch) -> None:
+        super().receive_drafts(batch)
+        raise RuntimeError("receiver gave up after its receive")
+
+    def broadcast_drafts(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+        out = super().broadcast_drafts(draft_table, batch)
+        time.sleep(1.0)
+        return out
+
+
+def raises_while_root_works(ctx: TargetContext) -> RaisesWhileRootWorks:
+    return RaisesWhileRootWorks(ctx)
+
+
 class ReceiverRunsAhead(MainGather):
     """main-gather whose ranks meet at a file: a receiving rank creates
     ``$STREAMFUZZ_TEST_RECEIVE_MARK`` once its receive calls of a step have

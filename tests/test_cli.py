@@ -12,6 +12,9 @@ from tests.helpers import fuzz_cli as _cli
 @pytest.mark.parametrize("args, message", [
     (["run", "--target", "no-such-target"], "unknown target 'no-such-target'"),
     (["run", "--target", "tests.nowhere:f"], "cannot import 'tests.nowhere'"),
+    (["run", "--target", "tests/targets.py"],
+     "target 'tests/targets.py' names a file, not the factory in it: write "
+     "tests/targets.py:FACTORY"),
     (["run", "--target", "tests.targets:not_callable"], "is not callable"),
     (["run", "--target", "tests.targets:WeightSyncShaped"],
      "has no broadcast_drafts, receive_drafts, apply_received, which the draft-broadcast "

@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import strategies as st
 
-from streamfuzz.fuzz import corpus, driver
+from streamfuzz.fuzz import corpus, driver, profiles
 from streamfuzz.fuzz.draft.scenario import Scenario, Step
 from streamfuzz.fuzz.ranks import RankPool
 from streamfuzz.strategies import scenarios
@@ -81,3 +81,20 @@ def test_shrink_budget_saves_the_best_case_so_far_without_calling_it_flaky(cpu_p
     assert res.failure is not None and res.shrink_truncated and not res.flaky
     entry = corpus.load(res.corpus_path)
     assert not driver.replay(cpu_pool, entry).ok
+
+
+def test_a_failure_whose_shrinking_was_cut_short_is_shrunk_on_by_the_next_run(cpu_pool,
+                                                                               tmp_path):
+    # The database keeps the failure as shrunk so far. Hypothesis took that
+    # entry for one shrunk to the end and never shrank it again: a soak's
+    # rounds found the same half-shrunk case at their first example, forever.
+    settings = profiles.get("default", tmp_path / "db")
+    cut = driver.fuzz(cpu_pool, SHIFTED, settings, max_examples=300, shrink_budget_s=0.0)
+    assert cut.failure is not None and cut.shrink_truncated
+    again = driver.fuzz(cpu_pool, SHIFTED, settings, max_examples=300, shrink_budget_s=None)
+    assert again.failure is not None and not again.shrink_truncated
+    assert again.first_failure_examples == 1  # the database's case, replayed first
+    assert again.examples > 2, "the replayed case was not shrunk again"
+    shrunk = again.scenario
+    assert (len(shrunk.steps), shrunk.max_num_reqs) == (1, 3)
+    assert shrunk.steps[0].idx_mapping == (0, 1, 2)

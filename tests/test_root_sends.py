@@ -31,3 +31,18 @@ def test_a_send_nobody_receives_ends_the_world_not_the_next_example():
         pool.timeout = 120.0  # the replacement world must answer; a loaded host may be slow
         after = driver.evaluate(pool, "main-gather", _SCENARIO)
         assert after.ok, after.summary()
+
+
+def test_once_a_rank_raised_a_peer_still_out_is_not_waited_for():
+    """Every crashing step of a shrink waited 2 s for a peer blocked in its
+    collective, which never answers: a 30-second shrink ran 10 steps and
+    saved a case far from minimal. The peer here is only late (it works on
+    for a second after its broadcast); it is not waited for either: its
+    world is replaced, and the verdict is the raise."""
+    one = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP,))
+    with RankPool(2, "cpu", timeout=60.0) as pool:
+        bad = driver.evaluate(pool, "tests.targets:raises_while_root_works", one)
+        assert not bad.ok and bad.first.kind == "crash"
+        assert "receiver gave up after its receive" in bad.first.message
+        assert pool.restarts == 1
+        assert driver.evaluate(pool, "main-gather", one).ok

@@ -205,6 +205,39 @@ def test_a_failure_found_every_round_keeps_state_json_bounded_and_its_count(tmp_
     assert rep["failures_not_listed"] == rounds - KEPT_OCCURRENCES
 
 
+def test_a_failure_found_again_every_round_does_not_rewrite_state_json_each_round(
+        tmp_path, monkeypatch):
+    # state.json was written whole and synced three times in every round of a
+    # buggy target (its first sight, its settled record, the round's end),
+    # and it grows to ~100 KB until every failure has its kept occurrences.
+    # A failure seen before is only counted until the next due write; the
+    # counts stay whole.
+    from streamfuzz.fuzz import soak as soak_module
+
+    written = []
+    real = soak_module.write_json_atomic
+
+    def counting(path, data):
+        if Path(path).name == "state.json":
+            written.append(data["rounds"])
+        real(path, data)
+
+    monkeypatch.setattr(soak_module, "write_json_atomic", counting)
+    rounds = 8
+    cfg = _cfg(tmp_path, ["tests.targets:shifted_rows"], 900.0, round_examples=20,
+               max_rounds=rounds, stats_every_s=3600.0,
+               strategy=st.sampled_from([_scenario(2), _scenario(3)]))
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        rep = Soak(pool, cfg, stream=sys.stdout).run()
+    (d,) = rep["distinct_failures"]
+    assert d["occurrences"] == rounds
+    assert len(written) < rounds, f"state.json written {len(written)} times in {rounds} rounds"
+    state = json.loads((tmp_path / "out" / "state.json").read_text())
+    assert state["rounds"] == rounds and written[-1] == rounds
+    assert len(state["failures"]) + sum(r["occurrences"] for r in state["repeats"].values()) \
+        == rounds
+
+
 def test_a_saved_failure_is_one_whole_line_in_the_soak_output(tmp_path):
     # pre-fix's lifetime finding has frames under its first line: the
     # terminal line once cut them mid-word ("    main: fuz").

@@ -359,7 +359,7 @@ class RankPool:
                     death = death or Failure("crash", f"rank {rank} {how}: {self._tail(rank)}",
                                              rank)
                     ex.broken = True
-                    deadline = min(deadline, time.monotonic() + 2.0)
+                    deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
                     continue
                 finally:
                     stages.leave()
@@ -370,7 +370,7 @@ class RankPool:
                     ex.answered.add(rank)
                     if ex.failure is not None:
                         # Peers are likely blocked in a collective: give them a moment only.
-                        deadline = min(deadline, time.monotonic() + 2.0)
+                        deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         failure = death or ex.failure
         broken = ex.broken
         if broken:
@@ -387,6 +387,15 @@ class RankPool:
                            setup=ex.setup and failure is ex.failure, calls=ex.calls)
         return Outcome(observations=[ex.done[r] for r in range(self.world_size)],
                        calls=ex.calls)
+
+
+PEER_GRACE_S = 0.2
+"""How long the ranks still out get once one rank raised or died: one blocked
+in a collective with it never answers, and its world is replaced. A rank that
+died before a peer's collective error is already readable as closed. At 2 s,
+every crashing step of a shrink cost 2 s more than its restart (a 30-second
+shrink ran 10 of them); a peer that would have finished later is replaced
+with its world, the example's verdict the same."""
 
 
 def _wait(conns: Sequence[Connection], timeout: float) -> list[Connection]:

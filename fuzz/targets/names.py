@@ -127,6 +127,10 @@ def resolve(name: str) -> str:
     builtin = protocols.builtin_targets()
     if name in builtin:
         return builtin[name]
+    if ":" not in name and name.endswith(".py"):
+        raise TargetError(f"target {name!r} names a file, not the factory in it: write "
+                          f"{name}:FACTORY (the function that makes the handler, e.g. "
+                          f"{name}:make)")
     if ":" not in name:
         known = ", ".join(sorted(builtin) + [f"{f}@VERSION" for p in
                                              protocols.all_protocols().values()
