@@ -947,6 +947,153 @@ RULES: dict[str, Rule] = {
                     buf.copy_(x)
                 x.record_stream(stream)
         ''', Hazard.UNORDERED, "Dual.put", "self.side_buf"),
+    # a platform's switch helper, given the stream a getter call returns (vllm-ascend #13397)
+    "a-switch-helper-given-a-stream-getter-call": Rule('''
+        from contextlib import nullcontext
+        import torch
+
+        _SIDE = None
+
+        def side_stream():
+            global _SIDE
+            if _SIDE is None:
+                _SIDE = torch.cuda.Stream()
+            return _SIDE
+
+        def switch_to(target, *, enabled=True):
+            if not enabled:
+                return nullcontext()
+            return torch.cuda.stream(target)
+
+        def noisy_argmax(probs):
+            with switch_to(side_stream()):
+                noise = torch.empty_like(probs)
+                noise.exponential_()
+            torch.cuda.current_stream().wait_stream(side_stream())
+            return probs.div_(noise).argmax(dim=-1)
+        ''', '''
+        from contextlib import nullcontext
+        import torch
+
+        _SIDE = None
+
+        def side_stream():
+            global _SIDE
+            if _SIDE is None:
+                _SIDE = torch.cuda.Stream()
+            return _SIDE
+
+        def switch_to(target, *, enabled=True):
+            if not enabled:
+                return nullcontext()
+            return torch.cuda.stream(target)
+
+        def noisy_argmax(probs):
+            with switch_to(side_stream()):
+                noise = torch.empty_like(probs)
+                noise.exponential_()
+            torch.cuda.current_stream().wait_stream(side_stream())
+            noise.record_stream(torch.cuda.current_stream())
+            return probs.div_(noise).argmax(dim=-1)
+        ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
+    # the same, the switch imported from a platform module the scan does not read
+    "a-foreign-stream-switch-given-a-stream": Rule('''
+        import torch
+        from .platform import stream_switch
+
+        def noisy_argmax(probs, side_stream):
+            with stream_switch(side_stream):
+                noise = torch.rand_like(probs)
+            torch.cuda.current_stream().wait_stream(side_stream)
+            return probs.div_(noise).argmax(dim=-1)
+        ''', '''
+        import torch
+        from .platform import stream_switch
+
+        def noisy_argmax(probs, side_stream):
+            with stream_switch(side_stream):
+                noise = torch.rand_like(probs)
+            torch.cuda.current_stream().wait_stream(side_stream)
+            noise.record_stream(torch.cuda.current_stream())
+            return probs.div_(noise).argmax(dim=-1)
+        ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
+    # `empty_like(x)` on a side stream takes x's shape: no kernel reads x there
+    "a-tensor-made-like-another-reads-none-of-it": Rule('''
+        import torch
+
+        def jitter(x, side):
+            with torch.cuda.stream(side):
+                noise = x.clone()
+                noise.uniform_()
+            torch.cuda.current_stream().wait_stream(side)
+            noise.record_stream(torch.cuda.current_stream())
+            return x + noise
+        ''', '''
+        import torch
+
+        def jitter(x, side):
+            with torch.cuda.stream(side):
+                noise = torch.empty_like(x)
+                noise.uniform_()
+                extra = x.new_empty(4)
+                extra.zero_()
+            torch.cuda.current_stream().wait_stream(side)
+            noise.record_stream(torch.cuda.current_stream())
+            extra.record_stream(torch.cuda.current_stream())
+            return x + noise + extra
+        ''', Hazard.UNORDERED, "jitter", "x"),
+    # what layers return on one side stream, taken by work on another (TensorRT-LLM #15265)
+    "a-layer-output-handed-between-side-streams": Rule('''
+        import torch
+
+        class Prologue:
+            def __init__(self):
+                self.aux = torch.cuda.Stream()
+                self.indexer = torch.cuda.Stream()
+                self.start = torch.cuda.Event()
+                self.aux_done = torch.cuda.Event()
+                self.idx_done = torch.cuda.Event()
+
+            def run(self, x, proj, pick, attend):
+                self.start.record()
+                with torch.cuda.stream(self.aux):
+                    self.start.wait()
+                    weights = proj(x)
+                    self.aux_done.record()
+                with torch.cuda.stream(self.indexer):
+                    self.start.wait()
+                    self.aux_done.wait()
+                    top = pick(x, weights)
+                    self.idx_done.record()
+                self.idx_done.wait()
+                return attend(x, top)
+        ''', '''
+        import torch
+
+        class Prologue:
+            def __init__(self):
+                self.aux = torch.cuda.Stream()
+                self.indexer = torch.cuda.Stream()
+                self.start = torch.cuda.Event()
+                self.aux_done = torch.cuda.Event()
+                self.idx_done = torch.cuda.Event()
+
+            def run(self, x, proj, pick, attend):
+                self.start.record()
+                with torch.cuda.stream(self.aux):
+                    self.start.wait()
+                    weights = proj(x)
+                    self.aux_done.record()
+                with torch.cuda.stream(self.indexer):
+                    self.start.wait()
+                    self.aux_done.wait()
+                    top = pick(x, weights)
+                    self.idx_done.record()
+                weights.record_stream(self.indexer)
+                top.record_stream(torch.cuda.current_stream())
+                self.idx_done.wait()
+                return attend(x, top)
+        ''', Hazard.LIFETIME, "Prologue.run", "weights"),
 }
 
 

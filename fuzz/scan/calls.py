@@ -32,6 +32,10 @@ from streamfuzz.fuzz.scan.names import (
 )
 from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, STORAGE, K
 
+SHAPED_MAKERS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
+                           "randn_like", "randint_like", "new_empty", "new_zeros", "new_ones",
+                           "new_full"})
+"""Calls that make a tensor from another's shape, dtype and device: no kernel reads it."""
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""
 
@@ -154,7 +158,9 @@ class Calls(Namer):
                 rk = made_recv
         if rk is not None and rk.startswith("<work@") and name in ("get_future", "then"):
             return rk  # the work's future: waiting on it waits for the work
-        arg_keys = [self.expr(a) or self.key(a) for a in c.args]
+        arg_keys = [self.key(a) if i == 0 and name in SHAPED_MAKERS and isinstance(
+            a, (ast.Name, ast.Attribute)) else self.expr(a) or self.key(a)
+            for i, a in enumerate(c.args)]
         for kw in c.keywords:
             if kw.arg in ("out",):
                 k = self.key(kw.value)
@@ -245,9 +251,10 @@ class Calls(Namer):
             # the storage goes back to the allocator: a free, not a kernel's write
             self.emit(K.FREE, line, key=rk, flag=STORAGE)
             return rk
-        self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
-                  flag=COPY_SOURCE if self._to_device(c, name) else "",
-                  part=self.part(c.func.value) if isinstance(c.func, ast.Attribute) else "")
+        if name not in SHAPED_MAKERS:  # x.new_empty(n) reads none of x's storage
+            self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
+                      flag=COPY_SOURCE if self._to_device(c, name) else "",
+                      part=self.part(c.func.value) if isinstance(c.func, ast.Attribute) else "")
         if write:
             self.host_write(rk, line)
             return rk  # in-place ops return their receiver
@@ -299,8 +306,9 @@ class Calls(Namer):
             return None
         made = self.fresh(c)
         self.t.tensors.add(made)
-        for k in arg_keys:
-            if k:
+        shaped = full.split(".")[-1] in SHAPED_MAKERS  # torch.empty_like(x): x's shape only
+        for i, k in enumerate(arg_keys):
+            if k and not (shaped and i == 0):
                 self.emit(K.USE, line, stream=self.cur, key=k)
         dev = kw_arg(c, "device")
         if is_true(kw_arg(c, "pin_memory")):

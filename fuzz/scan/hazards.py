@@ -156,6 +156,16 @@ def _show(stream: str) -> str:
             SUBMITTER: "submitter's stream"}.get(stream, stream)
 
 
+def _crossed(t: Trace) -> set[str]:
+    """What a call returned on one stream and work on another stream then took: a
+    value computed on a side stream to be handed to other work is a tensor (the
+    outputs of a model's layers, of custom ops), even where nothing else says so."""
+    made = {o.key: o.stream for o in t.ops if o.kind is K.ALLOC and o.key in t.maybe}
+    handed = {(o.key, o.line) for o in t.ops if o.kind is K.KEEP}  # returned, stored: no work
+    return {o.key for o in t.ops if o.kind is K.USE and o.key in made
+            and o.stream != made[o.key] and (o.key, o.line) not in handed}
+
+
 class _Judge(Handoffs):
     """The rules, applied to one trace."""
 
@@ -170,6 +180,7 @@ class _Judge(Handoffs):
         for i, o in enumerate(self.ops):
             if o.kind is K.COLLECTIVE:
                 self.launches.setdefault(o.stream, []).append(i)
+        self.crossed = _crossed(t)
         self.common: list[str] = []
         if TEST_PATH.search(t.file):
             self.common.append("test-code")
@@ -182,7 +193,7 @@ class _Judge(Handoffs):
         if k in self.t.streams or k in self.t.events:
             return False
         if k.split(".")[0] in self.t.maybe:
-            return k in self.t.tensors
+            return k in self.t.tensors or k in self.crossed
         return k in self.t.tensors or k.startswith("<tmp@")
 
     def local(self, k: str) -> bool:
