@@ -1094,6 +1094,45 @@ RULES: dict[str, Rule] = {
                 self.idx_done.wait()
                 return attend(x, top)
         ''', Hazard.LIFETIME, "Prologue.run", "weights"),
+    # handles kept in a list and waited in a loop after it; each pass of the launching
+    # loop launches a new collective on a new tensor (vLLM's `broadcast_tensor_dict`)
+    "collectives-launched-in-a-loop-and-waited-after-it": Rule('''
+        import torch
+        import torch.distributed as dist
+
+        def exchange(outgoing, shapes, group):
+            handles = []
+            for tensor in outgoing:
+                if tensor.numel() == 0:
+                    continue
+                handles.append(dist.broadcast(tensor, src=0, group=group, async_op=True))
+            received = {}
+            for key, shape in shapes:
+                tensor = torch.empty(shape, device="cuda")
+                handle = dist.broadcast(tensor, src=1, group=group, async_op=True)
+                handles.append(handle)
+                received[key] = tensor
+            return received
+        ''', '''
+        import torch
+        import torch.distributed as dist
+
+        def exchange(outgoing, shapes, group):
+            handles = []
+            for tensor in outgoing:
+                if tensor.numel() == 0:
+                    continue
+                handles.append(dist.broadcast(tensor, src=0, group=group, async_op=True))
+            received = {}
+            for key, shape in shapes:
+                tensor = torch.empty(shape, device="cuda")
+                handle = dist.broadcast(tensor, src=1, group=group, async_op=True)
+                handles.append(handle)
+                received[key] = tensor
+            for handle in handles:
+                handle.wait()
+            return received
+        ''', Hazard.ASYNC_COLLECTIVE, "exchange"),
 }
 
 

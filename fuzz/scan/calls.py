@@ -185,8 +185,12 @@ class Calls(Namer):
         if rk and name in META:
             return None
         if rk in self.t.containers and name in CONTAINER_METHODS:
-            for a in [*c.args, *(k.value for k in c.keywords)]:
-                self.keep(a, line, into=rk)
+            for i, a in enumerate([*c.args, *(k.value for k in c.keywords)]):
+                made = arg_keys[i] if i < len(arg_keys) and isinstance(a, ast.Call) else None
+                if made:  # xs.append(f(...)): what the call gave is in xs
+                    self.emit(K.KEEP, line, key=made, other=rk)
+                else:
+                    self.keep(a, line, into=rk)
             return None
         if rk and "." in rk and name in CONTAINER_METHODS and rk not in self.t.tensors and \
                 not rk.startswith("<"):

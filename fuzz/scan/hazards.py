@@ -587,6 +587,19 @@ class _Judge(Handoffs):
                      f"to {', '.join(sorted({self.t.name(o.key) for o in later}))} that "
                      "outlive the call")
 
+    def _launch_args(self) -> set[int]:
+        """The uses that are a collective's own arguments, read as it is launched."""
+        out: set[int] = set()
+        for j, o in enumerate(self.ops):
+            if o.kind is not K.COLLECTIVE:
+                continue
+            i = j - 1
+            while i >= 0 and self.ops[i].kind is K.USE:
+                if self.ops[i].key == o.key:
+                    out.add(i)
+                i -= 1
+        return out
+
     def collectives(self) -> Iterator[Finding]:
         by_work: dict[str, list[tuple[int, Op]]] = {}
         for j, o in enumerate(self.ops):
@@ -598,11 +611,25 @@ class _Judge(Handoffs):
                              and o.other}  # the containers it was put in
             waits = [j for j, o in enumerate(self.ops) if o.kind is K.WORK_WAIT and
                      o.key in held and j > start]
-            handed = any(o.key == work and o.kind in (K.USE, K.KEEP) for o in self.ops)
+            boxes = held - {work}  # a local list of handles hands them on only if it is used
+            boxed = {o.line for o in self.ops if o.kind is K.KEEP and o.key == work and
+                     o.other in self.t.containers}
+            handed = any(o.key == work and (
+                (o.kind is K.USE and o.line not in boxed) or (o.kind is K.KEEP and (
+                    not o.other or o.other not in self.t.containers))) for o in self.ops) or \
+                any(o.key in boxes and o.kind in (K.USE, K.KEEP) for o in self.ops)
             end = waits[0] if waits else len(self.ops)
             keys = {o.key for _, o in launched}
-            touched = [o for o in self.ops[start + 1:end] if o.key in keys and (
-                o.kind is K.FREE or (o.kind is K.USE and o.stream != ANY))]
+            relaunch = self._launch_args()  # a loop's next launch, another branch's: new work
+            kept = [j for j, o in enumerate(self.ops) if o.kind is K.KEEP and o.key in keys]
+            # handed on with the work (`return Handle(works, tensors)`): the taker waits
+            with_work = {o.line for o in self.ops if o.key in held and o.kind in (K.USE, K.KEEP)
+                         and o.line not in boxed}
+            touched = [o for j, o in enumerate(self.ops[start + 1:end], start + 1)
+                       if o.key in keys and (
+                           (o.kind is K.FREE and not any(k < j for k in kept)) or (
+                               o.kind is K.USE and o.stream != ANY and j not in relaunch
+                               and o.line not in with_work))]
             if waits or handed:
                 if not touched:
                     continue
