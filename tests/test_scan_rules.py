@@ -1133,6 +1133,59 @@ RULES: dict[str, Rule] = {
                 handle.wait()
             return received
         ''', Hazard.ASYNC_COLLECTIVE, "exchange"),
+    # host memory, known by its name, by the helper that made it, or by `pin_memory()`:
+    # the host computes on it; no stream reads it
+    "a-tensor-named-for-the-host-is-read-by-no-stream": Rule('''
+        import torch
+
+        def refresh(update_stream, handles, get_ctx):
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    lens = get_ctx().lens
+                    launch_update(handle, lens.cumsum(0))
+        ''', '''
+        import torch
+
+        def refresh(update_stream, handles, get_ctx):
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    lens_cpu = get_ctx().lens_cpu
+                    launch_update(handle, lens_cpu.cumsum(0))
+        ''', Hazard.UNORDERED, "refresh", "lens"),
+    "a-tensor-a-host-helper-made-is-read-by-no-stream": Rule('''
+        import torch
+
+        def refresh(update_stream, handles, ctx):
+            lens = ctx.lens_tensor()
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    launch_update(handle, lens.cumsum(0))
+        ''', '''
+        import torch
+
+        def refresh(update_stream, handles, ctx):
+            lens = ctx.lens_to_cpu()
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    launch_update(handle, lens.cumsum(0))
+        ''', Hazard.UNORDERED, "refresh", "lens"),
+    "a-pinned-copy-is-read-by-no-stream": Rule('''
+        import torch
+
+        def refresh(update_stream, handles, ctx):
+            lens = ctx.lens_tensor().contiguous()
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    launch_update(handle, lens.cumsum(0))
+        ''', '''
+        import torch
+
+        def refresh(update_stream, handles, ctx):
+            lens = ctx.lens_tensor().pin_memory()
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    launch_update(handle, lens.cumsum(0))
+        ''', Hazard.UNORDERED, "refresh", "lens"),
 }
 
 

@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any
 
 from streamfuzz.fuzz.scan.handoff import TIMING, Handoffs, handoff_safe
-from streamfuzz.fuzz.scan.names import covers
+from streamfuzz.fuzz.scan.names import HOSTISH, covers
 from streamfuzz.fuzz.scan.ops import (
     ANY,
     COPY_SOURCE,
@@ -156,6 +156,9 @@ def _show(stream: str) -> str:
             SUBMITTER: "submitter's stream"}.get(stream, stream)
 
 
+_IDENT = re.compile(r"^[\w.]+$")
+
+
 def _crossed(t: Trace) -> set[str]:
     """What a call returned on one stream and work on another stream then took: a
     value computed on a side stream to be handed to other work is a tensor (the
@@ -181,6 +184,8 @@ class _Judge(Handoffs):
             if o.kind is K.COLLECTIVE:
                 self.launches.setdefault(o.stream, []).append(i)
         self.crossed = _crossed(t)
+        self.copied = {(k, o.line) for o in t.ops if o.kind is K.NB_COPY
+                       for k in (o.key, o.other)}  # a stream's copy to or from host memory
         self.common: list[str] = []
         if TEST_PATH.search(t.file):
             self.common.append("test-code")
@@ -195,6 +200,12 @@ class _Judge(Handoffs):
         if k.split(".")[0] in self.t.maybe:
             return k in self.t.tensors or k in self.crossed
         return k in self.t.tensors or k.startswith("<tmp@")
+
+    def hosted(self, k: str) -> bool:
+        """Host memory: made so here, or named so (``lens_cpu``, ``self.ids_pinned``)."""
+        name = self.t.name(k)
+        return k in self.t.host or (_IDENT.match(name) is not None and
+                                    HOSTISH.search(name.rsplit(".", 1)[-1]) is not None)
 
     def local(self, k: str) -> bool:
         return k.startswith("<tmp@") and k not in self.t.persistent
@@ -304,6 +315,8 @@ class _Judge(Handoffs):
         for p, o in enumerate(self.ops):
             if o.kind is not K.USE or o.stream == ANY or not self.tensorish(o.key):
                 continue
+            if self.hosted(o.key) and (o.key, o.line) not in self.copied:
+                continue  # host memory: what touches it here is the host, not a stream
             if o.stream != self.t.base:
                 sides_with_uses.add(o.stream)
             a, i = self._last_write(o.key, p)
@@ -392,7 +405,7 @@ class _Judge(Handoffs):
         keys = sorted({o.key for o in self.ops if o.kind is K.USE and self.tensorish(o.key)})
         merged: dict[str, Finding] = {}
         for k in keys:
-            if not (self.local(k) or self.param_owned(k)) or k in self.t.host:
+            if not (self.local(k) or self.param_owned(k)) or self.hosted(k):
                 continue  # host memory: its lifetime is the pinned allocator's (events)
             recorded = {o.stream for o in self.ops if o.kind is K.RECORD and o.key == k}
             kept = self.escapes(k)
