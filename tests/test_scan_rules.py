@@ -1400,3 +1400,35 @@ def test_a_handle_another_method_waits_on_lowers_a_drop_across_methods(tmp_path)
     waited = textwrap.dedent(src).replace("        pass\n", "        self.pending.wait()\n")
     assert drops("waited.py", waited) == [
         ("freed", "object-state", "other-method", "consumed-elsewhere")]
+
+
+_TIMERS = '''
+    import torch
+
+    class Interval:
+        @staticmethod
+        def create():
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            return Interval(start=start)
+
+    class Meter:
+        def measure(self, fn):
+            begin = self.events.pop()
+            begin.record()
+            fn()
+            end = torch.cuda.Event()
+            end.record()
+            self.report(begin.elapsed_time(end))
+            self.keep(begin, end)
+    '''
+
+
+def test_events_recorded_only_to_time_work_are_no_owner_unseen_handoff(tmp_path):
+    tree = tmp_path / "pkg"
+    tree.mkdir()
+    _write(tree, "sched.py", _SCHEDULER)
+    _write(tree, "timers.py", _TIMERS)
+    _write(tree, "cache.py", _LOADER)
+    found = [f.function for f in _scan(tree) if "owner-unseen" in f.factors]
+    assert found == ["Controller.start_loading"]  # the ordering event, not the timers
