@@ -207,6 +207,7 @@ class Binding(Namer):
             self.t.containers.add(name)
         if isinstance(value, ast.Call) and HOSTISH.search(callee_name(value)):
             self.t.host.add(made or name)  # staged = self._to_cpu(ids): the helper says host
+            self.t.hosted.add(made or name)
         if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
                 vk is None:
             made = self.fresh(value)  # what a call returns on a side stream is made there

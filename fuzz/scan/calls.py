@@ -269,9 +269,10 @@ class Calls(Namer):
         if name == "pin_memory":
             self.t.pinned.add(made)
             self.t.host.add(made)
-        elif name not in ("to", "cuda") and (rk in self.t.host or HOSTISH.search(
-                rk.rsplit(".", 1)[-1])):
+        elif name not in ("to", "cuda") and (rk in self.t.hosted or rk in self.t.pinned or
+                                             HOSTISH.search(rk.rsplit(".", 1)[-1])):
             self.t.host.add(made)  # lens_cpu.cumsum(0): the host computes it, on the host
+            self.t.hosted.add(made)
         elif name == "cpu" or (name == "to" and (
                 is_cpu_device(c.args[0] if c.args else kw_arg(c, "device")))):
             self.t.host.add(made)

@@ -202,9 +202,10 @@ class _Judge(Handoffs):
         return k in self.t.tensors or k.startswith("<tmp@")
 
     def hosted(self, k: str) -> bool:
-        """Host memory: made so here, or named so (``lens_cpu``, ``self.ids_pinned``)."""
+        """Host memory by what made it (``pin_memory()``, a helper named for the host,
+        host work on host memory) or by its name (``lens_cpu``, ``self.ids_pinned``)."""
         name = self.t.name(k)
-        return k in self.t.host or (_IDENT.match(name) is not None and
+        return k in self.t.pinned or k in self.t.hosted or (_IDENT.match(name) is not None and
                                     HOSTISH.search(name.rsplit(".", 1)[-1]) is not None)
 
     def local(self, k: str) -> bool:
@@ -405,7 +406,7 @@ class _Judge(Handoffs):
         keys = sorted({o.key for o in self.ops if o.kind is K.USE and self.tensorish(o.key)})
         merged: dict[str, Finding] = {}
         for k in keys:
-            if not (self.local(k) or self.param_owned(k)) or self.hosted(k):
+            if not (self.local(k) or self.param_owned(k)) or k in self.t.host or self.hosted(k):
                 continue  # host memory: its lifetime is the pinned allocator's (events)
             recorded = {o.stream for o in self.ops if o.kind is K.RECORD and o.key == k}
             kept = self.escapes(k)
