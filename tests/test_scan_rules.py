@@ -1186,6 +1186,29 @@ RULES: dict[str, Rule] = {
                 for handle in handles:
                     launch_update(handle, lens.cumsum(0))
         ''', Hazard.UNORDERED, "refresh", "lens"),
+    # a host tensor's copy to the device (`.npu()`, `.xpu()`) is device memory again
+    "a-host-tensors-device-copy-is-device-memory": Rule('''
+        import torch
+
+        def noisy_argmax(probs, side_stream):
+            with torch.cuda.stream(side_stream):
+                noise = torch.empty_like(probs).cpu()
+                fill_on_host(noise)
+                noise = noise.npu()
+            torch.cuda.current_stream().wait_stream(side_stream)
+            return probs.div_(noise).argmax(dim=-1)
+        ''', '''
+        import torch
+
+        def noisy_argmax(probs, side_stream):
+            with torch.cuda.stream(side_stream):
+                noise = torch.empty_like(probs).cpu()
+                fill_on_host(noise)
+                noise = noise.npu()
+            torch.cuda.current_stream().wait_stream(side_stream)
+            noise.record_stream(torch.cuda.current_stream())
+            return probs.div_(noise).argmax(dim=-1)
+        ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
 }
 
 

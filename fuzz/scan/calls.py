@@ -36,6 +36,8 @@ SHAPED_MAKERS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like",
                            "randn_like", "randint_like", "new_empty", "new_zeros", "new_ones",
                            "new_full"})
 """Calls that make a tensor from another's shape, dtype and device: no kernel reads it."""
+_TO_DEVICE = frozenset({"to", "cuda", "npu", "xpu", "mps", "hpu"})
+"""Methods that copy their receiver to a device (a host tensor's device copy is not host)."""
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""
 
@@ -269,7 +271,7 @@ class Calls(Namer):
         if name == "pin_memory":
             self.t.pinned.add(made)
             self.t.host.add(made)
-        elif name not in ("to", "cuda") and (rk in self.t.hosted or rk in self.t.pinned or
+        elif name not in _TO_DEVICE and (rk in self.t.hosted or rk in self.t.pinned or
                                              HOSTISH.search(rk.rsplit(".", 1)[-1])):
             self.t.host.add(made)  # lens_cpu.cumsum(0): the host computes it, on the host
             self.t.hosted.add(made)
