@@ -155,3 +155,18 @@ def test_the_old_import_name_warns_and_still_loads(tmp_path):
 @pytest.mark.parametrize("name", ["fuzz/scan/harness.py", "fuzz/scan/standins.py"])
 def test_the_scan_no_longer_imports_upward_into_targets(name):
     assert "fuzz.targets" not in (ROOT / name).read_text()
+
+
+def test_an_rdma_write_modelled_on_the_host_is_the_callers_mistake_not_a_crash():
+    import torch
+
+    import streamfuzz
+
+    with streamfuzz.checked(device="cpu"):
+        t = torch.zeros(8, device="cuda")
+        h = torch.zeros(8).pin_memory()
+        with streamfuzz.opaque(writes=[h], stream="host", label="host fill"):
+            pass  # host memory: the host may touch it
+        with pytest.raises(streamfuzz.BadInput, match="stream='host' with device memory"):
+            with streamfuzz.opaque(writes=[t], stream="host", label="rdma write"):
+                pass

@@ -1,0 +1,177 @@
+"""Do `scan --harness` files run as written? The measurement of docs/scan.md.
+
+For each release (vLLM 0.34.0 and SGLang 0.5.23 by default): scan the wheel,
+take the top N findings, write the harness of each one's function, run each
+with pytest on CPU (simulated streams), and classify the outcome:
+
+* ``pass``: the test passed;
+* ``finding``: it failed with a streamfuzz finding (``StreamfuzzError``);
+* ``setup``: it failed with another exception (in the harness or the function);
+* ``collection``: the file did not collect (the loader or the file itself).
+
+Beside the outcome: whether the function did stream work under the checker
+(``reached``: the checker's ops met it, counted as ``--streamfuzz-record``
+counts them) and the first line of the checker's finding or of the error.
+
+    python bench/harness_runs.py [--top 10] [--out reports/harness] [--rescan]
+
+The wheels come from ``$STREAMFUZZ_SCAN_WHEELS`` or
+``${XDG_CACHE_HOME:-~/.cache}/streamfuzz/scan``; a missing one is named with the
+``pip download`` line that fetches it (exit 2, before any work). A release's
+top N is kept in OUT/sites-NAME.json and reused unless ``--rescan``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASES = (("vllm", "0.34.0"), ("sglang", "0.5.23"))
+
+_PROBE = '''
+import json
+import os
+
+from streamfuzz.fuzz import frames
+
+_COUNTS = {}
+
+
+def pytest_sessionstart(session):
+    frames.count_functions(_COUNTS)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    frames.count_functions(None)
+    out = [{"file": c.co_filename, "name": c.co_name, "line": c.co_firstlineno, "ops": n}
+           for c, n in _COUNTS.values()]
+    with open(os.environ["HARNESS_REACHED"], "w") as f:
+        json.dump(out, f)
+'''
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("STREAMFUZZ_SCAN_WHEELS")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "streamfuzz" / "scan"
+
+
+def wheel(dist: str, version: str) -> Path | None:
+    found = sorted(cache_dir().glob(f"{dist}-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def sites(path: Path, top: int, keep: Path, rescan: bool) -> list[dict]:
+    """The top findings of the release: rank, site, function, hazard, what."""
+    if keep.exists() and not rescan:
+        return json.loads(keep.read_text())[:top]
+    from streamfuzz.fuzz.scan import scan
+    from streamfuzz.fuzz.scan.sources import open_source
+
+    t0 = time.monotonic()
+    result = scan(open_source(str(path)))
+    print(f"  scanned {path.name} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    rows = [{"rank": f.rank, "file": f.file, "line": f.line, "function": f.function,
+             "hazard": f.hazard.value, "score": f.score, "what": f.what}
+            for f in result.active[:top]]
+    keep.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def run_one(harness: Path, function: str) -> dict:
+    reached = harness.with_suffix(".reached.json")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HARNESS_REACHED=str(reached))
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                        "-p", "harness_probe", str(harness), "--streamfuzz-device", "cpu"],
+                       cwd=harness.parent, env=env, capture_output=True, text=True,
+                       timeout=900)
+    text = r.stdout + r.stderr
+    if r.returncode == 0:
+        outcome = "pass"
+    elif "errors during collection" in text or "ERROR collecting" in text or r.returncode == 2:
+        outcome = "collection"
+    elif "StreamfuzzError" in text:
+        outcome = "finding"
+    else:
+        outcome = "setup"
+    ops = 0
+    if reached.exists():
+        leaf = function.rsplit(".", 1)[-1]
+        ops = sum(c["ops"] for c in json.loads(reached.read_text()) if c["name"] == leaf
+                  and "streamfuzz" not in Path(c["file"]).name)
+    return {"outcome": outcome, "ops": ops, "seconds": round(time.monotonic() - t0, 1),
+            "first": _first(text, outcome), "rc": r.returncode}
+
+
+def _first(text: str, outcome: str) -> str:
+    if outcome == "pass":
+        return ""
+    if outcome == "finding":
+        m = re.search(r"(lifetime|unordered|race|value)[^\n]*", text.split("StreamfuzzError",
+                                                                          1)[1])
+        return m.group(0)[:200] if m else ""
+    errors = [ln for ln in text.splitlines() if ln.startswith("E ")]
+    return (errors[-1] if errors else text.strip().splitlines()[-1])[:200]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--out", type=Path, default=ROOT / "reports" / "harness")
+    p.add_argument("--rescan", action="store_true")
+    p.add_argument("--only", default=None, help="NAME:RANK, one harness (default: all)")
+    args = p.parse_args(argv)
+    wheels = {}
+    for dist, version in RELEASES:
+        w = wheel(dist, version)
+        if w is None:
+            print(f"harness_runs: {dist} {version} is not in {cache_dir()}: fetch it with "
+                  f"`pip download {dist}=={version} --no-deps -d {cache_dir()}`", file=sys.stderr)
+            return 2
+        wheels[dist] = w
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "harness_probe.py").write_text(_PROBE)
+    from streamfuzz.fuzz.scan.harness import Writer
+    from streamfuzz.fuzz.scan.sources import open_source
+
+    table = []
+    for dist, version in RELEASES:
+        rows = sites(wheels[dist], args.top, args.out / f"sites-{dist}.json", args.rescan)
+        if args.only and not args.only.startswith(dist + ":"):
+            continue
+        writer = Writer(open_source(str(wheels[dist])))
+        for row in rows:
+            if args.only and args.only != f"{dist}:{row['rank']}":
+                continue
+            name = re.sub(r"[^A-Za-z0-9_]", "_", row["function"])
+            harness = args.out / f"test_{dist}_{row['rank']:02d}_{name}.py"
+            try:
+                writer.write(row["file"], row["line"], harness)
+            except Exception as exc:  # noqa: BLE001 - a harness not written is a result
+                table.append({**row, "release": f"{dist} {version}", "outcome": "unwritten",
+                              "ops": 0, "first": f"{type(exc).__name__}: {exc}"[:200]})
+                continue
+            res = run_one(harness, row["function"])
+            table.append({**row, "release": f"{dist} {version}", **res})
+            print(f"{dist} #{row['rank']:2d} {row['function']}: {res['outcome']} "
+                  f"(ops {res['ops']}) {res['first']}", flush=True)
+    (args.out / "results.json").write_text(json.dumps(table, indent=1))
+    ran = sum(r["outcome"] in ("pass", "finding") for r in table)
+    reached = sum(r["outcome"] in ("pass", "finding") and r["ops"] > 0 for r in table)
+    print(f"{ran} of {len(table)} run as written (pass or a streamfuzz finding); "
+          f"{reached} of them did the function's stream work under the checker")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
