@@ -7,9 +7,9 @@ package does: its arguments are what its callers pass
 (``streamfuzz.fuzz.scan.harness_args``), a method's object carries the
 attributes its class sets, and a caller's stream context is entered. The
 engine calls such functions once a step, so the harness makes two calls in a
-row inside one ``checked()`` block: the caller's current stream reads what the
-first returned, then drops its references, as a caller does, before the
-second; a finding about a previous call's work, or about a free, is then
+row inside one ``checked()`` block; after each, the current stream reads what
+it returned where the package's callers use it, and the references are
+dropped, as a caller drops them; a finding about a previous call's work, or about a free, is then
 seen. It imports only public names (``streamfuzz``, ``streamfuzz.standins``).
 """
 
@@ -56,30 +56,44 @@ _INTERLEAVING = {
 
 
 class Writer:
-    """Harnesses for one source: its files and parse shared between functions."""
+    """Harnesses for one source: its files read once, shared between functions."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
         self.files = list(source.files())
-        self.pkg = Package(self.files)
         self.sites = harness_args.CallSites(self.files)
 
     def write(self, file: str, line: int, out: Path | None) -> Path:
         """Write the harness for the function at ``file:line``; its path."""
         from streamfuzz.fuzz.scan.report import write
 
-        rel, _ = source_file(self.source, file)
-        if rel not in self.pkg.modules:
-            raise ScanInputError(f"{file}:{line}: no stream code there")
-        fn = _function_at(self.pkg, rel, line)
-        trace = self.pkg.walk(fn)
+        pkg, fn = self._package_of(file, line)
+        trace = pkg.walk(fn)
         findings = hazards.judge(trace)
-        args = harness_args.decide(self.pkg, self.sites, fn, trace)
-        attrs = _object_attributes(self.pkg, fn, trace) if fn.cls is not None else {}
-        code = render(self.source.spec, rel, fn, findings, args, attrs)
+        args = harness_args.decide(pkg, self.sites, fn, trace)
+        attrs = _object_attributes(pkg, fn, trace) if fn.cls is not None else {}
+        code = render(self.source.spec, fn.file, fn, findings, args, attrs)
         path = out or Path(f"test_streamfuzz_{_ident(fn.qualname)}.py")
         write(path, code)
         return path
+
+    def function_at(self, file: str, line: int) -> Function:
+        """The innermost function of the package around ``file:line``."""
+        return self._package_of(file, line)[1]
+
+    def _package_of(self, file: str, line: int) -> tuple[Package, Function]:
+        """The function, in a package of its file and the files that call it by name:
+        what its arguments and its callers' streams are read from (the whole
+        package's walk is the scan's; a harness needs only these)."""
+        rel, _ = source_file(self.source, file)
+        own = [f for f in self.files if f.path == rel]
+        first = Package(own)
+        if rel not in first.modules:
+            raise ScanInputError(f"{file}:{line}: no stream code there")
+        fn = _function_at(first, rel, line)
+        want = re.compile(rf"\b{re.escape(fn.name)}\s*\(")
+        pkg = Package([*own, *(f for f in self.files if f.path != rel and want.search(f.text))])
+        return pkg, _function_at(pkg, rel, line)
 
 
 def write_for(source: Source, file: str, line: int, out: Path | None) -> Path:
@@ -146,6 +160,10 @@ def _initial(value: ast.expr | None) -> str | None:
     if value is None:
         return None
     text = ast.unparse(value)
+    if isinstance(value, ast.Constant) and value.value is None:
+        return None  # set later by another method: what the function does with it says
+    if re.fullmatch(r"threading\.(Lock|RLock|Condition|Event)\(\)", text):
+        return text
     if isinstance(value, ast.Constant) or text in ("[]", "{}", "set()", "()"):
         return text
     if re.search(r"\bcurrent_stream\(\)$", text):
@@ -168,6 +186,12 @@ class _Object:
 
     def __init__(self, **attrs):
         self.__dict__.update(attrs)
+
+    def __enter__(self):  # a lock or a context the function enters
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 def _recorded_event():
@@ -203,6 +227,7 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
         '"""',
         "",
         "import os",
+        "import threading  # noqa: F401 - where the class keeps a lock",
         "",
         "import torch",
         "from hypothesis import given, settings",
@@ -260,15 +285,17 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
         body += ["context = torch.cuda.Stream()  # every caller calls it under a stream "
                  "context",
                  "context.wait_stream(torch.cuda.current_stream())"]
-    body += ["# Two calls in a row, as the engine's steps make them: the caller's current",
-             "# stream reads what each returned, then drops its references.",
+    body += ["# Two calls in a row, as the engine's steps make them; the caller drops its",
+             "# references after each.",
              "for _step in range(2):"]
     call = f"{target}(**_arguments(n))"
     if "side" in args.contexts:
         body += ["    with torch.cuda.stream(context):", f"        result = {call}"]
     else:
         body += [f"    result = {call}"]
-    body += ["    _consume(result)", "    del result"]
+    if args.uses_result:
+        body += ["    _consume(result)  # the callers use what it returns"]
+    body += ["    del result"]
     lines += ["        " + b for b in body]
     lines += [""]
     return "\n".join(lines)

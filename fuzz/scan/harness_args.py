@@ -39,6 +39,7 @@ class Arguments:
     why: dict[str, str] = field(default_factory=dict)
     callers: list[str] = field(default_factory=list)  # "file:line" of each call site read
     contexts: set[str] = field(default_factory=set)  # 'side' where every caller enters one
+    uses_result: bool = False  # a caller uses what the call returns
 
 
 class CallSites:
@@ -81,6 +82,7 @@ def _calls(node: ast.AST, withs: list[ast.AST]) -> Iterable[tuple[ast.Call, list
         if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             inner = []
         if isinstance(child, ast.Call):
+            child._streamfuzz_unused = isinstance(node, ast.Expr)  # type: ignore[attr-defined]
             yield child, withs
         yield from _calls(child, inner)
 
@@ -97,6 +99,7 @@ def decide(pkg: Package, sites: CallSites, fn: Function, trace: Trace) -> Argume
     kwonly = [p for p in a.kwonlyargs if p.arg not in defaults]
     calls = _calls_of(sites, fn)
     out.callers = [f"{file}:{call.lineno}" for file, call, _ in calls]
+    out.uses_result = any(not getattr(call, "_streamfuzz_unused", True) for _, call, _ in calls)
     if calls and all(_in_side_context(withs) for _, _, withs in calls):
         out.contexts.add("side")
     for p in [*params, *kwonly]:
@@ -151,6 +154,11 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         return SIDE, "a stream the callers make apart from the current one"
     if name in trace.events or "Event" in ann:
         return "_recorded_event()", "an event, recorded on the current stream"
+    kind = _annotated(ann)
+    if kind is not None and "Tensor" not in ann:  # stated not a tensor: the scan's guess yields
+        if kind == "n" and re.search(r"rank|^src$|^dst$|root", name):
+            return "0", "a rank (its annotation, int): the first"
+        return kind, f"its annotation ({ann})"
     if name in trace.tensors or "Tensor" in ann:
         listed = shape == "list" or re.match(r"(list|List|Sequence|tuple|Tuple)\[", ann)
         tensor = _tensor(name, trace, fn)
@@ -158,9 +166,6 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
     if shape is not None:
         return {"lambda": _CALLABLE, "list": "[]", "dict": "{}", "iter": "iter([])"}[shape], \
             f"the callers pass a {shape}"
-    kind = _annotated(ann)
-    if kind is not None:
-        return kind, f"its annotation ({ann})"
     return _by_use(name, trace, fn)
 
 
@@ -228,7 +233,7 @@ def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n") -> str:
         f"torch.arange({scalar}, device=DEVICE, dtype=torch.float32)"
 
 
-def attribute_value(key: str, trace: Trace, fn: Function) -> str:
+def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0) -> str:
     """What ``self.x`` (or ``param.x``) is set to: the scan's kind of it, else an object."""
     if key in trace.streams:
         return SIDE
@@ -236,7 +241,7 @@ def attribute_value(key: str, trace: Trace, fn: Function) -> str:
         return "_recorded_event()"
     if key in trace.tensors or key in trace.pinned or key in trace.host:
         return _tensor(key, trace, fn)
-    return _use_of(key, fn)
+    return _use_of(key, fn, trace, depth)
 
 
 def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
@@ -245,25 +250,34 @@ def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
         "an object (the function's use says no more)"
 
 
-def _use_of(key: str, fn: Function, trace: Trace | None = None) -> str:
-    """A value for ``key`` from how ``fn`` uses it: called, iterated, or an object
-    with the attributes it reads."""
+def _use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -> str:
+    """A value for ``key`` from how ``fn`` uses it (or a local it is copied to):
+    called, iterated, or an object with the attributes it reads."""
+    names = {key} | {t.id for n in ast.walk(fn.node) if isinstance(n, ast.Assign)
+                     and _text(n.value) == key for t in n.targets if isinstance(t, ast.Name)}
     calls, iters, attrs = False, False, set()
     for node in ast.walk(fn.node):
-        if isinstance(node, ast.Call) and _text(node.func) == key:
+        if isinstance(node, ast.Call) and _text(node.func) in names:
             calls = True
-        if isinstance(node, (ast.For, ast.comprehension)) and _text(node.iter) == key:
+        if isinstance(node, (ast.For, ast.comprehension)) and _text(node.iter) in names:
             iters = True
-        if isinstance(node, ast.Attribute) and _text(node.value) == key:
+        if isinstance(node, ast.Attribute) and _text(node.value) in names:
             attrs.add(node.attr)
     if calls:
         return _CALLABLE
     if iters:
         return "[]"
-    if attrs and trace is not None:
-        fields = ", ".join(f"{a}={attribute_value(f'{key}.{a}', trace, fn)}"
-                           for a in sorted(attrs) if not _is_method_call(fn, key, a))
-        return f"_Object({fields})"
+    if attrs and trace is not None and depth < 2:
+        fields = []
+        for a in sorted(attrs):
+            if any(_is_method_call(fn, name, a) for name in names):
+                fields.append(f"{a}={_CALLABLE}")
+                continue
+            sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
+                trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
+                f"{key}.{a}")
+            fields.append(f"{a}={attribute_value(sub, trace, fn, depth + 1)}")
+        return f"_Object({', '.join(fields)})"
     return "_Object()"
 
 

@@ -11,12 +11,16 @@ stand-in. A stand-in is a class (so it can be subclassed, used in
 annotations or called) whose attributes are stand-ins too; a call with one
 callable argument returns it, so a stood-in decorator leaves the function as
 it is. Every loaded file is a module in ``sys.modules`` under a private
-prefix, as ``dataclasses`` and ``typing`` expect. ``Loaded.stood_in`` names
-every stand-in handed out, for the harness to say what the user must fill in.
+prefix, as ``dataclasses`` and ``typing`` expect. A top-level statement that
+raises (a path the real machine has) is skipped, the rest of the file runs.
+``Loaded.stood_in`` names every stand-in handed out and every skipped
+statement, for the harness to say what the user must fill in.
 """
 
 from __future__ import annotations
+import __future__
 
+import ast
 import builtins as _builtins
 import itertools
 import linecache
@@ -186,14 +190,15 @@ class _Loader:
         self.modules[mod] = module
         sys.modules[module.__name__] = module
         try:
-            exec(compile(text, filename, "exec", dont_inherit=True), module.__dict__)  # noqa: S102
-        except Exception as exc:  # noqa: BLE001 - a file that does not run is stood in
+            skipped = _run_statements(text, filename, module.__dict__)
+        except SyntaxError as exc:  # a file that does not parse is stood in
             if level == 0:
-                raise
-            self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                raise ScanInputError(f"{path}: {exc}") from None
+            self.failed = f"SyntaxError: {exc}".splitlines()[0]
             del self.modules[mod]
             sys.modules.pop(module.__name__, None)
             return None
+        self.stood.extend(f"{path}:{line} ({why})" for line, why in skipped)
         self.loaded.append(mod)
         return module
 
@@ -272,6 +277,28 @@ class _Loader:
         parent, _, attr = mod.rpartition(".")
         if parent in self.modules and not hasattr(self.modules[parent], attr):
             setattr(self.modules[parent], attr, self.modules[mod])
+
+
+def _run_statements(text: str, filename: str, namespace: dict[str, Any]) -> list[tuple[int, str]]:
+    """Run a file's top-level statements one by one; one that raises is skipped (a
+    module-level line that needs the real machine, such as a CUDA_HOME path, must
+    not keep the functions below it from being defined). The skipped: (line, why)."""
+    tree = ast.parse(text, filename)
+    flags = 0
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            for alias in stmt.names:
+                feature = getattr(__future__, alias.name, None)
+                flags |= getattr(feature, "compiler_flag", 0)
+    skipped = []
+    for stmt in tree.body:
+        code = compile(ast.Module(body=[stmt], type_ignores=[]), filename, "exec",
+                       flags=flags, dont_inherit=True)
+        try:
+            exec(code, namespace)  # noqa: S102
+        except Exception as exc:  # noqa: BLE001 - the statement is skipped, said in stood_in
+            skipped.append((stmt.lineno, f"{type(exc).__name__}: {exc}".splitlines()[0][:120]))
+    return skipped
 
 
 def _absolute(mod: str, globals: Any, level: int) -> str | None:
