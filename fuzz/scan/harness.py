@@ -142,17 +142,37 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
                             t.value.id == "self":
                         made.setdefault(t.attr, node.value)
     read = set()
-    for node in ast.walk(cls):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                node.value.id == "self" and isinstance(node.ctx, ast.Load):
-            read.add(node.attr)
+    # The class's methods, and the module's functions (a decorator's wrapper takes a lock
+    # of the object it wraps).
+    scopes = [cls, *(n for n in pkg.modules[fn.file].tree.body if isinstance(
+        n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id == "self" and isinstance(node.ctx, ast.Load):
+                read.add(node.attr)
     out = {}
     for a in sorted(read - methods):
         key = f"self.{a}"
-        value = _initial(made.get(a)) if key not in (
+        init = made.get(a)
+        if init is not None and _constructed(init):  # an object of the package's: by its use
+            out[a] = harness_args.use_of(key, fn, trace)
+            continue
+        value = _initial(init) if key not in (
             trace.tensors | trace.streams | trace.events | trace.host | trace.pinned) else None
         out[a] = value or harness_args.attribute_value(key, trace, fn)
     return out
+
+
+def _constructed(value: ast.expr) -> bool:
+    """``Foo(...)``: an object of a class (a capitalised name), not a tensor factory."""
+    if not isinstance(value, ast.Call):
+        return False
+    name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(
+        value.func, "id", "")
+    root = ast.unparse(value.func).split(".")[0]
+    return name[:1].isupper() and root not in ("torch", "threading") and "Stream" not in name \
+        and "Event" not in name
 
 
 def _initial(value: ast.expr | None) -> str | None:
@@ -198,6 +218,18 @@ def _recorded_event():
     event = torch.cuda.Event()
     event.record()  # after the caller's work on the current stream, as a caller records it
     return event
+
+
+def _first_tensor(*args, **kwargs):
+    """A callable the package passes that returns a tensor: the first one it is given."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (list, tuple)):
+            found = _first_tensor(*value)
+            if found is not None:
+                return found
+    return None
 
 
 def _consume(value):

@@ -154,8 +154,8 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         return SIDE, "a stream the callers make apart from the current one"
     if name in trace.events or "Event" in ann:
         return "_recorded_event()", "an event, recorded on the current stream"
-    kind = _annotated(ann)
-    if kind is not None and "Tensor" not in ann:  # stated not a tensor: the scan's guess yields
+    kind = _annotated(ann, _tensor(name, trace, fn))
+    if kind is not None and not re.match(r"(torch\.)?Tensor\b", ann):  # stated not a tensor
         if kind == "n" and re.search(r"rank|^src$|^dst$|root", name):
             return "0", "a rank (its annotation, int): the first"
         return kind, f"its annotation ({ann})"
@@ -199,21 +199,49 @@ def _passed_shape(passed: list[ast.expr]) -> str | None:
     return None
 
 
-def _annotated(ann: str) -> str | None:
+def _annotated(ann: str, tensor: str = "None") -> str | None:
+    """A value of the annotated type: scalars, callables, iterators and containers,
+    with tensors inside where the annotation says so (an ``Iterator[tuple[str,
+    Tensor]]`` of parameters gets two named tensors)."""
     if not ann:
         return None
-    head = re.split(r"[\[.]", ann.replace("typing.", ""), maxsplit=1)[0]
-    if ann.split("[")[0] in _SCALARS:
-        return _SCALARS[ann.split("[")[0]]
-    if head in ("Callable",) or ann.startswith(("collections.abc.Callable", "Callable")):
-        return _CALLABLE
-    if head in ("Iterator", "Iterable", "Generator"):
-        return "iter([])"
-    if head in ("List", "Sequence", "Tuple", "list", "tuple"):
-        return "[]"
+    ann = ann.replace("typing.", "").replace("collections.abc.", "")
+    head, _, inner = ann.partition("[")
+    inner = inner[:-1] if inner.endswith("]") else inner
+    if head in _SCALARS and not inner:
+        return _SCALARS[head]
+    if head == "Callable":
+        returns = inner.rsplit(",", 1)[-1].strip() if inner else ""
+        return "_first_tensor" if re.match(r"(torch\.)?Tensor$", returns) else _CALLABLE
+    if head in ("Iterator", "Iterable", "Generator", "list", "List", "Sequence"):
+        item = _annotated(_args(inner)[0], tensor) if inner else None
+        if item is None and inner and re.match(r"(torch\.)?Tensor$", _args(inner)[0]):
+            item = tensor
+        items = f"[{item}, {item}]" if item is not None else "[]"
+        return f"iter({items})" if head in ("Iterator", "Generator") else items
+    if head in ("tuple", "Tuple") and inner:
+        parts = []
+        for a in _args(inner):
+            v = tensor if re.match(r"(torch\.)?Tensor$", a) else _annotated(a, tensor)
+            parts.append("'x'" if a == "str" else v if v is not None else "None")
+        return f"({', '.join(parts)},)"
     if head in ("Dict", "Mapping", "dict"):
         return "{}"
     return None
+
+
+def _args(inner: str) -> list[str]:
+    """The top-level arguments of a subscript's text: ``str, tuple[int, int]``."""
+    out, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch in "[(" and 1 or 0
+        depth -= ch in "])" and 1 or 0
+        cur += ch
+    return [*out, cur.strip()] if cur.strip() else out
 
 
 def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n") -> str:
@@ -241,16 +269,16 @@ def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0) -> str
         return "_recorded_event()"
     if key in trace.tensors or key in trace.pinned or key in trace.host:
         return _tensor(key, trace, fn)
-    return _use_of(key, fn, trace, depth)
+    return use_of(key, fn, trace, depth)
 
 
 def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
-    value = _use_of(name, fn, trace)
+    value = use_of(name, fn, trace)
     return value, "how the function uses it" if value != "_Object()" else \
         "an object (the function's use says no more)"
 
 
-def _use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -> str:
+def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -> str:
     """A value for ``key`` from how ``fn`` uses it (or a local it is copied to):
     called, iterated, or an object with the attributes it reads."""
     names = {key} | {t.id for n in ast.walk(fn.node) if isinstance(n, ast.Assign)
