@@ -31,6 +31,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "harness")
     p.add_argument("--rescan", action="store_true")
     p.add_argument("--only", default=None, help="NAME:RANK, one harness (default: all)")
+    p.add_argument("--jobs", type=int, default=2, help="harnesses run at once (default 2)")
     args = p.parse_args(argv)
     wheels = {}
     for dist, version in RELEASES:
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamfuzz.fuzz.scan.sources import open_source
 
     table = []
+    written = []
     for dist, version in RELEASES:
         rows = sites(dist, wheels[dist], args.top, args.out / f"sites-{dist}.json", args.rescan)
         if args.only and not args.only.startswith(dist + ":"):
@@ -192,21 +195,27 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             if args.only and args.only != f"{dist}:{row['rank']}":
                 continue
-            name = re.sub(r"[^A-Za-z0-9_]", "_", row["function"] or row["file"].rsplit("/")[-1])
-            harness = args.out / f"test_{dist}_{row['rank']:02d}_{name}.py"
+            row["release"] = f"{dist} {version}"
             try:
                 row["function"] = writer.function_at(row["file"], row["line"]).qualname
-                harness = harness.with_name(f"test_{dist}_{row['rank']:02d}_" + re.sub(
+                harness = args.out / (f"test_{dist}_{row['rank']:02d}_" + re.sub(
                     r"[^A-Za-z0-9_]", "_", row["function"]) + ".py")
                 writer.write(row["file"], row["line"], harness)
             except Exception as exc:  # noqa: BLE001 - a harness not written is a result
-                table.append({**row, "release": f"{dist} {version}", "outcome": "unwritten",
-                              "ops": 0, "first": f"{type(exc).__name__}: {exc}"[:200]})
+                table.append({**row, "outcome": "unwritten", "ops": 0,
+                              "first": f"{type(exc).__name__}: {exc}"[:200]})
                 continue
-            res = run_one(harness, row["function"])
-            table.append({**row, "release": f"{dist} {version}", **res})
-            print(f"{dist} #{row['rank']:2d} {row['function']}: {res['outcome']} "
+            written.append((row, harness))
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(run_one, harness, row["function"]): row
+                   for row, harness in written}
+        for future in as_completed(futures):
+            row = futures[future]
+            res = future.result()
+            table.append({**row, **res})
+            print(f"{row['release']} #{row['rank']:2d} {row['function']}: {res['outcome']} "
                   f"(ops {res['ops']}) {res['first']}", flush=True)
+    table.sort(key=lambda r: (r["release"], r["rank"]))
     (args.out / "results.json").write_text(json.dumps(table, indent=1))
     ran = sum(r["outcome"] in ("pass", "finding") for r in table)
     reached = sum(r["outcome"] in ("pass", "finding") and r["ops"] > 0 for r in table)

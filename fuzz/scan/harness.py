@@ -320,14 +320,17 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
     body += ["# Two calls in a row, as the engine's steps make them; the caller drops its",
              "# references after each.",
              "for _step in range(2):"]
-    call = f"{target}(**_arguments(n))"
+    call = f"{target}(**args)"
+    body += ["    args = _arguments(n)"]
+    body += [f"    args[{k!r}].wait_stream(torch.cuda.current_stream())  # as every caller "
+             "does first" for k in args.waits]
     if "side" in args.contexts:
         body += ["    with torch.cuda.stream(context):", f"        result = {call}"]
     else:
         body += [f"    result = {call}"]
     if args.uses_result:
         body += ["    _consume(result)  # the callers use what it returns"]
-    body += ["    del result"]
+    body += ["    del result, args"]
     lines += ["        " + b for b in body]
     lines += [""]
     return "\n".join(lines)

@@ -40,6 +40,7 @@ class Arguments:
     callers: list[str] = field(default_factory=list)  # "file:line" of each call site read
     contexts: set[str] = field(default_factory=set)  # 'side' where every caller enters one
     uses_result: bool = False  # a caller uses what the call returns
+    waits: list[str] = field(default_factory=list)  # side streams every caller orders first
 
 
 class CallSites:
@@ -51,7 +52,8 @@ class CallSites:
         self._trees: dict[str, ast.Module | None] = {}
 
     def of(self, name: str) -> list[tuple[str, ast.Call, list[ast.AST]]]:
-        """(file, call, the call's enclosing ``with`` statements) for each call of ``name``."""
+        """(file, call, the call's enclosing ``with`` statements and function) for each
+        call of ``name``."""
         want = re.compile(rf"\b{re.escape(name)}\s*\(")
         out = []
         for f in self.files:
@@ -80,7 +82,7 @@ def _calls(node: ast.AST, withs: list[ast.AST]) -> Iterable[tuple[ast.Call, list
     for child in ast.iter_child_nodes(node):
         inner = [*withs, child] if isinstance(child, (ast.With, ast.AsyncWith)) else withs
         if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            inner = []
+            inner = [child]  # the enclosing function first, then its withs
         if isinstance(child, ast.Call):
             child._streamfuzz_unused = isinstance(node, ast.Expr)  # type: ignore[attr-defined]
             yield child, withs
@@ -109,7 +111,23 @@ def decide(pkg: Package, sites: CallSites, fn: Function, trace: Trace) -> Argume
             continue  # its default
         out.values[p.arg] = value
         out.why[p.arg] = why
+    sides = [k for k, v in out.values.items() if v == SIDE]
+    out.waits = [k for k in sides if calls and all(
+        _waited_before(withs, call, _passed(fn, call, k)) for _, call, withs in calls)]
     return out
+
+
+def _waited_before(withs: list[ast.AST], call: ast.Call, arg: ast.expr | None) -> bool:
+    """Does the caller make the stream it passes wait (``wait_stream``/``wait_event``)
+    before the call? A wait under ``if stream is not None`` counts: the call passes it."""
+    scope = next((w for w in withs if isinstance(w, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                 None)
+    if scope is None or arg is None:
+        return False
+    name = _text(arg)
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+               n.func.attr in ("wait_stream", "wait_event") and _text(n.func.value) == name
+               and n.lineno < call.lineno for n in ast.walk(scope))
 
 
 def _calls_of(sites: CallSites, fn: Function) -> list[tuple[str, ast.Call, list[ast.AST]]]:
@@ -156,8 +174,8 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         return "_recorded_event()", "an event, recorded on the current stream"
     kind = _annotated(ann, _tensor(name, trace, fn))
     if kind is not None and not re.match(r"(torch\.)?Tensor\b", ann):  # stated not a tensor
-        if kind == "n" and re.search(r"rank|^src$|^dst$|root", name):
-            return "0", "a rank (its annotation, int): the first"
+        if kind == "n":
+            return _int(name), f"its annotation ({ann}), by its name"
         return kind, f"its annotation ({ann})"
     if name in trace.tensors or "Tensor" in ann:
         listed = shape == "list" or re.match(r"(list|List|Sequence|tuple|Tuple)\[", ann)
@@ -167,6 +185,17 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         return {"lambda": _CALLABLE, "list": "[]", "dict": "{}", "iter": "iter([])"}[shape], \
             f"the callers pass a {shape}"
     return _by_use(name, trace, fn)
+
+
+def _int(name: str) -> str:
+    """An int by its name: a rank or an offset is 0, a size or capacity is large
+    (a slot must hold what is written), anything else the example's size."""
+    leaf = name.rsplit(".", 1)[-1].lower()
+    if re.search(r"rank|^src$|^dst$|root|offset|start|begin|^idx|index", leaf):
+        return "0"
+    if re.search(r"size|capacity|bytes|limit|max", leaf):
+        return "1 << 20"
+    return "n"
 
 
 def _unwrap(ann: str) -> str:
@@ -283,7 +312,7 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -
     called, iterated, or an object with the attributes it reads."""
     names = {key} | {t.id for n in ast.walk(fn.node) if isinstance(n, ast.Assign)
                      and _text(n.value) == key for t in n.targets if isinstance(t, ast.Name)}
-    calls, iters, attrs = False, False, set()
+    calls, iters, attrs, numbers = False, False, set(), set()
     for node in ast.walk(fn.node):
         if isinstance(node, ast.Call) and _text(node.func) in names:
             calls = True
@@ -291,6 +320,11 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -
             iters = True
         if isinstance(node, ast.Attribute) and _text(node.value) in names:
             attrs.add(node.attr)
+        if isinstance(node, (ast.BinOp, ast.Compare)):  # an attribute used as a number
+            for side in ([node.left, node.right] if isinstance(node, ast.BinOp)
+                         else [node.left, *node.comparators]):
+                if isinstance(side, ast.Attribute) and _text(side.value) in names:
+                    numbers.add(side.attr)
     if calls:
         return _CALLABLE
     if iters:
@@ -300,6 +334,9 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -
         for a in sorted(attrs):
             if any(_is_method_call(fn, name, a) for name in names):
                 fields.append(f"{a}={_CALLABLE}")
+                continue
+            if a in numbers:
+                fields.append(f"{a}={_int(a)}")
                 continue
             sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
                 trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
