@@ -154,11 +154,11 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
     out = {}
     for a in sorted(read - methods):
         key = f"self.{a}"
-        init = made.get(a)
-        if init is not None and _constructed(init):  # an object of the package's: by its use
+        assigned = made.get(a)
+        if assigned is not None and _constructed(assigned):  # the package's object: by its use
             out[a] = harness_args.use_of(key, fn, trace)
             continue
-        value = _initial(init) if key not in (
+        value = _initial(assigned) if key not in (
             trace.tensors | trace.streams | trace.events | trace.host | trace.pinned) else None
         out[a] = value or harness_args.attribute_value(key, trace, fn)
     return out
