@@ -136,6 +136,7 @@ def run_one(harness: Path, function: str) -> dict:
                        cwd=harness.parent, env=env, capture_output=True, text=True,
                        timeout=900)
     text = r.stdout + r.stderr
+    harness.with_suffix(".out").write_text(text)
     if r.returncode == 0:
         outcome = "pass"
     elif "errors during collection" in text or "ERROR collecting" in text or r.returncode == 2:
@@ -160,7 +161,8 @@ def _first(text: str, outcome: str) -> str:
         m = re.search(r"(lifetime|unordered|race|value)[^\n]*", text.split("StreamfuzzError",
                                                                           1)[1])
         return m.group(0)[:200] if m else ""
-    errors = [ln for ln in text.splitlines() if ln.startswith("E ")]
+    errors = [ln for ln in text.splitlines() if re.match(r"E\s+\w+(Error|Exception)\b", ln)]
+    errors = errors or [ln for ln in text.splitlines() if ln.startswith("E ")]
     return (errors[-1] if errors else text.strip().splitlines()[-1])[:200]
 
 
