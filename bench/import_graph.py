@@ -27,7 +27,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "fuzz.timeouts")),
     ("sim", ("fuzz.sim", "fuzz.streams", "fuzz.cuda_on_cpu", "fuzz.stream_names",
              "fuzz.threads", "fuzz.gloo_threads", "fuzz.collectives", "fuzz.dispatch_mode",
-             "fuzz.gates", "fuzz._gate_kernel", "fuzz._gate_ptx", "fuzz.sync_sites")),
+             "fuzz.gates", "fuzz._gate_kernel", "fuzz._gate_ptx", "fuzz._gate_wait",
+             "fuzz.sync_sites")),
     ("oracles", ("fuzz.oracles", "fuzz.annotations")),
     ("seam", ("fuzz.protocol", "fuzz.protocols", "fuzz.targets.__init__", "fuzz.targets",
               "fuzz.targets.mutated", "fuzz.upstream")),
@@ -39,7 +40,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("fuzz.driver", "fuzz.campaign", "fuzz.corpus", "fuzz.ranks", "fuzz.rank_main",
                 "fuzz.zygote",
                 "fuzz.coverage", "fuzz.rank")),
-    ("commands", ("fuzz.cli", "fuzz.__main__", "fuzz.bench", "fuzz.soak", "fuzz.matrix",
+    # The checker's runtime: private modules of the face that the face, the
+    # pytest plugin and the commands all run on (as Hypothesis's ``internal``).
+    ("checker", ("streamfuzz._check", "streamfuzz._record", "streamfuzz._subprocesses",
+                 "streamfuzz._group", "streamfuzz._opaque", "streamfuzz._explain",
+                 "streamfuzz._boot")),
+    # The static scan reads sources and a checked run's record.
+    ("scan", ("fuzz.scan",)),
+    ("commands", ("fuzz.cli", "fuzz.scan.command", "fuzz.__main__", "fuzz.bench", "fuzz.soak", "fuzz.matrix",
                   "fuzz.mutate", "fuzz.commands", "fuzz.worlds")),
     ("facade", ("streamfuzz",)),
 ]
