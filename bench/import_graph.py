@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("fuzz.errors", "fuzz.options", "fuzz.messages", "fuzz.verdict", "fuzz.stages",
               "fuzz.tensors", "fuzz.host", "fuzz.crash_text", "fuzz.sites", "fuzz.frames",
               "fuzz.profiles", "fuzz.exits", "fuzz.stop", "fuzz.__init__", "fuzz",
-              "fuzz.timeouts")),
+              "fuzz.timeouts", "fuzz.env")),
     ("sim", ("fuzz.sim", "fuzz.streams", "fuzz.cuda_on_cpu", "fuzz.stream_names",
              "fuzz.threads", "fuzz.gloo_threads", "fuzz.collectives", "fuzz.dispatch_mode",
              "fuzz.gates", "fuzz._gate_kernel", "fuzz._gate_ptx", "fuzz.sync_sites")),
