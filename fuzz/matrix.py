@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamfuzz.fuzz import driver, profiles, targets
-from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.options import Oracle, RunOptions
 from streamfuzz.fuzz.ranks import RankPool
 
@@ -74,7 +73,7 @@ class Cell:
 
     @property
     def expected_found(self) -> bool:
-        if self.world < 2 and self.target in protocols.of_target(self.target).receiver_side:
+        if self.world < 2 and self.target in targets.protocol_of(self.target).receiver_side:
             return False
         return self.expected == "found"
 

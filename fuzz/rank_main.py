@@ -403,14 +403,14 @@ class _Serving:
         self.factories: dict[str, Any] = {}
 
     def on_run(self, msg: Run) -> bool:
-        target = msg.target
+        target = msg.target.name
         env: RankEnv | None = None
         collectives.new_example()
         stages.enter(stages.RUNNER)
         try:
             if target not in self.factories:
                 self.factories[target] = targets.load(target)
-            protocol = protocols.of_target(target, self.factories[target])
+            protocol = protocols.get(msg.target.protocol)  # decided once, in the driver
             env = _env(self.device, self.group)
             obs = protocol.part("run")(msg.scenario, self.factories[target], env, msg.options)
             stages.restart(stages.MESSAGES)

@@ -97,7 +97,7 @@ def rank_oracles(monkeypatch):
 
     def submit(self, target, scenario, options=DEFAULT):
         ticket = real_submit(self, target, scenario, options)
-        sent[ticket.eid] = target
+        sent[ticket.eid] = ticket.target.name
         return ticket
 
     def await_(self, ex, patience):  # every example's outcome passes here once

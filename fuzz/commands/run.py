@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from streamfuzz.fuzz import corpus, profiles, targets, upstream
-from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.commands import UsageError, say_error
 from streamfuzz.fuzz.commands.checks import (
     check_dir,
@@ -217,7 +216,7 @@ def _protocol(name: str) -> str:
     """The protocol target ``name`` speaks: a user's factory declares its own,
     which the name alone does not tell (it was taken for the draft broadcast's,
     and ``--weight-scale`` did nothing for a user's weight sync)."""
-    return protocols.of_target(name, targets.load(name) if ":" in name else None).name
+    return targets.resolve_target(name).protocol
 
 
 def _strategy(protocol: str, world: int, scale: int) -> Any:

@@ -219,18 +219,6 @@ def make_handler(factory: Callable[[Any], Any], ctx: Any) -> Any:
         raise FactoryRaised(f"the factory raised {type(exc).__name__}") from exc
 
 
-def of_target(name: str, factory: Callable[..., Any] | None = None) -> Protocol:
-    """The protocol a target speaks: a built-in's own, an upstream family's,
-    a mutant's base target's, else the factory's ``protocol`` attribute."""
-    base = name.split("#", 1)[0]
-    family = base.partition("@")[0]
-    for p in all_protocols().values():
-        if base in p.targets or family in p.families:
-            return p
-    declared = getattr(factory, "protocol", None) if factory is not None else None
-    return get(declared) if isinstance(declared, str) else get(DEFAULT)
-
-
 def of_scenario(scenario: Any) -> Protocol:
     for p in all_protocols().values():
         if isinstance(scenario, p.part("scenario")):
