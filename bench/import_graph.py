@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "fuzz.zygote",
                 "fuzz.coverage", "fuzz.rank")),
     ("commands", ("fuzz.cli", "fuzz.__main__", "fuzz.bench", "fuzz.soak", "fuzz.matrix",
-                  "fuzz.mutate", "fuzz.commands", "fuzz.worlds")),
+                  "fuzz.mutate", "fuzz.commands", "fuzz.worlds", "fuzz.plan")),
     ("facade", ("streamfuzz",)),
 ]
 LAYER_OF_REPORT = ("fuzz.soak_report", "fuzz.stages_report", "fuzz.mutate_report",

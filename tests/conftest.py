@@ -29,6 +29,7 @@ FAST_MODULES = frozenset({
     "test_lifetime_model",
     "test_messages",
     "test_pending_polls",
+    "test_plan",
     "test_precision",
     "test_rank_output",
     "test_readme",
