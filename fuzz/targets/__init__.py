@@ -190,12 +190,9 @@ def resolve_target(name: str | Target) -> Target:
     """Target ``name`` resolved once, in the driver: the one place its protocol
     is decided. A built-in's and an upstream family's protocol is the one that
     lists it, a mutant's its base target's, and a user's factory's the one it
-    declares (its ``protocol`` attribute; else the draft broadcast's). A name
-    that cannot be imported fails here, before any rank starts (TargetError).
-
-    Built-in names are modules of this package, importable wherever it is:
-    importing one would only load torch into the driver, which never uses it
-    (a second or more of every start)."""
+    declares (its ``protocol`` attribute; else the draft broadcast's). A user's
+    target that cannot be imported fails here (TargetError); a built-in's or a
+    family's name is not imported (``check_importable`` looks for its code)."""
     if isinstance(name, Target):
         return name
     parsed = TargetName.parse(name)
