@@ -256,9 +256,8 @@ def _connect(address: str, authkey: bytes) -> Connection:
             continue
         # A spare world's ranks wait in the handshake until the driver takes
         # that world into service, however long; they die with their driver.
-        return _handshake(sock, authkey, address,
-                          None if spawned else variables.number(variables.HANDSHAKE_TIMEOUT,
-                                                         float(HANDSHAKE_S)))
+        return _handshake(sock, authkey, address, None if spawned else
+                          variables.number(variables.HANDSHAKE_TIMEOUT, float(HANDSHAKE_S)))
 
 
 HANDSHAKE_S = 60.0
