@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("fuzz.errors", "fuzz.options", "fuzz.messages", "fuzz.verdict", "fuzz.stages",
               "fuzz.tensors", "fuzz.host", "fuzz.crash_text", "fuzz.sites", "fuzz.frames",
               "fuzz.profiles", "fuzz.exits", "fuzz.stop", "fuzz.__init__", "fuzz",
-              "fuzz.timeouts")),
+              "fuzz.timeouts", "fuzz.env")),
     ("sim", ("fuzz.sim", "fuzz.streams", "fuzz.cuda_on_cpu", "fuzz.stream_names",
              "fuzz.threads", "fuzz.gloo_threads", "fuzz.collectives", "fuzz.dispatch_mode",
              "fuzz.gates", "fuzz._gate_kernel", "fuzz._gate_ptx", "fuzz._gate_wait",
@@ -47,8 +47,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "streamfuzz._boot")),
     # The static scan reads sources and a checked run's record.
     ("scan", ("fuzz.scan",)),
-    ("commands", ("fuzz.cli", "fuzz.scan.command", "fuzz.__main__", "fuzz.bench", "fuzz.soak", "fuzz.matrix",
-                  "fuzz.mutate", "fuzz.commands", "fuzz.worlds")),
+    ("commands", ("fuzz.cli", "fuzz.scan.command", "fuzz.__main__", "fuzz.bench", "fuzz.soak",
+                  "fuzz.matrix", "fuzz.mutate", "fuzz.commands", "fuzz.worlds",
+                  "fuzz.plan")),
     ("facade", ("streamfuzz",)),
 ]
 LAYER_OF_REPORT = ("fuzz.soak_report", "fuzz.stages_report", "fuzz.mutate_report",

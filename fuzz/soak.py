@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from streamfuzz.fuzz import corpus, driver, profiles, soak_report
+from streamfuzz.fuzz import corpus, driver, profiles, soak_report, targets
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.corpus import write_json_atomic
 from streamfuzz.fuzz.host import rss_bytes
@@ -364,7 +364,7 @@ class Soak:
             target = str(data["target"])
             # "scenario": one example, as journals written before two could be in flight.
             raw = data["scenarios"] if "scenarios" in data else [data["scenario"]]
-            part = protocols.of_target(target).part("scenario")
+            part = targets.protocol_of(target).part("scenario")
             scenarios = [part.from_dict(d) for d in raw]
         except FileNotFoundError:
             return

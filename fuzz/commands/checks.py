@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from streamfuzz.fuzz import env
 from streamfuzz.fuzz.commands import UsageError
 from streamfuzz.fuzz.host import cpu_world_limit, probe_gpus
 from streamfuzz.fuzz.options import (
@@ -51,20 +52,18 @@ def pick_world_size(device: str, gpus: int, requested: int | None) -> int:
     return size
 
 
-def pick_worlds(args: argparse.Namespace, device: str, world: int) -> int:
-    """How many worlds: ``--worlds``, else ``$STREAMFUZZ_WORLDS``, else what the
-    node holds (1 inside a world)."""
-    if args.world_of is not None:
-        return 1
-    if getattr(args, "mps", "off") == "on" and device != "cuda":
+def pick_worlds(worlds: int | None, mps: str, device: str, world: int) -> int:
+    """How many worlds: ``--worlds``, else ``env.WORLDS``, else what the node
+    holds. Asked by the controller only: a world is one (``streamfuzz.fuzz.plan``)."""
+    if mps == "on" and device != "cuda":
         raise UsageError(f"--mps on shares a GPU between worlds, but the ranks run on {device}")
-    from streamfuzz.fuzz.worlds import ENV_WORLDS, default_worlds
+    from streamfuzz.fuzz.worlds import default_worlds
 
-    if args.worlds is not None:
-        asked, what = int(args.worlds), f"--worlds {args.worlds}"
-    elif os.environ.get(ENV_WORLDS, "").strip():
-        asked = _env_worlds(ENV_WORLDS, os.environ[ENV_WORLDS])
-        what = f"{ENV_WORLDS}={asked}"
+    if worlds is not None:
+        asked, what = int(worlds), f"--worlds {worlds}"
+    elif env.text(env.WORLDS).strip():
+        asked = _env_worlds(env.WORLDS, env.text(env.WORLDS))
+        what = f"{env.WORLDS}={asked}"
     else:
         return default_worlds(device, world)[0]
     if device == "cpu":
