@@ -10,13 +10,24 @@ a function with no caller in the package keeps what its own body says.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
+from streamfuzz.fuzz.scan.functions import Function
 from streamfuzz.fuzz.scan.names import STREAMISH, dotted
 from streamfuzz.fuzz.scan.nodes import guarded_nodes, own_nodes
 
-if TYPE_CHECKING:
-    from streamfuzz.fuzz.scan.package import Function, Package
+
+class Package(Protocol):
+    """What is read here of the package (``fuzz.scan.package.Package``, which
+    imports this module): its call sites, and a call's callee."""
+
+    @property
+    def modules(self) -> Mapping[str, Any]: ...
+
+    def call_index(self) -> Mapping[str, Sequence[tuple[Function, ast.Call]]]: ...
+
+    def resolve(self, caller: Function, call: ast.Call) -> Function | None: ...
 
 _CURRENT_CALLS = {"current_stream", "default_stream"}
 _WAITS = {"wait_stream", "wait_event"}

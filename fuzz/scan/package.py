@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from streamfuzz.fuzz.scan import callers, host_args
+from streamfuzz.fuzz.scan.functions import Function
 from streamfuzz.fuzz.scan.names import DEVICE_MODULES, MODULES, dotted, is_scalar_annotation
 from streamfuzz.fuzz.scan.nodes import own_nodes as _own_nodes
 from streamfuzz.fuzz.scan.ops import (
@@ -52,29 +53,6 @@ class Effect(NamedTuple):
     suffix: str = ""
     write: bool = False
     flag: str = ""
-
-
-@dataclass
-class Function:
-    file: str
-    qualname: str
-    node: ast.FunctionDef | ast.AsyncFunctionDef
-    cls: str | None
-    text: str = ""
-    classes: dict[str, str] | None = None  # local name -> its stated class (_classes_of)
-    # ('stream' | 'context', the stream it returns or enters), () if neither: _stream_helper
-    helper: tuple[str, ast.expr | None] | tuple[()] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.node.name
-
-    def params(self) -> list[ast.arg]:
-        a = self.node.args
-        ps = [*a.posonlyargs, *a.args]
-        if self.cls is not None and ps and ps[0].arg in ("self", "cls"):
-            ps = ps[1:]
-        return ps
 
 
 @dataclass
