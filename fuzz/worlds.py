@@ -76,6 +76,53 @@ def default_worlds(device: str, world_size: int) -> tuple[int, str]:
 
 
 @dataclass(frozen=True)
+class Count:
+    """How many worlds, and whether the user asked (``--worlds`` or
+    ``$STREAMFUZZ_WORLDS``, named by ``why``) or the node's size decided."""
+
+    worlds: int
+    why: str
+    asked: bool
+
+
+def how_many(asked: int | None, device: str, world_size: int) -> Count:
+    """The worlds of a campaign: ``asked`` (``--worlds``), else
+    ``$STREAMFUZZ_WORLDS``, else ``default_worlds``. Decided before the command
+    line's parse (``at_start``), so that only a world's driver starts a zygote,
+    and after it on the device found; ValueError for a bad variable."""
+    if asked is not None:
+        return Count(asked, f"--worlds {asked}", True)
+    text = os.environ.get(ENV_WORLDS, "")
+    if text.strip():
+        if not text.strip().isdigit() or int(text) < 1:
+            raise ValueError(f"{ENV_WORLDS}={text!r}: not a number of worlds (an integer "
+                             f">= 1); unset it to run as many worlds as the node holds")
+        return Count(int(text), f"{ENV_WORLDS}={int(text)}", True)
+    return Count(*default_worlds(device, world_size), False)
+
+
+def at_start(argv: list[str]) -> int:
+    """The worlds a raw command line will run, by ``how_many`` on the device and
+    world size it will likely get (guessed without torch or CUDA, as the
+    zygote's early ranks are): 1 in a world, and where the line cannot tell."""
+    from streamfuzz.fuzz import zygote
+
+    if (not argv or argv[0] not in ("run", "soak") or zygote.flag(argv, "--world-of", "")
+            or zygote.flag(argv, "--ranks-external", "")):
+        return 1
+    device = zygote.flag(argv, "--device", "auto")
+    if device == "auto":
+        device = "cuda" if zygote.listed_gpus() else "cpu"
+    try:
+        asked = zygote.flag(argv, "--worlds", "")
+        size = int(zygote.flag(argv, "--world-size", "0")) or (
+            2 if device == "cpu" else max(1, zygote.listed_gpus()))
+        return how_many(int(asked) if asked else None, device, size).worlds
+    except ValueError:  # refused once parsed, before any work
+        return 1
+
+
+@dataclass(frozen=True)
 class WorldOf:
     """Which world a child process is, and the folder the worlds share."""
 
@@ -346,7 +393,6 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
         extra = ["--device", device, "--out", str(dirs[i]), "--database", str(database)]
         return extra + (["--seed", str(args.seed + i)] if args.seed is not None else [])
 
-    _discard_early_ranks()
     print(f"soak: {count} worlds of {world_size} {device} rank(s) -> {out}/world-*",
           file=sys.stderr, flush=True)
     ctl = Controller(args.argv, count, per_world, mps_mode=_mps_mode(args, device, count,
@@ -389,7 +435,9 @@ def _status(exits: list[int], signals: list[int], found: bool) -> int:
 
 
 def _discard_early_ranks() -> None:
-    """The ranks a ``run`` starts early are the worlds' to start: none here."""
+    """End a zygote started where the start guessed one world wrongly (a
+    device guessed from the driver's GPU list that torch cannot use): the
+    ranks are the worlds' to start. ``at_start`` starts none otherwise."""
     from streamfuzz.fuzz import zygote
 
     zygote.discard()

@@ -287,3 +287,49 @@ def test_worlds_checking_one_new_corpus_folder_at_once_all_pass(tmp_path):
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0] * 6
+
+
+@pytest.mark.fast
+def test_only_a_run_of_one_world_starts_a_zygote_several_worlds_start_none(monkeypatch):
+    # A zygote serves one world's driver. The controller of several worlds
+    # started one (and early CUDA ranks on a GPU node) and then ended it unused.
+    from streamfuzz.fuzz import __main__ as entry
+    from streamfuzz.fuzz import cli, zygote
+
+    started = []
+
+    class Counted:
+        forks = True
+
+        def __init__(self, env, log=None, cuda_ranks=0):
+            started.append(cuda_ranks)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(zygote, "Zygote", Counted)
+    monkeypatch.setattr(host, "_first_counter", None)  # what prestart sets, undone after
+    monkeypatch.setattr(cli, "main", lambda: 0)  # the command line as far as its start
+    monkeypatch.setenv(zygote.ENV, "1")
+    monkeypatch.delenv(ENV_WORLDS, raising=False)
+    monkeypatch.setattr(host, "cores", lambda: 64)  # a node that holds several by default
+    monkeypatch.setattr(host, "cpu_world_limit", lambda: (256, "patched"))
+    cpu = ["run", "--device", "cpu", "--target", "pre-fix"]
+    for argv, env, zygotes in (
+            (cpu + ["--worlds", "3"], {}, 0),
+            (cpu, {ENV_WORLDS: "2"}, 0),
+            (cpu, {}, 0),  # default_worlds: several on 64 cores
+            (cpu + ["--worlds", "1"], {}, 1),
+            (cpu, {ENV_WORLDS: "1"}, 1),
+            (cpu + ["--worlds", "1", "--world-of", "0/3:shared"], {}, 1),  # a world's own
+    ):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr(sys, "argv", ["streamfuzz", *argv])
+        started.clear()
+        try:
+            assert entry.main() == 0
+        finally:
+            zygote._discard()
+            monkeypatch.delenv(ENV_WORLDS, raising=False)
+        assert len(started) == zygotes, (argv, env)

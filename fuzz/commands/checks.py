@@ -58,25 +58,15 @@ def pick_worlds(args: argparse.Namespace, device: str, world: int) -> int:
         return 1
     if getattr(args, "mps", "off") == "on" and device != "cuda":
         raise UsageError(f"--mps on shares a GPU between worlds, but the ranks run on {device}")
-    from streamfuzz.fuzz.worlds import ENV_WORLDS, default_worlds
+    from streamfuzz.fuzz.worlds import how_many
 
-    if args.worlds is not None:
-        asked, what = int(args.worlds), f"--worlds {args.worlds}"
-    elif os.environ.get(ENV_WORLDS, "").strip():
-        asked = _env_worlds(ENV_WORLDS, os.environ[ENV_WORLDS])
-        what = f"{ENV_WORLDS}={asked}"
-    else:
-        return default_worlds(device, world)[0]
-    if device == "cpu":
-        check_cpu_world(asked * world, f"{what} of {world} ranks")
-    return asked
-
-
-def _env_worlds(name: str, text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise UsageError(f"{name}={text!r}: not a number of worlds (an integer "
-                         f">= 1); unset it to run as many worlds as the node holds")
-    return int(text)
+    try:
+        n = how_many(args.worlds, device, world)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if n.asked and device == "cpu":
+        check_cpu_world(n.worlds * world, f"{n.why} of {world} ranks")
+    return n.worlds
 
 
 def check_cpu_world(size: int, what: str) -> None:
