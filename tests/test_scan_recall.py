@@ -40,6 +40,10 @@ PUBLISHED = [
     ("issue 40 packed weights", "vllm", "0.34.0",
      "distributed/weight_transfer/packed_tensor.py", "packed_nccl_broadcast_producer", 181,
      "unordered-streams"),
+    # not among the bugs the rules were written from: a platform's stream switch given a
+    # stream getter's call (no fixed release as a wheel)
+    ("A17 vllm-ascend #13397", "vllm_ascend", "0.23.0", "sample/sampler.py", "random_sample",
+     43, "cross-stream-lifetime"),
     # reported at a low score (owner-unseen): the forward stream is left to the dynamic check
     ("A8 SGLang #36738", "sglang", "0.5.18", "managers/cache_controller.py",
      "HiCacheController.start_loading", 846, "unordered-streams"),

@@ -947,6 +947,268 @@ RULES: dict[str, Rule] = {
                     buf.copy_(x)
                 x.record_stream(stream)
         ''', Hazard.UNORDERED, "Dual.put", "self.side_buf"),
+    # a platform's switch helper, given the stream a getter call returns (vllm-ascend #13397)
+    "a-switch-helper-given-a-stream-getter-call": Rule('''
+        from contextlib import nullcontext
+        import torch
+
+        _SIDE = None
+
+        def side_stream():
+            global _SIDE
+            if _SIDE is None:
+                _SIDE = torch.cuda.Stream()
+            return _SIDE
+
+        def switch_to(target, *, enabled=True):
+            if not enabled:
+                return nullcontext()
+            return torch.cuda.stream(target)
+
+        def noisy_argmax(probs):
+            with switch_to(side_stream()):
+                noise = torch.empty_like(probs)
+                noise.exponential_()
+            torch.cuda.current_stream().wait_stream(side_stream())
+            return probs.div_(noise).argmax(dim=-1)
+        ''', '''
+        from contextlib import nullcontext
+        import torch
+
+        _SIDE = None
+
+        def side_stream():
+            global _SIDE
+            if _SIDE is None:
+                _SIDE = torch.cuda.Stream()
+            return _SIDE
+
+        def switch_to(target, *, enabled=True):
+            if not enabled:
+                return nullcontext()
+            return torch.cuda.stream(target)
+
+        def noisy_argmax(probs):
+            with switch_to(side_stream()):
+                noise = torch.empty_like(probs)
+                noise.exponential_()
+            torch.cuda.current_stream().wait_stream(side_stream())
+            noise.record_stream(torch.cuda.current_stream())
+            return probs.div_(noise).argmax(dim=-1)
+        ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
+    # the same, the switch imported from a platform module the scan does not read
+    "a-foreign-stream-switch-given-a-stream": Rule('''
+        import torch
+        from .platform import stream_switch
+
+        def noisy_argmax(probs, side_stream):
+            with stream_switch(side_stream):
+                noise = torch.rand_like(probs)
+            torch.cuda.current_stream().wait_stream(side_stream)
+            return probs.div_(noise).argmax(dim=-1)
+        ''', '''
+        import torch
+        from .platform import stream_switch
+
+        def noisy_argmax(probs, side_stream):
+            with stream_switch(side_stream):
+                noise = torch.rand_like(probs)
+            torch.cuda.current_stream().wait_stream(side_stream)
+            noise.record_stream(torch.cuda.current_stream())
+            return probs.div_(noise).argmax(dim=-1)
+        ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
+    # `empty_like(x)` on a side stream takes x's shape: no kernel reads x there
+    "a-tensor-made-like-another-reads-none-of-it": Rule('''
+        import torch
+
+        def jitter(x, side):
+            with torch.cuda.stream(side):
+                noise = x.clone()
+                noise.uniform_()
+            torch.cuda.current_stream().wait_stream(side)
+            noise.record_stream(torch.cuda.current_stream())
+            return x + noise
+        ''', '''
+        import torch
+
+        def jitter(x, side):
+            with torch.cuda.stream(side):
+                noise = torch.empty_like(x)
+                noise.uniform_()
+                extra = x.new_empty(4)
+                extra.zero_()
+            torch.cuda.current_stream().wait_stream(side)
+            noise.record_stream(torch.cuda.current_stream())
+            extra.record_stream(torch.cuda.current_stream())
+            return x + noise + extra
+        ''', Hazard.UNORDERED, "jitter", "x"),
+    # what layers return on one side stream, taken by work on another (TensorRT-LLM #15265)
+    "a-layer-output-handed-between-side-streams": Rule('''
+        import torch
+
+        class Prologue:
+            def __init__(self):
+                self.aux = torch.cuda.Stream()
+                self.indexer = torch.cuda.Stream()
+                self.start = torch.cuda.Event()
+                self.aux_done = torch.cuda.Event()
+                self.idx_done = torch.cuda.Event()
+
+            def run(self, x, proj, pick, attend):
+                self.start.record()
+                with torch.cuda.stream(self.aux):
+                    self.start.wait()
+                    weights = proj(x)
+                    self.aux_done.record()
+                with torch.cuda.stream(self.indexer):
+                    self.start.wait()
+                    self.aux_done.wait()
+                    top = pick(x, weights)
+                    self.idx_done.record()
+                self.idx_done.wait()
+                return attend(x, top)
+        ''', '''
+        import torch
+
+        class Prologue:
+            def __init__(self):
+                self.aux = torch.cuda.Stream()
+                self.indexer = torch.cuda.Stream()
+                self.start = torch.cuda.Event()
+                self.aux_done = torch.cuda.Event()
+                self.idx_done = torch.cuda.Event()
+
+            def run(self, x, proj, pick, attend):
+                self.start.record()
+                with torch.cuda.stream(self.aux):
+                    self.start.wait()
+                    weights = proj(x)
+                    self.aux_done.record()
+                with torch.cuda.stream(self.indexer):
+                    self.start.wait()
+                    self.aux_done.wait()
+                    top = pick(x, weights)
+                    self.idx_done.record()
+                weights.record_stream(self.indexer)
+                top.record_stream(torch.cuda.current_stream())
+                self.idx_done.wait()
+                return attend(x, top)
+        ''', Hazard.LIFETIME, "Prologue.run", "weights"),
+    # handles kept in a list and waited in a loop after it; each pass of the launching
+    # loop launches a new collective on a new tensor (vLLM's `broadcast_tensor_dict`)
+    "collectives-launched-in-a-loop-and-waited-after-it": Rule('''
+        import torch
+        import torch.distributed as dist
+
+        def exchange(outgoing, shapes, group):
+            handles = []
+            for tensor in outgoing:
+                if tensor.numel() == 0:
+                    continue
+                handles.append(dist.broadcast(tensor, src=0, group=group, async_op=True))
+            received = {}
+            for key, shape in shapes:
+                tensor = torch.empty(shape, device="cuda")
+                handle = dist.broadcast(tensor, src=1, group=group, async_op=True)
+                handles.append(handle)
+                received[key] = tensor
+            return received
+        ''', '''
+        import torch
+        import torch.distributed as dist
+
+        def exchange(outgoing, shapes, group):
+            handles = []
+            for tensor in outgoing:
+                if tensor.numel() == 0:
+                    continue
+                handles.append(dist.broadcast(tensor, src=0, group=group, async_op=True))
+            received = {}
+            for key, shape in shapes:
+                tensor = torch.empty(shape, device="cuda")
+                handle = dist.broadcast(tensor, src=1, group=group, async_op=True)
+                handles.append(handle)
+                received[key] = tensor
+            for handle in handles:
+                handle.wait()
+            return received
+        ''', Hazard.ASYNC_COLLECTIVE, "exchange"),
+    # host memory, known by its name, by the helper that made it, or by `pin_memory()`:
+    # the host computes on it; no stream reads it
+    "a-tensor-named-for-the-host-is-read-by-no-stream": Rule('''
+        import torch
+
+        def refresh(update_stream, handles, get_ctx):
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    lens = get_ctx().lens
+                    launch_update(handle, lens.cumsum(0))
+        ''', '''
+        import torch
+
+        def refresh(update_stream, handles, get_ctx):
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    lens_cpu = get_ctx().lens_cpu
+                    launch_update(handle, lens_cpu.cumsum(0))
+        ''', Hazard.UNORDERED, "refresh", "lens"),
+    "a-tensor-a-host-helper-made-is-read-by-no-stream": Rule('''
+        import torch
+
+        def refresh(update_stream, handles, ctx):
+            lens = ctx.lens_tensor()
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    launch_update(handle, lens.cumsum(0))
+        ''', '''
+        import torch
+
+        def refresh(update_stream, handles, ctx):
+            lens = ctx.lens_to_cpu()
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    launch_update(handle, lens.cumsum(0))
+        ''', Hazard.UNORDERED, "refresh", "lens"),
+    "a-pinned-copy-is-read-by-no-stream": Rule('''
+        import torch
+
+        def refresh(update_stream, handles, ctx):
+            lens = ctx.lens_tensor().contiguous()
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    launch_update(handle, lens.cumsum(0))
+        ''', '''
+        import torch
+
+        def refresh(update_stream, handles, ctx):
+            lens = ctx.lens_tensor().pin_memory()
+            with torch.cuda.stream(update_stream):
+                for handle in handles:
+                    launch_update(handle, lens.cumsum(0))
+        ''', Hazard.UNORDERED, "refresh", "lens"),
+    # a host tensor's copy to the device (`.npu()`, `.xpu()`) is device memory again
+    "a-host-tensors-device-copy-is-device-memory": Rule('''
+        import torch
+
+        def noisy_argmax(probs, side_stream):
+            with torch.cuda.stream(side_stream):
+                noise = torch.empty_like(probs).cpu()
+                fill_on_host(noise)
+                noise = noise.npu()
+            torch.cuda.current_stream().wait_stream(side_stream)
+            return probs.div_(noise).argmax(dim=-1)
+        ''', '''
+        import torch
+
+        def noisy_argmax(probs, side_stream):
+            with torch.cuda.stream(side_stream):
+                noise = torch.empty_like(probs).cpu()
+                fill_on_host(noise)
+                noise = noise.npu()
+            torch.cuda.current_stream().wait_stream(side_stream)
+            noise.record_stream(torch.cuda.current_stream())
+            return probs.div_(noise).argmax(dim=-1)
+        ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
 }
 
 
@@ -1161,3 +1423,35 @@ def test_a_handle_another_method_waits_on_lowers_a_drop_across_methods(tmp_path)
     waited = textwrap.dedent(src).replace("        pass\n", "        self.pending.wait()\n")
     assert drops("waited.py", waited) == [
         ("freed", "object-state", "other-method", "consumed-elsewhere")]
+
+
+_TIMERS = '''
+    import torch
+
+    class Interval:
+        @staticmethod
+        def create():
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            return Interval(start=start)
+
+    class Meter:
+        def measure(self, fn):
+            begin = self.events.pop()
+            begin.record()
+            fn()
+            end = torch.cuda.Event()
+            end.record()
+            self.report(begin.elapsed_time(end))
+            self.keep(begin, end)
+    '''
+
+
+def test_events_recorded_only_to_time_work_are_no_owner_unseen_handoff(tmp_path):
+    tree = tmp_path / "pkg"
+    tree.mkdir()
+    _write(tree, "sched.py", _SCHEDULER)
+    _write(tree, "timers.py", _TIMERS)
+    _write(tree, "cache.py", _LOADER)
+    found = [f.function for f in _scan(tree) if "owner-unseen" in f.factors]
+    assert found == ["Controller.start_loading"]  # the ordering event, not the timers

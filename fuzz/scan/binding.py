@@ -11,6 +11,7 @@ import ast
 
 from streamfuzz.fuzz.scan.names import (
     CONTAINER_ANN,
+    HOSTISH,
     SPLITS,
     STREAMISH,
     Namer,
@@ -204,6 +205,9 @@ class Binding(Namer):
             self.parts[name] = self.part(value)  # lo = x[:n]: that side of x
         if is_container(value):
             self.t.containers.add(name)
+        if isinstance(value, ast.Call) and HOSTISH.search(callee_name(value)):
+            self.t.host.add(made or name)  # staged = self._to_cpu(ids): the helper says host
+            self.t.hosted.add(made or name)
         if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
                 vk is None:
             made = self.fresh(value)  # what a call returns on a side stream is made there

@@ -32,6 +32,12 @@ from streamfuzz.fuzz.scan.names import (
 )
 from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, STORAGE, K
 
+SHAPED_MAKERS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
+                           "randn_like", "randint_like", "new_empty", "new_zeros", "new_ones",
+                           "new_full"})
+"""Calls that make a tensor from another's shape, dtype and device: no kernel reads it."""
+_TO_DEVICE = frozenset({"to", "cuda", "npu", "xpu", "mps", "hpu"})
+"""Methods that copy their receiver to a device (a host tensor's device copy is not host)."""
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""
 
@@ -154,7 +160,9 @@ class Calls(Namer):
                 rk = made_recv
         if rk is not None and rk.startswith("<work@") and name in ("get_future", "then"):
             return rk  # the work's future: waiting on it waits for the work
-        arg_keys = [self.expr(a) or self.key(a) for a in c.args]
+        arg_keys = [self.key(a) if i == 0 and name in SHAPED_MAKERS and isinstance(
+            a, (ast.Name, ast.Attribute)) else self.expr(a) or self.key(a)
+            for i, a in enumerate(c.args)]
         for kw in c.keywords:
             if kw.arg in ("out",):
                 k = self.key(kw.value)
@@ -179,8 +187,12 @@ class Calls(Namer):
         if rk and name in META:
             return None
         if rk in self.t.containers and name in CONTAINER_METHODS:
-            for a in [*c.args, *(k.value for k in c.keywords)]:
-                self.keep(a, line, into=rk)
+            for i, a in enumerate([*c.args, *(k.value for k in c.keywords)]):
+                made = arg_keys[i] if i < len(arg_keys) and isinstance(a, ast.Call) else None
+                if made:  # xs.append(f(...)): what the call gave is in xs
+                    self.emit(K.KEEP, line, key=made, other=rk)
+                else:
+                    self.keep(a, line, into=rk)
             return None
         if rk and "." in rk and name in CONTAINER_METHODS and rk not in self.t.tensors and \
                 not rk.startswith("<"):
@@ -245,9 +257,10 @@ class Calls(Namer):
             # the storage goes back to the allocator: a free, not a kernel's write
             self.emit(K.FREE, line, key=rk, flag=STORAGE)
             return rk
-        self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
-                  flag=COPY_SOURCE if self._to_device(c, name) else "",
-                  part=self.part(c.func.value) if isinstance(c.func, ast.Attribute) else "")
+        if name not in SHAPED_MAKERS:  # x.new_empty(n) reads none of x's storage
+            self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
+                      flag=COPY_SOURCE if self._to_device(c, name) else "",
+                      part=self.part(c.func.value) if isinstance(c.func, ast.Attribute) else "")
         if write:
             self.host_write(rk, line)
             return rk  # in-place ops return their receiver
@@ -258,6 +271,10 @@ class Calls(Namer):
         if name == "pin_memory":
             self.t.pinned.add(made)
             self.t.host.add(made)
+        elif name not in _TO_DEVICE and (rk in self.t.hosted or rk in self.t.pinned or
+                                             HOSTISH.search(rk.rsplit(".", 1)[-1])):
+            self.t.host.add(made)  # lens_cpu.cumsum(0): the host computes it, on the host
+            self.t.hosted.add(made)
         elif name == "cpu" or (name == "to" and (
                 is_cpu_device(c.args[0] if c.args else kw_arg(c, "device")))):
             self.t.host.add(made)
@@ -299,8 +316,9 @@ class Calls(Namer):
             return None
         made = self.fresh(c)
         self.t.tensors.add(made)
-        for k in arg_keys:
-            if k:
+        shaped = full.split(".")[-1] in SHAPED_MAKERS  # torch.empty_like(x): x's shape only
+        for i, k in enumerate(arg_keys):
+            if k and not (shaped and i == 0):
                 self.emit(K.USE, line, stream=self.cur, key=k)
         dev = kw_arg(c, "device")
         if is_true(kw_arg(c, "pin_memory")):

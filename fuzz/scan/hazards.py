@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any
 
 from streamfuzz.fuzz.scan.handoff import TIMING, Handoffs, handoff_safe
-from streamfuzz.fuzz.scan.names import covers
+from streamfuzz.fuzz.scan.names import HOSTISH, covers
 from streamfuzz.fuzz.scan.ops import (
     ANY,
     COPY_SOURCE,
@@ -156,6 +156,19 @@ def _show(stream: str) -> str:
             SUBMITTER: "submitter's stream"}.get(stream, stream)
 
 
+_IDENT = re.compile(r"^[\w.]+$")
+
+
+def _crossed(t: Trace) -> set[str]:
+    """What a call returned on one stream and work on another stream then took: a
+    value computed on a side stream to be handed to other work is a tensor (the
+    outputs of a model's layers, of custom ops), even where nothing else says so."""
+    made = {o.key: o.stream for o in t.ops if o.kind is K.ALLOC and o.key in t.maybe}
+    handed = {(o.key, o.line) for o in t.ops if o.kind is K.KEEP}  # returned, stored: no work
+    return {o.key for o in t.ops if o.kind is K.USE and o.key in made
+            and o.stream != made[o.key] and (o.key, o.line) not in handed}
+
+
 class _Judge(Handoffs):
     """The rules, applied to one trace."""
 
@@ -170,6 +183,9 @@ class _Judge(Handoffs):
         for i, o in enumerate(self.ops):
             if o.kind is K.COLLECTIVE:
                 self.launches.setdefault(o.stream, []).append(i)
+        self.crossed = _crossed(t)
+        self.copied = {(k, o.line) for o in t.ops if o.kind is K.NB_COPY
+                       for k in (o.key, o.other)}  # a stream's copy to or from host memory
         self.common: list[str] = []
         if TEST_PATH.search(t.file):
             self.common.append("test-code")
@@ -182,8 +198,15 @@ class _Judge(Handoffs):
         if k in self.t.streams or k in self.t.events:
             return False
         if k.split(".")[0] in self.t.maybe:
-            return k in self.t.tensors
+            return k in self.t.tensors or k in self.crossed
         return k in self.t.tensors or k.startswith("<tmp@")
+
+    def hosted(self, k: str) -> bool:
+        """Host memory by what made it (``pin_memory()``, a helper named for the host,
+        host work on host memory) or by its name (``lens_cpu``, ``self.ids_pinned``)."""
+        name = self.t.name(k)
+        return k in self.t.pinned or k in self.t.hosted or (_IDENT.match(name) is not None and
+                                    HOSTISH.search(name.rsplit(".", 1)[-1]) is not None)
 
     def local(self, k: str) -> bool:
         return k.startswith("<tmp@") and k not in self.t.persistent
@@ -293,6 +316,8 @@ class _Judge(Handoffs):
         for p, o in enumerate(self.ops):
             if o.kind is not K.USE or o.stream == ANY or not self.tensorish(o.key):
                 continue
+            if self.hosted(o.key) and (o.key, o.line) not in self.copied:
+                continue  # host memory: what touches it here is the host, not a stream
             if o.stream != self.t.base:
                 sides_with_uses.add(o.stream)
             a, i = self._last_write(o.key, p)
@@ -381,7 +406,7 @@ class _Judge(Handoffs):
         keys = sorted({o.key for o in self.ops if o.kind is K.USE and self.tensorish(o.key)})
         merged: dict[str, Finding] = {}
         for k in keys:
-            if not (self.local(k) or self.param_owned(k)) or k in self.t.host:
+            if not (self.local(k) or self.param_owned(k)) or k in self.t.host or self.hosted(k):
                 continue  # host memory: its lifetime is the pinned allocator's (events)
             recorded = {o.stream for o in self.ops if o.kind is K.RECORD and o.key == k}
             kept = self.escapes(k)
@@ -576,6 +601,19 @@ class _Judge(Handoffs):
                      f"to {', '.join(sorted({self.t.name(o.key) for o in later}))} that "
                      "outlive the call")
 
+    def _launch_args(self) -> set[int]:
+        """The uses that are a collective's own arguments, read as it is launched."""
+        out: set[int] = set()
+        for j, o in enumerate(self.ops):
+            if o.kind is not K.COLLECTIVE:
+                continue
+            i = j - 1
+            while i >= 0 and self.ops[i].kind is K.USE:
+                if self.ops[i].key == o.key:
+                    out.add(i)
+                i -= 1
+        return out
+
     def collectives(self) -> Iterator[Finding]:
         by_work: dict[str, list[tuple[int, Op]]] = {}
         for j, o in enumerate(self.ops):
@@ -587,11 +625,25 @@ class _Judge(Handoffs):
                              and o.other}  # the containers it was put in
             waits = [j for j, o in enumerate(self.ops) if o.kind is K.WORK_WAIT and
                      o.key in held and j > start]
-            handed = any(o.key == work and o.kind in (K.USE, K.KEEP) for o in self.ops)
+            boxes = held - {work}  # a local list of handles hands them on only if it is used
+            boxed = {o.line for o in self.ops if o.kind is K.KEEP and o.key == work and
+                     o.other in self.t.containers}
+            handed = any(o.key == work and (
+                (o.kind is K.USE and o.line not in boxed) or (o.kind is K.KEEP and (
+                    not o.other or o.other not in self.t.containers))) for o in self.ops) or \
+                any(o.key in boxes and o.kind in (K.USE, K.KEEP) for o in self.ops)
             end = waits[0] if waits else len(self.ops)
             keys = {o.key for _, o in launched}
-            touched = [o for o in self.ops[start + 1:end] if o.key in keys and (
-                o.kind is K.FREE or (o.kind is K.USE and o.stream != ANY))]
+            relaunch = self._launch_args()  # a loop's next launch, another branch's: new work
+            kept = [j for j, o in enumerate(self.ops) if o.kind is K.KEEP and o.key in keys]
+            # handed on with the work (`return Handle(works, tensors)`): the taker waits
+            with_work = {o.line for o in self.ops if o.key in held and o.kind in (K.USE, K.KEEP)
+                         and o.line not in boxed}
+            touched = [o for j, o in enumerate(self.ops[start + 1:end], start + 1)
+                       if o.key in keys and (
+                           (o.kind is K.FREE and not any(k < j for k in kept)) or (
+                               o.kind is K.USE and o.stream != ANY and j not in relaunch
+                               and o.line not in with_work))]
             if waits or handed:
                 if not touched:
                     continue

@@ -51,6 +51,9 @@ HOSTISH = re.compile(r"(^|[._])(cpu|host|pinned|pin|np|numpy)($|[._])|_cpu$|_hos
 STREAMISH = re.compile(r"stream", re.I)
 STREAM_CONTEXT = re.compile(r"stream_?(context|ctx)$", re.I)
 """A helper of the package's own that enters the stream it is given."""
+STREAM_SWITCH = re.compile(r"stream", re.I)
+"""A context manager from elsewhere named for a stream (``npu_stream_switch(s)``,
+``device_stream(s)``): given something that is a stream, it makes it current."""
 INDEXISH = re.compile(r"indices|idx_mapping|mapping|mask|_ids$|^ids$|perm|idxs$|index_tensor",
                        re.I)
 """Index names that hold tensors (a bare ``idx`` is as often an int)."""
@@ -322,7 +325,9 @@ class Namer:
         if isinstance(what, str):
             self.t.streams.add(what)
             return what
-        s = self.stream_of(what) if not isinstance(what, ast.Call) else None
+        # the helper's argument may itself be a call that gives a stream (``global_stream()``)
+        s = self.stream_of(what) if not isinstance(what, ast.Call) or \
+            callee_name(what) != callee_name(call) else None
         if s is None:
             s = self.key(what)
             if s is None:
@@ -362,6 +367,8 @@ class Namer:
                     self.t.streams.add(s)
                 return s
             found = self.helped(node, "context")
+            if found is None and node.args and STREAM_SWITCH.search(name):
+                found = self.stream_of(node.args[0])  # a platform's npu_stream_switch(s)
             if found is None and STREAM_CONTEXT.search(name) and not node.args:
                 found = (dotted(node.func) or name) + "()"  # self.copy_stream_ctx()
                 self.t.streams.add(found)

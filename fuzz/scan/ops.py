@@ -91,6 +91,7 @@ class Trace:
     tensors: set[str] = field(default_factory=set)
     host: set[str] = field(default_factory=set)
     pinned: set[str] = field(default_factory=set)
+    hosted: set[str] = field(default_factory=set)  # host memory by a helper's name: no stream's
     persistent: set[str] = field(default_factory=set)
     streams: set[str] = field(default_factory=set)
     events: set[str] = field(default_factory=set)

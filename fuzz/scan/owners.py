@@ -129,9 +129,22 @@ def _ordered_after_current_only(t: Trace, fn: Function) -> int:
     only ordering the callee's work gets), or 0. Any side stream ordered after the
     current stream only would flood the report (docs/scan.md, "Recall")."""
     for o in t.ops:
-        if o.kind is K.EVENT_RECORD and o.stream == t.base and _handed(fn, o.key, o.line):
+        if o.kind is K.EVENT_RECORD and o.stream == t.base and not _timing(t, fn, o.key) \
+                and _handed(fn, o.key, o.line):
             return o.line
     return 0
+
+
+def _timing(t: Trace, fn: Function, event: str) -> bool:
+    """Is ``event`` made here to time work (``Event(enable_timing=True)``) and not waited
+    on here, or read by ``elapsed_time`` here? Handing it on then orders nothing."""
+    last = event.rsplit(".", 1)[-1]
+    waited = any(o.kind in (K.WAIT_EVENT, K.HOST_SYNC) and o.key == event for o in t.ops)
+    timed = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+                n.func.attr == "elapsed_time" and any(
+                    (dotted(x) or "").rsplit(".", 1)[-1] == last
+                    for x in (n.func.value, *n.args)) for n in _own_nodes(fn.node))
+    return timed or (event in t.timing_events and not waited)
 
 
 def _handed(fn: Function, event: str, line: int) -> bool:
