@@ -58,6 +58,7 @@ class opaque:  # noqa: N801 - used as a function and a decorator, like contextli
             if bad:
                 raise BadInput(f"opaque(): {name} holds {type(bad[0]).__name__}, not a tensor "
                                f"(parameter names are for the decorator form)")
+        _check_host(self.reads + self.writes, self.stream, self.label or "opaque work")
         describe(self.reads, self.writes, self.label or "opaque work", self.stream)
         return self
 
@@ -79,6 +80,7 @@ class opaque:  # noqa: N801 - used as a function and a decorator, like contextli
             bound.apply_defaults()
             reads = _tensors(bound.arguments[n] for n in self.reads)
             writes = _tensors(bound.arguments[n] for n in self.writes)
+            _check_host(reads + writes, self.stream, label)
             describe(reads, writes, label, self.stream)
             return fn(*args, **kwargs)
         return launch  # type: ignore[return-value]
@@ -92,3 +94,22 @@ def _tensors(values: Iterable[Any]) -> list[torch.Tensor]:
         elif isinstance(v, (list, tuple)):
             out.extend(_tensors(v))
     return out
+
+
+def _check_host(tensors: list[torch.Tensor], stream: Any, label: str) -> None:
+    """``stream="host"`` with device memory is the caller's mistake, said as one: work
+    that reaches device memory without a kernel (an RDMA write, a peer's copy) is
+    still ordered by a stream, the one it is issued or waited on."""
+    if stream != "host":
+        return
+    from streamfuzz.fuzz import streams
+    from streamfuzz.fuzz.tensors import DEVICE
+
+    memory = getattr(streams.running(), "memory", None)
+    for t in tensors:
+        on_device = memory.key_kind(t)[1] == DEVICE if memory is not None else t.is_cuda
+        if on_device:
+            raise BadInput(f"opaque(): {label}: stream='host' with device memory; the host "
+                           f"cannot touch it directly: give the stream the work is issued on "
+                           f"or waited for (an RDMA write: the stream that waits for its "
+                           f"completion)")

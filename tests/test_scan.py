@@ -435,7 +435,7 @@ def test_harness_runs_and_finds_the_bug_its_fixed_twin_is_clean(tmp_path):
 
 
 def test_harness_stands_in_for_unimportable_imports(tmp_path):
-    from streamfuzz.fuzz.targets.standins import load
+    from streamfuzz.standins import load
 
     src = tmp_path / "pkg"
     src.mkdir()

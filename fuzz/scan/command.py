@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
         from streamfuzz.fuzz.scan import harness
 
         out = harness.write_for(source, site[0], site[1], args.out)
-        print(f"streamfuzz scan: wrote {out} (fill in the scenario, then run it with pytest)")
+        print(f"streamfuzz scan: wrote {out} (run it with pytest --streamfuzz-device cpu)")
         return 0
     t0 = time.monotonic()
     result = scan(source)

@@ -1,12 +1,16 @@
 """From a finding to a check: a ``streamfuzz.checked()`` harness for one function.
 
-The harness loads the function's own file at run time (``streamfuzz.fuzz.targets.standins``:
-compiled unchanged, unimportable imports stood in), makes its arguments on the
-devices the scan saw them used on, calls it under ``checked()`` inside a
-Hypothesis ``@given`` over sizes, then drops the caller's references, as a
-caller would, so that a free the function left unordered is seen. The
-findings of the function and the interleaving each one needs are written as
-comments; what the scan could not guess is marked ``TODO``.
+The harness loads the function's own file at run time (``streamfuzz.standins``:
+compiled unchanged, the package's other files it imports loaded from their
+real files, unimportable imports stood in) and calls the function as the
+package does: its arguments are what its callers pass
+(``streamfuzz.fuzz.scan.harness_args``), a method's object carries the
+attributes its class sets, and a caller's stream context is entered. The
+engine calls such functions once a step, so the harness makes two calls in a
+row inside one ``checked()`` block; after each, the current stream reads what
+it returned where the package's callers use it, and the references are
+dropped, as a caller drops them; a finding about a previous call's work, or about a free, is then
+seen. It imports only public names (``streamfuzz``, ``streamfuzz.standins``).
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ import re
 import textwrap
 from pathlib import Path
 
-from streamfuzz.fuzz.scan import hazards
+from streamfuzz.fuzz.scan import harness_args, hazards
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
-from streamfuzz.fuzz.scan.sources import ScanInputError, Source, SourceFile
-from streamfuzz.fuzz.targets.standins import find_text
+from streamfuzz.fuzz.scan.sources import ScanInputError, Source
+from streamfuzz.fuzz.scan.standins import source_file
 
 _INTERLEAVING = {
     hazards.Hazard.LIFETIME: (
@@ -51,29 +55,54 @@ _INTERLEAVING = {
 }
 
 
+class Writer:
+    """Harnesses for one source: its files read once, shared between functions."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.files = list(source.files())
+        self.sites = harness_args.CallSites(self.files)
+
+    def write(self, file: str, line: int, out: Path | None) -> Path:
+        """Write the harness for the function at ``file:line``; its path."""
+        from streamfuzz.fuzz.scan.report import write
+
+        pkg, fn = self._package_of(file, line)
+        trace = pkg.walk(fn)
+        findings = hazards.judge(trace)
+        args = harness_args.decide(pkg, self.sites, fn, trace)
+        attrs = _object_attributes(pkg, fn, trace) if fn.cls is not None else {}
+        code = render(self.source.spec, fn.file, fn, findings, args, attrs)
+        path = out or Path(f"test_streamfuzz_{_ident(fn.qualname)}.py")
+        write(path, code)
+        return path
+
+    def function_at(self, file: str, line: int) -> Function:
+        """The innermost function of the package around ``file:line``."""
+        return self._package_of(file, line)[1]
+
+    def _package_of(self, file: str, line: int) -> tuple[Package, Function]:
+        """The function, in a package of its file and the files that call it by name:
+        what its arguments and its callers' streams are read from (the whole
+        package's walk is the scan's; a harness needs only these)."""
+        rel, _ = source_file(self.source, file)
+        own = [f for f in self.files if f.path == rel]
+        first = Package(own)
+        if rel not in first.modules:
+            raise ScanInputError(f"{file}:{line}: no stream code there")
+        fn = _function_at(first, rel, line)
+        want = re.compile(rf"\b{re.escape(fn.name)}\s*\(")
+        pkg = Package([*own, *(f for f in self.files if f.path != rel and want.search(f.text))])
+        return pkg, _function_at(pkg, rel, line)
+
+
 def write_for(source: Source, file: str, line: int, out: Path | None) -> Path:
     """Write the harness for the function at ``file:line`` of ``source``; its path."""
-    text = find_text(source, file)
-    rel = _relative(source, file)
-    pkg = Package([SourceFile(rel, text)])
-    fn = _function_at(pkg, rel, line)
-    trace = pkg.walk(fn)
-    findings = hazards.judge(trace)
-    code = render(source.spec, rel, fn, trace, findings)
-    path = out or Path(f"test_streamfuzz_{re.sub(r'[^A-Za-z0-9_]', '_', fn.qualname)}.py")
-    from streamfuzz.fuzz.scan.report import write
-
-    write(path, code)
-    return path
+    return Writer(source).write(file, line, out)
 
 
-def _relative(source: Source, file: str) -> str:
-    want = file.replace("\\", "/").lstrip("./")
-    paths = [f.path for f in source.files()]
-    if want in paths:
-        return want
-    ends = [p for p in paths if p.endswith("/" + want) or want.endswith("/" + p)]
-    return ends[0] if len(ends) == 1 else want
+def _ident(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)
 
 
 def _function_at(pkg: Package, file: str, line: int) -> Function:
@@ -84,99 +113,224 @@ def _function_at(pkg: Package, file: str, line: int) -> Function:
     return max(inside, key=lambda f: f.node.lineno)  # the innermost
 
 
-def _arg(name: str, trace: Trace, annotation: ast.expr | None) -> str:
-    ann = ast.unparse(annotation) if annotation is not None else ""
-    low = name.lower()
-    if "stream" in low:
-        return "torch.cuda.Stream()"
-    if "event" in low and "events" not in low:
+def _class_node(pkg: Package, fn: Function) -> ast.ClassDef | None:
+    body = pkg.modules[fn.file].tree.body
+    node: ast.ClassDef | None = None
+    for part in fn.qualname.split(".")[:-1]:
+        node = next((c for c in body if isinstance(c, ast.ClassDef) and c.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    return node
+
+
+def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, str]:
+    """``self.x`` for every attribute the class's methods read, by what its
+    ``__init__`` sets it to, else by the scan's kind of it, else by its use."""
+    cls = _class_node(pkg, fn)
+    if cls is None:
+        return {}
+    methods = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
+                None)
+    made: dict[str, ast.expr] = {}
+    if init is not None:
+        for node in ast.walk(init):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
+                            t.value.id == "self":
+                        made.setdefault(t.attr, node.value)
+    read = set()
+    # The class's methods, and the module's functions (a decorator's wrapper takes a lock
+    # of the object it wraps).
+    scopes = [cls, *(n for n in pkg.modules[fn.file].tree.body if isinstance(
+        n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id == "self" and isinstance(node.ctx, ast.Load):
+                read.add(node.attr)
+    out = {}
+    for a in sorted(read - methods):
+        key = f"self.{a}"
+        assigned = made.get(a)
+        if assigned is not None and _constructed(assigned):  # the package's object: by its use
+            out[a] = harness_args.use_of(key, fn, trace)
+            continue
+        value = _initial(assigned) if key not in (
+            trace.tensors | trace.streams | trace.events | trace.host | trace.pinned) else None
+        out[a] = value or harness_args.attribute_value(key, trace, fn)
+    return out
+
+
+def _constructed(value: ast.expr) -> bool:
+    """``Foo(...)``: an object of a class (a capitalised name), not a tensor factory."""
+    if not isinstance(value, ast.Call):
+        return False
+    name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(
+        value.func, "id", "")
+    root = ast.unparse(value.func).split(".")[0]
+    return name[:1].isupper() and root not in ("torch", "threading") and "Stream" not in name \
+        and "Event" not in name
+
+
+def _initial(value: ast.expr | None) -> str | None:
+    """What ``__init__`` sets, where it is a literal, a stream or an event."""
+    if value is None:
+        return None
+    text = ast.unparse(value)
+    if isinstance(value, ast.Constant) and value.value is None:
+        return None  # set later by another method: what the function does with it says
+    if re.fullmatch(r"threading\.(Lock|RLock|Condition|Event)\(\)", text):
+        return text
+    if isinstance(value, ast.Constant) or text in ("[]", "{}", "set()", "()"):
+        return text
+    if re.search(r"\bcurrent_stream\(\)$", text):
+        return harness_args.CURRENT
+    if re.search(r"\bStream\(", text):
+        return harness_args.SIDE
+    if re.search(r"\bEvent\(", text):
         return "torch.cuda.Event()"
-    if re.match(r"^(int|float|bool)", ann) or low in ("n", "num", "size", "count"):
-        return "n"
-    if name in trace.tensors or "Tensor" in ann:
-        if name in trace.pinned or name in trace.host:
-            return "torch.zeros(n, dtype=torch.int64, pin_memory=True)"
-        if re.search(r"idx|indices|index|mapping|ids$|perm", low):  # an index tensor
-            return "torch.randperm(n, device=DEVICE)"
-        return "torch.arange(n, device=DEVICE, dtype=torch.float32)"
-    return "None  # TODO: what the caller passes"
+    if isinstance(value, (ast.List, ast.ListComp)):
+        return "[]"
+    if isinstance(value, (ast.Dict, ast.DictComp)):
+        return "{}"
+    return None
 
 
-def _attr(key: str, trace: Trace) -> str:
-    if key in trace.streams:
-        return "torch.cuda.Stream()"
-    if key in trace.events:
-        return "torch.cuda.Event()"
-    if key in trace.pinned:
-        return "torch.zeros(n, dtype=torch.float32, pin_memory=True)"
-    if key in trace.host:
-        return "torch.zeros(n, dtype=torch.float32)"
-    return "torch.zeros(n, device=DEVICE, dtype=torch.float32)"
+_HELPERS = '''
+
+class _Object:
+    """An argument the package passes duck-typed: the attributes the function reads."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __enter__(self):  # a lock or a context the function enters
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
-def render(spec: str, file: str, fn: Function, trace: Trace,
-           findings: list[hazards.Finding]) -> str:
+def _recorded_event():
+    event = torch.cuda.Event()
+    event.record()  # after the caller's work on the current stream, as a caller records it
+    return event
+
+
+def _first_tensor(*args, **kwargs):
+    """A callable the package passes that returns a tensor: the first one it is given."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (list, tuple)):
+            found = _first_tensor(*value)
+            if found is not None:
+                return found
+    return None
+
+
+def _consume(value):
+    """The caller's next kernels read what the call returned, on the current stream."""
+    if isinstance(value, torch.Tensor):
+        value.sum()
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _consume(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _consume(v)
+'''
+
+
+def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
+           args: harness_args.Arguments, attrs: dict[str, str]) -> str:
     """The harness source."""
-    params = fn.params()
-    args = {p.arg: _arg(p.arg, trace, p.annotation) for p in params}
-    attrs = sorted({k.split(".")[1] for k in (trace.tensors | trace.streams | trace.events)
-                    if k.startswith("self.") and k.count(".") >= 1})
     findings = sorted(findings, key=lambda f: (-f.score, f.line))
+    name = _ident(fn.qualname)
     lines = [
         f'"""streamfuzz harness for {fn.qualname} ({file}:{fn.node.lineno}).',
         "",
-        "Written by `python -m streamfuzz scan --harness`; fill in each TODO, then run",
+        "Written by `python -m streamfuzz scan --harness`. Run it with",
         "`pytest THIS_FILE --streamfuzz-device cpu` (simulated CUDA streams, no GPU) or",
         "`--streamfuzz-device cuda`. A finding fails the test with the checker's message.",
         '"""',
         "",
         "import os",
+        "import threading  # noqa: F401 - where the class keeps a lock",
         "",
         "import torch",
         "from hypothesis import given, settings",
         "from hypothesis import strategies as st",
         "",
         "import streamfuzz",
-        "from streamfuzz.fuzz.targets.standins import load",
+        "from streamfuzz.standins import load",
         "",
         f"SOURCE = os.environ.get('STREAMFUZZ_SOURCE', {spec!r})",
         f"FILE = {file!r}",
         'DEVICE = "cuda"  # simulated on CPU under --streamfuzz-device cpu',
         "",
-        "# The real code, compiled unchanged. Imports that fail here are stood in",
-        "# (streamfuzz.fuzz.targets.standins); `TARGET.stood_in` lists them: replace the ones the",
-        "# function reaches with what it needs.",
+        "# The real code, compiled unchanged, with the package's files it imports; imports",
+        "# that fail here are stood in: `TARGET.stood_in` lists them.",
         "TARGET = load(SOURCE, FILE)",
         "",
+        "# What the scan found in this function, and the interleaving each needs:",
     ]
-    lines += ["# What the scan found in this function, and the interleaving each needs:"]
     if not findings:
-        lines += ["#   (no finding: the skeleton still checks the function as it runs)"]
+        lines += ["#   (no finding: the harness still checks the function as it runs)"]
     for f in findings:
         lines += [f"#   [{f.score}] {f.hazard.value} at line {f.line}: {f.what}"]
         lines += ["#       " + w for w in textwrap.wrap(_INTERLEAVING[f.hazard], 76)]
         lines += ["#       " + w for w in textwrap.wrap(f.safe_if, 76)]
-    lines += ["", "", "@settings(max_examples=20, deadline=None)",
-              "@given(n=st.integers(min_value=1, max_value=64))",
-              f"def test_{re.sub(r'[^A-Za-z0-9_]', '_', fn.qualname)}(n):",
-              "    with streamfuzz.checked():"]
-    body: list[str] = []
+    lines += _HELPERS.splitlines()
     if fn.cls is not None:
         cls_path = ".".join(fn.qualname.split(".")[:-1])
-        body += [f"obj = TARGET.module.{cls_path}.__new__(TARGET.module.{cls_path})",
-                 "# The attributes the method reads (TODO: the shapes and dtypes it expects):"]
-        body += [f"obj.{a} = {_attr('self.' + a, trace)}" for a in attrs]
+        lines += ["", "",
+                  "def _object(n):",
+                  "    \"\"\"The object, made without __init__, with the attributes its class "
+                  "reads.\"\"\"",
+                  f"    cls = TARGET.module.{cls_path}",
+                  "    obj = cls.__new__(cls)"]
+        for a, v in attrs.items():
+            lines += [f"    if not hasattr(cls, {a!r}):", f"        obj.{a} = {v}"]
+        lines += ["    return obj"]
         target = f"obj.{fn.name}"
     else:
         target = f"TARGET.module.{fn.qualname}"
-    body += ["# The arguments, on the devices the function uses (TODO: real shapes):"]
-    body += [f"{k} = {v}" for k, v in args.items()]
-    call = f"{target}({', '.join(f'{k}={k}' for k in args)})"
-    body += ["# The hazardous interleaving: the call queues its work and returns; the",
-             "# caller then drops its references while that work may still be pending.",
-             f"result = {call}"]
-    drop = [*args, "result"]
-    body += [f"del {', '.join(drop)}"]
+    lines += ["", "", "def _arguments(n):"]
+    where = ", ".join(args.callers[:3]) or "none in the package"
+    lines += [f"    \"\"\"What the package's callers pass (read at: {where}).\"\"\""]
+    lines += ["    return {"]
+    for k, v in args.values.items():
+        lines += [f"        {k!r}: {v},  # {args.why[k]}"]
+    lines += ["    }"]
+    lines += ["", "", "@settings(max_examples=20, deadline=None)",
+              "@given(n=st.integers(min_value=1, max_value=64))",
+              f"def test_{name}(n):",
+              "    with streamfuzz.checked():"]
+    body: list[str] = []
+    if fn.cls is not None:
+        body += ["obj = _object(n)"]
+    if "side" in args.contexts:
+        body += ["context = torch.cuda.Stream()  # every caller calls it under a stream "
+                 "context",
+                 "context.wait_stream(torch.cuda.current_stream())"]
+    body += ["# Two calls in a row, as the engine's steps make them; the caller drops its",
+             "# references after each.",
+             "for _step in range(2):"]
+    call = f"{target}(**args)"
+    body += ["    args = _arguments(n)"]
+    body += [f"    args[{k!r}].wait_stream(torch.cuda.current_stream())  # as every caller "
+             "does first" for k in args.waits]
+    if "side" in args.contexts:
+        body += ["    with torch.cuda.stream(context):", f"        result = {call}"]
+    else:
+        body += [f"    result = {call}"]
+    if args.uses_result:
+        body += ["    _consume(result)  # the callers use what it returns"]
+    body += ["    del result, args"]
     lines += ["        " + b for b in body]
     lines += [""]
     return "\n".join(lines)

@@ -1,0 +1,363 @@
+"""What a harness passes a function: read from what the package itself passes it.
+
+Each argument is decided from, in order: the callers' own stream (a stream
+parameter every caller passes its current stream gets the current stream,
+``callers.current_stream_params``), the callers' arguments at their call
+sites in any file of the package (a literal is passed as it is; a lambda, a
+list or an iterator keeps its kind), the parameter's annotation, and last how
+the function itself uses the parameter (called, iterated, its attributes
+read: an object with those attributes). A parameter with a default that no
+caller overrides keeps its default. The scan's names (tensors, host and
+pinned memory, streams, events) decide a tensor's device and a stream's kind.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from streamfuzz.fuzz.scan import callers
+from streamfuzz.fuzz.scan.names import INDEXISH, STREAMISH
+from streamfuzz.fuzz.scan.ops import Trace
+from streamfuzz.fuzz.scan.package import Function, Package
+from streamfuzz.fuzz.scan.sources import SourceFile
+
+CURRENT = "torch.cuda.current_stream()"
+SIDE = "torch.cuda.Stream()"
+_CALLABLE = "lambda *args, **kwargs: None"
+_SCALARS = {"int": "n", "float": "1.0", "bool": "False", "str": "'x'", "bytes": "b''",
+            "dict": "{}", "list": "[]", "set": "set()", "tuple": "()"}
+
+
+@dataclass
+class Arguments:
+    """The harness's arguments: ``values`` by parameter (source text), and why."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
+    callers: list[str] = field(default_factory=list)  # "file:line" of each call site read
+    contexts: set[str] = field(default_factory=set)  # 'side' where every caller enters one
+    uses_result: bool = False  # a caller uses what the call returns
+    waits: list[str] = field(default_factory=list)  # side streams every caller orders first
+
+
+class CallSites:
+    """Every call of a name in the package, any file (not only those with stream
+    words): found by text first, parsed only where the name is called."""
+
+    def __init__(self, files: Iterable[SourceFile]) -> None:
+        self.files = list(files)
+        self._trees: dict[str, ast.Module | None] = {}
+
+    def of(self, name: str) -> list[tuple[str, ast.Call, list[ast.AST]]]:
+        """(file, call, the call's enclosing ``with`` statements and function) for each
+        call of ``name``."""
+        want = re.compile(rf"\b{re.escape(name)}\s*\(")
+        out = []
+        for f in self.files:
+            if not want.search(f.text):
+                continue
+            tree = self._tree(f)
+            if tree is None:
+                continue
+            for call, withs in _calls(tree, []):
+                fn = call.func
+                called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                if called == name:
+                    out.append((f.path, call, withs))
+        return out
+
+    def _tree(self, f: SourceFile) -> ast.Module | None:
+        if f.path not in self._trees:
+            try:
+                self._trees[f.path] = ast.parse(f.text)
+            except (SyntaxError, ValueError, RecursionError):
+                self._trees[f.path] = None
+        return self._trees[f.path]
+
+
+def _calls(node: ast.AST, withs: list[ast.AST]) -> Iterable[tuple[ast.Call, list[ast.AST]]]:
+    for child in ast.iter_child_nodes(node):
+        inner = [*withs, child] if isinstance(child, (ast.With, ast.AsyncWith)) else withs
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inner = [child]  # the enclosing function first, then its withs
+        if isinstance(child, ast.Call):
+            child._streamfuzz_unused = isinstance(node, ast.Expr)  # type: ignore[attr-defined]
+            yield child, withs
+        yield from _calls(child, inner)
+
+
+def decide(pkg: Package, sites: CallSites, fn: Function, trace: Trace) -> Arguments:
+    """The arguments for one call of ``fn``."""
+    out = Arguments()
+    current = callers.current_stream_params(pkg, fn)
+    params = fn.params()
+    a = fn.node.args
+    defaults = dict(zip([p.arg for p in [*a.posonlyargs, *a.args]][-len(a.defaults):],
+                        a.defaults)) if a.defaults else {}
+    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    kwonly = [p for p in a.kwonlyargs if p.arg not in defaults]
+    calls = _calls_of(sites, fn)
+    out.callers = [f"{file}:{call.lineno}" for file, call, _ in calls]
+    out.uses_result = any(not getattr(call, "_streamfuzz_unused", True) for _, call, _ in calls)
+    if calls and all(_in_side_context(withs) for _, _, withs in calls):
+        out.contexts.add("side")
+    for p in [*params, *kwonly]:
+        passed = [x for x in (_passed(fn, call, p.arg) for _, call, _ in calls) if x is not None]
+        value, why = _value(p, passed, p.arg in current, p.arg in defaults, trace, fn)
+        if value is None:
+            continue  # its default
+        out.values[p.arg] = value
+        out.why[p.arg] = why
+    sides = [k for k, v in out.values.items() if v == SIDE]
+    out.waits = [k for k in sides if calls and all(
+        _waited_before(withs, call, _passed(fn, call, k)) for _, call, withs in calls)]
+    return out
+
+
+def _waited_before(withs: list[ast.AST], call: ast.Call, arg: ast.expr | None) -> bool:
+    """Does the caller make the stream it passes wait (``wait_stream``/``wait_event``)
+    before the call? A wait under ``if stream is not None`` counts: the call passes it."""
+    scope = next((w for w in withs if isinstance(w, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                 None)
+    if scope is None or arg is None:
+        return False
+    name = _text(arg)
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+               n.func.attr in ("wait_stream", "wait_event") and _text(n.func.value) == name
+               and n.lineno < call.lineno for n in ast.walk(scope))
+
+
+def _calls_of(sites: CallSites, fn: Function) -> list[tuple[str, ast.Call, list[ast.AST]]]:
+    found = sites.of(fn.name)
+    method = fn.cls is not None
+    return [(file, call, withs) for file, call, withs in found
+            if isinstance(call.func, ast.Attribute) == method or not method][:20]
+
+
+def _in_side_context(withs: list[ast.AST]) -> bool:
+    for w in withs:
+        for item in getattr(w, "items", ()):
+            text = ast.unparse(item.context_expr)
+            if STREAMISH.search(text) and "current_stream" not in text:
+                return True
+    return False
+
+
+def _passed(fn: Function, call: ast.Call, param: str) -> ast.expr | None:
+    arg = next((k.value for k in call.keywords if k.arg == param), None)
+    names = [p.arg for p in fn.params()]
+    if arg is None and param in names:
+        i = names.index(param)
+        if i < len(call.args) and not any(isinstance(x, ast.Starred) for x in call.args[:i + 1]):
+            arg = call.args[i]
+    return arg
+
+
+def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
+           trace: Trace, fn: Function) -> tuple[str | None, str]:
+    name = p.arg
+    ann = _unwrap(ast.unparse(p.annotation)) if p.annotation is not None else ""
+    if current:
+        return CURRENT, "every caller passes its current stream"
+    if has_default and not passed:
+        return None, "its default"
+    literal = _common_literal(passed)
+    if literal is not None:
+        return literal, "the callers' literal"
+    shape = _passed_shape(passed)
+    if name in trace.streams or "Stream" in ann:
+        return SIDE, "a stream the callers make apart from the current one"
+    if name in trace.events or "Event" in ann:
+        return "_recorded_event()", "an event, recorded on the current stream"
+    kind = _annotated(ann, _tensor(name, trace, fn))
+    if kind is not None and not re.match(r"(torch\.)?Tensor\b", ann):  # stated not a tensor
+        if kind == "n":
+            return _int(name), f"its annotation ({ann}), by its name"
+        return kind, f"its annotation ({ann})"
+    if name in trace.tensors or "Tensor" in ann:
+        listed = shape == "list" or re.match(r"(list|List|Sequence|tuple|Tuple)\[", ann)
+        tensor = _tensor(name, trace, fn)
+        return (f"[{tensor}, {tensor}]" if listed else tensor), "a tensor (the scan's)"
+    if shape is not None:
+        return {"lambda": _CALLABLE, "list": "[]", "dict": "{}", "iter": "iter([])"}[shape], \
+            f"the callers pass a {shape}"
+    return _by_use(name, trace, fn)
+
+
+def _int(name: str) -> str:
+    """An int by its name: a rank or an offset is 0, a size or capacity is large
+    (a slot must hold what is written), anything else the example's size."""
+    leaf = name.rsplit(".", 1)[-1].lower()
+    if re.search(r"rank|^src$|^dst$|root|offset|start|begin|^idx|index", leaf):
+        return "0"
+    if re.search(r"size|capacity|bytes|limit|max", leaf):
+        return "1 << 20"
+    return "n"
+
+
+def _unwrap(ann: str) -> str:
+    m = re.fullmatch(r"(?:typing\.)?Optional\[(.*)\]", ann)
+    if m:
+        return m.group(1)
+    parts = [x.strip() for x in ann.split("|")]
+    rest = [x for x in parts if x != "None"]
+    return rest[0] if len(rest) == 1 else ann
+
+
+def _common_literal(passed: list[ast.expr]) -> str | None:
+    texts = {ast.unparse(x) for x in passed if isinstance(x, ast.Constant)}
+    if passed and len(texts) == 1 and all(isinstance(x, ast.Constant) for x in passed):
+        return texts.pop()
+    return None
+
+
+def _passed_shape(passed: list[ast.expr]) -> str | None:
+    for x in passed:
+        if isinstance(x, ast.Lambda):
+            return "lambda"
+        if isinstance(x, (ast.List, ast.ListComp, ast.Tuple)):
+            return "list"
+        if isinstance(x, (ast.Dict, ast.DictComp)):
+            return "dict"
+        if isinstance(x, (ast.GeneratorExp,)) or (isinstance(x, ast.Call) and getattr(
+                x.func, "id", "") in ("iter", "zip", "enumerate", "map")):
+            return "iter"
+    return None
+
+
+def _annotated(ann: str, tensor: str = "None") -> str | None:
+    """A value of the annotated type: scalars, callables, iterators and containers,
+    with tensors inside where the annotation says so (an ``Iterator[tuple[str,
+    Tensor]]`` of parameters gets two named tensors)."""
+    if not ann:
+        return None
+    ann = ann.replace("typing.", "").replace("collections.abc.", "")
+    head, _, inner = ann.partition("[")
+    inner = inner[:-1] if inner.endswith("]") else inner
+    if head in _SCALARS and not inner:
+        return _SCALARS[head]
+    if head == "Callable":
+        returns = inner.rsplit(",", 1)[-1].strip() if inner else ""
+        return "_first_tensor" if re.match(r"(torch\.)?Tensor$", returns) else _CALLABLE
+    if head in ("Iterator", "Iterable", "Generator", "list", "List", "Sequence"):
+        item = _annotated(_args(inner)[0], tensor) if inner else None
+        if item is None and inner and re.match(r"(torch\.)?Tensor$", _args(inner)[0]):
+            item = tensor
+        items = f"[{item}, {item}]" if item is not None else "[]"
+        return f"iter({items})" if head in ("Iterator", "Generator") else items
+    if head in ("tuple", "Tuple") and inner:
+        parts = []
+        for a in _args(inner):
+            v = tensor if re.match(r"(torch\.)?Tensor$", a) else _annotated(a, tensor)
+            parts.append("'x'" if a == "str" else v if v is not None else "None")
+        return f"({', '.join(parts)},)"
+    if head in ("Dict", "Mapping", "dict"):
+        return "{}"
+    return None
+
+
+def _args(inner: str) -> list[str]:
+    """The top-level arguments of a subscript's text: ``str, tuple[int, int]``."""
+    out, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch in "[(" and 1 or 0
+        depth -= ch in "])" and 1 or 0
+        cur += ch
+    return [*out, cur.strip()] if cur.strip() else out
+
+
+def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n") -> str:
+    text = fn.text
+    leaf = re.escape(key)
+    two_d = re.search(rf"\b{leaf}(\.shape\[1\]|\.size\(1\)|\[:, |\.stride\(1\)|\.shape\[-1\])",
+                      text)
+    shape = f"({scalar}, 4)" if two_d else scalar
+    if key in trace.pinned:
+        return f"torch.zeros({shape}, pin_memory=True)"
+    if key in trace.host:
+        return f"torch.zeros({shape})"
+    if INDEXISH.search(key.rsplit(".", 1)[-1]) and not two_d:
+        return f"torch.randperm({scalar}, device=DEVICE)"
+    return f"torch.arange({scalar} * {4 if two_d else 1}, device=DEVICE, " \
+           f"dtype=torch.float32).view({shape})" if two_d else \
+        f"torch.arange({scalar}, device=DEVICE, dtype=torch.float32)"
+
+
+def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0) -> str:
+    """What ``self.x`` (or ``param.x``) is set to: the scan's kind of it, else an object."""
+    if key in trace.streams:
+        return SIDE
+    if key in trace.events:
+        return "_recorded_event()"
+    if key in trace.tensors or key in trace.pinned or key in trace.host:
+        return _tensor(key, trace, fn)
+    return use_of(key, fn, trace, depth)
+
+
+def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
+    value = use_of(name, fn, trace)
+    return value, "how the function uses it" if value != "_Object()" else \
+        "an object (the function's use says no more)"
+
+
+def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -> str:
+    """A value for ``key`` from how ``fn`` uses it (or a local it is copied to):
+    called, iterated, or an object with the attributes it reads."""
+    names = {key} | {t.id for n in ast.walk(fn.node) if isinstance(n, ast.Assign)
+                     and _text(n.value) == key for t in n.targets if isinstance(t, ast.Name)}
+    calls, iters, attrs, numbers = False, False, set(), set()
+    for node in ast.walk(fn.node):
+        if isinstance(node, ast.Call) and _text(node.func) in names:
+            calls = True
+        if isinstance(node, (ast.For, ast.comprehension)) and _text(node.iter) in names:
+            iters = True
+        if isinstance(node, ast.Attribute) and _text(node.value) in names:
+            attrs.add(node.attr)
+        if isinstance(node, (ast.BinOp, ast.Compare)):  # an attribute used as a number
+            for side in ([node.left, node.right] if isinstance(node, ast.BinOp)
+                         else [node.left, *node.comparators]):
+                if isinstance(side, ast.Attribute) and _text(side.value) in names:
+                    numbers.add(side.attr)
+    if calls:
+        return _CALLABLE
+    if iters:
+        return "[]"
+    if attrs and trace is not None and depth < 2:
+        fields = []
+        for a in sorted(attrs):
+            if any(_is_method_call(fn, name, a) for name in names):
+                fields.append(f"{a}={_CALLABLE}")
+                continue
+            if a in numbers:
+                fields.append(f"{a}={_int(a)}")
+                continue
+            sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
+                trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
+                f"{key}.{a}")
+            fields.append(f"{a}={attribute_value(sub, trace, fn, depth + 1)}")
+        return f"_Object({', '.join(fields)})"
+    return "_Object()"
+
+
+def _is_method_call(fn: Function, key: str, attr: str) -> bool:
+    return any(isinstance(n, ast.Call) and _text(n.func) == f"{key}.{attr}"
+               for n in ast.walk(fn.node))
+
+
+def _text(node: ast.AST) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:  # noqa: BLE001 - an odd node is no match
+        return ""
+
+
+def stream_param_passed_side(values: dict[str, str]) -> list[str]:
+    """The stream parameters given a fresh side stream (said in the harness)."""
+    return [k for k, v in values.items() if v == SIDE]

@@ -1,0 +1,326 @@
+"""Any package's module, compiled unchanged, with its unimportable imports stood in.
+
+A harness written by ``scan --harness`` needs one function of any package,
+with what it calls, without installing the package: ``load`` reads the
+function's file from a tree, wheel, sdist or installed package, and runs it
+as a module whose ``__import__`` answers in three ways. An import of the same
+package loads that file from the same source, compiled unchanged too (so a
+callee in another file does what it does), up to ``depth`` files away; any
+other import is tried for real; what fails, or lies deeper, is handed a
+stand-in. A stand-in is a class (so it can be subclassed, used in
+annotations or called) whose attributes are stand-ins too; a call with one
+callable argument returns it, so a stood-in decorator leaves the function as
+it is. Every loaded file is a module in ``sys.modules`` under a private
+prefix, as ``dataclasses`` and ``typing`` expect. A top-level statement that
+raises (a path the real machine has) is skipped, the rest of the file runs.
+``Loaded.stood_in`` names every stand-in handed out and every skipped
+statement, for the harness to say what the user must fill in.
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import builtins as _builtins
+import itertools
+import linecache
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamfuzz.fuzz.scan.sources import ScanInputError, Source, open_source
+
+DEPTH = 2
+"""How many files away from the function's own a package import is still loaded
+for real: its callees' files, and theirs; further ones are stood in."""
+
+_LOADS = itertools.count(1)
+
+
+class _StandInType(type):
+    """The metaclass of stand-ins: attribute access and indexing give stand-ins."""
+
+    def __getattr__(cls, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _stand_in(f"{cls.__qualname__}.{attr}", cls._registry)
+
+    def __getitem__(cls, item: Any) -> Any:
+        return cls
+
+    def __or__(cls, other: Any) -> Any:
+        return cls
+
+    __ror__ = __or__
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(
+                args[0], _StandInType):
+            return args[0]  # a stood-in decorator
+        return super().__call__()
+
+
+class _StandInBase:
+    _registry: list[str] = []
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _stand_in(f"{type(self).__qualname__}().{attr}", self._registry)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]
+        return _stand_in(f"{type(self).__qualname__}()()", self._registry)()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def _stand_in(name: str, registry: list[str]) -> type:
+    if name not in registry:
+        registry.append(name)
+    return _StandInType(name.rsplit(".", 1)[-1], (_StandInBase,),
+                        {"__qualname__": name, "_registry": registry,
+                         "__module__": "streamfuzz.standin"})
+
+
+@dataclass
+class Loaded:
+    """The function's module, its file's name in tracebacks, and what was stood in."""
+
+    module: types.ModuleType
+    filename: str
+    stood_in: list[str] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)  # the package's other files run for real
+
+
+def load(spec: str, file: str, name: str = "_streamfuzz_target", depth: int = DEPTH) -> Loaded:
+    """``file`` of ``spec``, run as a module; raises ``ScanInputError``."""
+    source = open_source(spec)
+    return _Loader(source, f"{name}{next(_LOADS)}", depth).target(file)
+
+
+def find_text(source: Any, file: str) -> str:
+    """The text of ``file`` in ``source``: an exact path, else the one path ending so."""
+    return source_file(source, file)[1]
+
+
+def source_file(source: Any, file: str) -> tuple[str, str]:
+    """The path and text of ``file`` in ``source`` (an exact path, else the one ending so)."""
+    want = file.replace("\\", "/").lstrip("./")
+    matches = []
+    for f in source.files():
+        if f.path == want:
+            return f.path, f.text
+        if f.path.endswith("/" + want) or want.endswith("/" + f.path):
+            matches.append(f)
+    if len(matches) == 1:
+        return matches[0].path, matches[0].text
+    if not matches:
+        raise ScanInputError(f"{file}: no such Python file in {source.spec}")
+    raise ScanInputError(f"{file}: {len(matches)} files in {source.spec} end so; give more "
+                         "of the path")
+
+
+def module_name(path: str) -> str:
+    """``pkg/sub/mod.py`` -> ``pkg.sub.mod``; ``pkg/__init__.py`` -> ``pkg``."""
+    parts = path[:-3].split("/") if path.endswith(".py") else path.split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+class _Loader:
+    """One load: the source's files by module name, and the modules run so far."""
+
+    def __init__(self, source: Source, prefix: str, depth: int) -> None:
+        self.source, self.prefix, self.depth = source, prefix, depth
+        self.texts: dict[str, tuple[str, str]] = {}  # module -> (path, text)
+        self.packages: set[str] = set()
+        for f in source.files():
+            mod = module_name(f.path)
+            if mod and mod not in self.texts:
+                self.texts[mod] = (f.path, f.text)
+            if f.path.endswith("/__init__.py") or f.path == "__init__.py":
+                self.packages.add(mod)
+        self.tops = {m.split(".")[0] for m in self.texts}
+        self.modules: dict[str, types.ModuleType] = {}
+        self.stood: list[str] = []
+        self.loaded: list[str] = []
+
+    def target(self, file: str) -> Loaded:
+        path, _ = source_file(self.source, file)
+        mod = module_name(path)
+        module = self._run(mod, 0)
+        if module is None:
+            raise ScanInputError(f"{file}: could not be run as a module ({self.failed})")
+        return Loaded(module, module.__file__ or path, self.stood,
+                      [m for m in self.loaded if m != mod])
+
+    failed = ""
+
+    def _filename(self, path: str) -> str:
+        if self.source.kind == "file":
+            return path
+        return f"{self.source.label}/{path}".replace(" ", "-")
+
+    def _run(self, mod: str, level: int) -> types.ModuleType | None:
+        """Module ``mod`` of the source, run ``level`` files from the function's; None
+        where it raised (its importer stands it in)."""
+        if mod in self.modules:
+            return self.modules[mod]
+        path, text = self.texts[mod]
+        filename = self._filename(path)
+        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+        module = types.ModuleType(f"{self.prefix}.{mod}")
+        module.__file__ = filename
+        module.__package__ = mod if mod in self.packages else mod.rpartition(".")[0]
+        if mod in self.packages:
+            module.__path__ = []
+        module.__dict__["__builtins__"] = {**_builtins.__dict__,
+                                           "__import__": self._importer(level)}
+        self.modules[mod] = module
+        sys.modules[module.__name__] = module
+        try:
+            skipped = _run_statements(text, filename, module.__dict__)
+        except SyntaxError as exc:  # a file that does not parse is stood in
+            if level == 0:
+                raise ScanInputError(f"{path}: {exc}") from None
+            self.failed = f"SyntaxError: {exc}".splitlines()[0]
+            del self.modules[mod]
+            sys.modules.pop(module.__name__, None)
+            return None
+        self.stood.extend(f"{path}:{line} ({why})" for line, why in skipped)
+        self.loaded.append(mod)
+        return module
+
+    def _importer(self, level_of_file: int) -> Any:
+        def _import(mod: str, globals: Any = None, locals: Any = None,  # noqa: A002
+                    fromlist: Any = (), level: int = 0) -> Any:
+            absolute = _absolute(mod, globals, level)
+            if absolute is not None and absolute.split(".")[0] in self.tops:
+                return self._package_import(absolute, fromlist, level_of_file + 1)
+            if level == 0:
+                try:
+                    return _builtins.__import__(mod, globals, locals, fromlist, level)
+                except Exception:  # noqa: BLE001 - any failure to import is stood in
+                    pass
+            return _module_stand_in("." * level + mod, fromlist, self.stood)
+        return _import
+
+    def _package_import(self, absolute: str, fromlist: Any, level: int) -> Any:
+        """``import absolute`` (or ``from absolute import ...``) inside the package."""
+        names = [a for a in fromlist or () if a != "*"]
+        subs = absolute in self.packages and names and all(
+            f"{absolute}.{a}" in self.texts or f"{absolute}.{a}" in self.packages for a in names)
+        if not fromlist:  # ``import a.b.c``: the chain of packages down to it, then it
+            parts = absolute.split(".")
+            for i in range(1, len(parts)):
+                self._module(".".join(parts[:i]), level, shallow=True)
+        module = self._module(absolute, level, shallow=bool(subs))
+        for attr in fromlist or ():
+            if attr == "*" or hasattr(module, attr):
+                continue
+            sub = f"{absolute}.{attr}"
+            value = self._module(sub, level) if sub in self.texts else None
+            setattr(module, attr, value if value is not None else
+                    _stand_in(f"{absolute}.{attr}", self.stood))
+        if fromlist:
+            return module
+        return self.modules.get(absolute.split(".")[0], module)
+
+    def _module(self, mod: str, level: int, shallow: bool = False) -> Any:
+        """The package's module ``mod``: run from its file within ``depth``, else a
+        stand-in; a package on the way to a submodule is an empty module whose
+        submodules load on first use (its ``__init__`` runs only when imported)."""
+        if mod in self.modules:
+            return self.modules[mod]
+        if not shallow and mod in self.texts and level <= self.depth:
+            module = self._run(mod, level)
+            if module is not None:
+                self._link(mod)
+                return module
+            shown = f"{mod} (failed: {self.failed})"
+            return _module_stand_in(mod, (), self.stood, shown=shown)
+        if mod in self.packages or any(m.startswith(mod + ".") for m in self.texts):
+            return self._shell(mod, level)
+        return _module_stand_in(mod, (), self.stood)
+
+    def _shell(self, mod: str, level: int) -> types.ModuleType:
+        shell = types.ModuleType(f"{self.prefix}.{mod}")
+        shell.__path__ = []
+
+        def _getattr(attr: str) -> Any:
+            sub = f"{mod}.{attr}"
+            value = self._module(sub, level) if (
+                sub in self.texts or any(m.startswith(sub + ".") for m in self.texts)) else None
+            if value is None:
+                value = _stand_in(sub, self.stood)
+            setattr(shell, attr, value)
+            return value
+
+        shell.__getattr__ = _getattr  # type: ignore[method-assign]
+        self.modules[mod] = shell
+        self._link(mod)
+        return shell
+
+    def _link(self, mod: str) -> None:
+        """Set ``mod`` on its parent package's module, where that is already made."""
+        parent, _, attr = mod.rpartition(".")
+        if parent in self.modules and not hasattr(self.modules[parent], attr):
+            setattr(self.modules[parent], attr, self.modules[mod])
+
+
+def _run_statements(text: str, filename: str, namespace: dict[str, Any]) -> list[tuple[int, str]]:
+    """Run a file's top-level statements one by one; one that raises is skipped (a
+    module-level line that needs the real machine, such as a CUDA_HOME path, must
+    not keep the functions below it from being defined). The skipped: (line, why)."""
+    tree = ast.parse(text, filename)
+    flags = 0
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            for alias in stmt.names:
+                feature = getattr(__future__, alias.name, None)
+                flags |= getattr(feature, "compiler_flag", 0)
+    skipped = []
+    for stmt in tree.body:
+        code = compile(ast.Module(body=[stmt], type_ignores=[]), filename, "exec",
+                       flags=flags, dont_inherit=True)
+        try:
+            exec(code, namespace)  # noqa: S102
+        except Exception as exc:  # noqa: BLE001 - the statement is skipped, said in stood_in
+            skipped.append((stmt.lineno, f"{type(exc).__name__}: {exc}".splitlines()[0][:120]))
+    return skipped
+
+
+def _absolute(mod: str, globals: Any, level: int) -> str | None:
+    """The absolute name of ``mod`` imported at ``level`` from a module with ``globals``."""
+    if level == 0:
+        return mod
+    package = (globals or {}).get("__package__") or ""
+    parts = package.split(".") if package else []
+    if level - 1 > len(parts):
+        return None
+    base = parts[:len(parts) - (level - 1)]
+    return ".".join([*base, mod] if mod else base) or None
+
+
+def _module_stand_in(name: str, fromlist: Any, stood: list[str],
+                     shown: str | None = None) -> types.ModuleType:
+    mod = types.ModuleType(name, "streamfuzz stand-in (streamfuzz.standins)")
+    label = shown or name
+    if label not in stood:
+        stood.append(label)
+    for attr in fromlist or ():
+        if attr != "*":
+            setattr(mod, attr, _stand_in(f"{name}.{attr}", stood))
+    mod.__getattr__ = lambda attr: _stand_in(f"{name}.{attr}", stood)  # type: ignore[method-assign]
+    return mod
