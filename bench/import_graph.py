@@ -24,10 +24,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("fuzz.errors", "fuzz.options", "fuzz.messages", "fuzz.verdict", "fuzz.stages",
               "fuzz.tensors", "fuzz.host", "fuzz.crash_text", "fuzz.sites", "fuzz.frames",
               "fuzz.profiles", "fuzz.exits", "fuzz.stop", "fuzz.__init__", "fuzz",
-              "fuzz.timeouts")),
+              "fuzz.timeouts", "fuzz.env")),
     ("sim", ("fuzz.sim", "fuzz.streams", "fuzz.cuda_on_cpu", "fuzz.stream_names",
              "fuzz.threads", "fuzz.gloo_threads", "fuzz.collectives", "fuzz.dispatch_mode",
-             "fuzz.gates", "fuzz._gate_kernel", "fuzz._gate_ptx", "fuzz.sync_sites")),
+             "fuzz.gates", "fuzz._gate_kernel", "fuzz._gate_ptx", "fuzz._gate_wait",
+             "fuzz.sync_sites")),
     ("oracles", ("fuzz.oracles", "fuzz.annotations")),
     ("seam", ("fuzz.protocol", "fuzz.protocols", "fuzz.targets.__init__", "fuzz.targets",
               "fuzz.targets.mutated", "fuzz.upstream")),
@@ -39,8 +40,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("fuzz.driver", "fuzz.campaign", "fuzz.corpus", "fuzz.ranks", "fuzz.rank_main",
                 "fuzz.zygote",
                 "fuzz.coverage", "fuzz.rank")),
-    ("commands", ("fuzz.cli", "fuzz.__main__", "fuzz.bench", "fuzz.soak", "fuzz.matrix",
-                  "fuzz.mutate", "fuzz.commands", "fuzz.worlds")),
+    # The checker's runtime: private modules of the face that the face, the
+    # pytest plugin and the commands all run on (as Hypothesis's ``internal``).
+    ("checker", ("streamfuzz._check", "streamfuzz._record", "streamfuzz._subprocesses",
+                 "streamfuzz._group", "streamfuzz._opaque", "streamfuzz._explain",
+                 "streamfuzz._boot")),
+    # The static scan reads sources and a checked run's record.
+    ("scan", ("fuzz.scan",)),
+    ("commands", ("fuzz.cli", "fuzz.scan.command", "fuzz.__main__", "fuzz.bench", "fuzz.soak",
+                  "fuzz.matrix", "fuzz.mutate", "fuzz.commands", "fuzz.worlds",
+                  "fuzz.plan")),
     ("facade", ("streamfuzz",)),
 ]
 LAYER_OF_REPORT = ("fuzz.soak_report", "fuzz.stages_report", "fuzz.mutate_report",

@@ -191,8 +191,7 @@ def plan(names: list[str] | None, corpus: Path, examples: int,
     draws: dict[str, list[Any]] = {}
     out = []
     for name in names:
-        factory = None if targets.is_builtin(name) or "@" in name else targets.load(name)
-        protocol = protocols.of_target(name, factory)
+        protocol = targets.protocol_of(name)
         if protocol.name not in draws:
             draws[protocol.name] = drawn(protocol, examples, seed)
         entries = corpus_scenarios(corpus, name, protocol)

@@ -10,6 +10,7 @@ Exit status: 0 nothing found (or every replayed entry behaves as recorded),
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 import threading
@@ -18,13 +19,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from streamfuzz.fuzz import stop
+from streamfuzz.fuzz.commands import plan as plans
 from streamfuzz.fuzz.commands import say_error
 from streamfuzz.fuzz.commands.bench import bench_command
-from streamfuzz.fuzz.commands.checks import pick_device, pick_world_size
 from streamfuzz.fuzz.commands.grammar import parser
 from streamfuzz.fuzz.commands.mutate import mutate_command
 from streamfuzz.fuzz.commands.replay import replay_command
-from streamfuzz.fuzz.commands.run import run_command
+from streamfuzz.fuzz.commands.run import interrupted_counting_gpus, run_command
 from streamfuzz.fuzz.commands.soak import soak_command
 from streamfuzz.fuzz.errors import EXIT_CRASH, BadInput
 
@@ -72,21 +73,10 @@ def _terminate_as_interrupt() -> Iterator[None]:
 def _command(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
-    if getattr(args, "world_of", None) is not None:
-        from streamfuzz.fuzz.worlds import end_with_parent
-
-        end_with_parent()
-    if args.command == "run":
-        return run_command(args)
+    if args.command in ("run", "soak", "matrix"):
+        return _planned(args)
     if args.command == "bench":
         return bench_command(args)
-    if args.command == "matrix":
-        from streamfuzz.fuzz import matrix
-
-        device, gpus = pick_device(args.device)
-        return matrix.main(args, device, pick_world_size(device, gpus, None))
-    if args.command == "soak":
-        return soak_command(args)
     if args.command == "mutate":
         return mutate_command(args)
     if args.command == "check":
@@ -98,3 +88,16 @@ def _command(argv: Sequence[str] | None) -> int:
 
         return scan(args)
     return replay_command(args)
+
+
+def _planned(args: argparse.Namespace) -> int:
+    """A command that runs from a ``Plan``: made once here, before any work."""
+    if args.command == "matrix":
+        from streamfuzz.fuzz import matrix
+
+        return matrix.main(plans.for_matrix(args, args.argv))
+    try:
+        plan = (plans.for_run if args.command == "run" else plans.for_soak)(args, args.argv)
+    except plans.CountingGPUs as stopped:
+        return interrupted_counting_gpus(args, stopped)
+    return (run_command if args.command == "run" else soak_command)(plan)

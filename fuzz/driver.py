@@ -32,6 +32,7 @@ from streamfuzz.fuzz import stop as stop_signals
 from streamfuzz.fuzz.campaign import CampaignResult
 from streamfuzz.fuzz.coverage import Coverage
 from streamfuzz.fuzz.errors import FuzzError
+from streamfuzz.fuzz.messages import Target
 from streamfuzz.fuzz.options import DEFAULT, RunOptions
 from streamfuzz.fuzz.ranks import Outcome, RankPool, Ticket
 from streamfuzz.fuzz.stop import StopReason
@@ -47,7 +48,7 @@ the one about to be sent last, and (drawing ahead) the one sent before it whose
 verdict is not read yet."""
 OnVerdict = Callable[[Scenario, Verdict, list[str]], None]
 
-def evaluate(pool: RankPool, target: str, scenario: Scenario,
+def evaluate(pool: RankPool, target: str | Target, scenario: Scenario,
              options: RunOptions = DEFAULT) -> Verdict:
     """Run one scenario on every rank and judge it with ``options.oracles``.
 
@@ -57,11 +58,12 @@ def evaluate(pool: RankPool, target: str, scenario: Scenario,
     return run_and_judge(pool, target, scenario, options)
 
 
-def run_and_judge(pool: RankPool, target: str, scenario: Scenario,
+def run_and_judge(pool: RankPool, target: str | Target, scenario: Scenario,
                   options: RunOptions) -> Verdict:
     """One run of ``scenario`` with ``options`` passed to the ranks unchanged,
-    judged, and run once more when it was clean but a gate timed out."""
-    return _settle(pool, pool.submit(target, scenario, options))
+    judged, and run once more when it was clean but a gate timed out. A name
+    is resolved first (``streamfuzz.fuzz.targets.resolve_target``)."""
+    return _settle(pool, pool.submit(targets.resolve_target(target), scenario, options))
 
 
 def _settle(pool: RankPool, ticket: Ticket) -> Verdict:
@@ -96,18 +98,18 @@ def _check_setup(pool: RankPool, ticket: Ticket, outcome: Outcome) -> None:
     raises on the protocol's smallest scenario too, else the scenario made it
     raise, and the crash is a finding. Asked once per target and pool."""
     ran = _FACTORY_RUNS.setdefault(pool, set())
-    if ticket.target in ran:
+    if ticket.target.name in ran:
         return
     smallest = protocols.of_scenario(ticket.scenario).part("smallest")(pool.world_size)
     again = outcome if ticket.scenario == smallest else \
         pool.run(ticket.target, smallest, ticket.options)
     if not again.setup:
-        ran.add(ticket.target)
+        ran.add(ticket.target.name)
         return
     assert again.failure is not None
     error, *frames = again.failure.message.splitlines()
     where = f" (at {frames[0].strip()})" if frames else ""
-    raise targets.TargetError(f"target {ticket.target!r}: its factory raises on the smallest "
+    raise targets.TargetError(f"target {ticket.target.name!r}: its factory raises on the smallest "
                               f"scenario, so no example can run: {error}{where}")
 
 
@@ -180,7 +182,7 @@ def found_on(pool: RankPool, options: RunOptions, target: str | None = None) -> 
     return found
 
 
-def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_examples: int,
+def fuzz(pool: RankPool, target: str | Target, settings: hypothesis.settings, *, max_examples: int,
          seed: int | None = None, budget_s: float | None = None,
          corpus_dir: Path | None = None,
          strategy: st.SearchStrategy[Scenario] | None = None,
@@ -214,7 +216,9 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     one of them shrinks and saves it. A run that does not own its failure
     stops at once and saves nothing (``duplicate``).
     """
-    protocol = protocols.of_target(target, _factory_or_none(target))
+    resolved = targets.resolve_target(target)
+    target = resolved.name
+    protocol = protocols.get(resolved.protocol)
     result = CampaignResult(target=target,
                             coverage=Coverage(protocol, pool.world_size, pool.device))
     if strategy is None:
@@ -242,7 +246,7 @@ def fuzz(pool: RankPool, target: str, settings: hypothesis.settings, *, max_exam
     def stopping() -> bool:
         return bool(owned and not owned[0]) or (stop is not None and stop())
 
-    campaign = _Campaign(pool, target, result, options, budget_s=budget_s,
+    campaign = _Campaign(pool, resolved, result, options, budget_s=budget_s,
                          stop_on_failure=stop_on_failure, shrink_budget_s=shrink_budget_s,
                          progress=progress, on_example=on_example, on_verdict=on_verdict,
                          stop=stopping if claim is not None else stop, own_seed=own_seed,
@@ -359,7 +363,7 @@ class _Campaign:
     its verdict, and shrinks in sync: what a sync run would have done.
     """
 
-    def __init__(self, pool: RankPool, target: str, result: CampaignResult,
+    def __init__(self, pool: RankPool, target: Target, result: CampaignResult,
                  options: RunOptions, *, budget_s: float | None, stop_on_failure: bool,
                  shrink_budget_s: float | None, progress: Progress | None,
                  on_example: OnExample | None, on_verdict: OnVerdict | None,
@@ -469,8 +473,8 @@ class _Campaign:
         # A distinct test identity per target keeps database entries apart. Hypothesis
         # keys its database by the test's source, the same for every target here, plus
         # this digest (what Hypothesis's stateful tests set for the same reason).
-        body.__qualname__ = f"streamfuzz[{self.target}]"
-        body._hypothesis_internal_add_digest = self.target.encode()  # type: ignore[attr-defined]
+        body.__qualname__ = f"streamfuzz[{self.target.name}]"
+        body._hypothesis_internal_add_digest = self.target.name.encode()  # type: ignore[attr-defined]
         test = given(strategy)(body)
         self.db_key = function_digest(body)  # Hypothesis's key for this test's entries
         ours = hypothesis.settings(settings, max_examples=max_examples, phases=phases)
@@ -567,14 +571,6 @@ def _found(verdict: Verdict) -> NoReturn:
     by where their exception was raised, so a replayed failure and its
     shrinking steps must raise from the same line."""
     raise _Found(verdict.summary())
-
-
-def _factory_or_none(target: str) -> Any:
-    """A user's factory, for the protocol it declares; built-ins need no import."""
-    try:
-        return targets.load(target) if ":" in target else None
-    except targets.TargetError:
-        return None
 
 
 def replay(pool: RankPool, entry: corpus.Entry, target: str | None = None,

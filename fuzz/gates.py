@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 
+from streamfuzz.fuzz import env
 from streamfuzz.fuzz.dispatch_mode import unobserved
 from streamfuzz.fuzz.errors import FuzzError
 from streamfuzz.fuzz.frames import user_code
@@ -71,7 +72,7 @@ DEFAULT_BOUND_MS = 200.0
 KINDS = ("wait", "ptx", "triton", "triton-polls")
 """The gates, in the order they are tried: the driver's stream wait
 (``streamfuzz.fuzz._gate_wait``: nothing runs on the GPU while held), then the kernels."""
-KINDS_ENV = "STREAMFUZZ_GATES"
+KINDS_ENV = env.GATES
 """Where set (``ptx,triton``), the kinds to try instead: a benchmark compares them."""
 _SLOTS = 1024
 _RELEASED, _TIMED_OUT = 1, 2
@@ -404,7 +405,7 @@ class Gates:
 
 
 def _kinds_from_env() -> tuple[str, ...]:
-    text = os.environ.get(KINDS_ENV, "").strip()
+    text = env.text(KINDS_ENV).strip()
     if not text:
         return KINDS
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())

@@ -13,11 +13,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-EARLY_START_ENV = "STREAMFUZZ_EARLY_START"
+from streamfuzz.fuzz import env
+
+EARLY_START_ENV = env.EARLY_START
 """Set in an early rank: JSON, seconds each piece it started beside its imports
 took, and how long it then waited for its request (``early_idle``)."""
 
-STORE_ENV = "STREAMFUZZ_STORE"
+STORE_ENV = env.STORE
 """Set in a rank the driver started: the file its world's ranks meet through
 (``torch.distributed``'s file store), made fresh for each start of the world."""
 
@@ -138,11 +140,11 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def die_with_parent(parent: int | None = None) -> None:
     """A process the driver started (a spawned rank, the zygote, through it a
-    forked rank) must not outlive its parent, ``STREAMFUZZ_PARENT`` unless
+    forked rank) must not outlive its parent, ``env.PARENT``'s unless
     ``parent`` is given: a driver killed with -9 would otherwise leave a spare
     world waiting forever."""
     if parent is None:
-        parent = int(os.environ.get("STREAMFUZZ_PARENT", "0"))
+        parent = env.integer(env.PARENT, 0)
     if not parent or not sys.platform.startswith("linux"):
         return
     if not signal_at_parent_death(signal.SIGKILL):

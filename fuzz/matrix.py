@@ -15,15 +15,14 @@ misses there are reported, not failed.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamfuzz.fuzz import driver, profiles, targets
-from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.options import Oracle, RunOptions
+from streamfuzz.fuzz.plan import Plan
 from streamfuzz.fuzz.ranks import RankPool
 
 DEFAULT_COLUMNS = (frozenset({Oracle.LIFETIME}), frozenset({Oracle.VALUE}))
@@ -74,7 +73,7 @@ class Cell:
 
     @property
     def expected_found(self) -> bool:
-        if self.world < 2 and self.target in protocols.of_target(self.target).receiver_side:
+        if self.world < 2 and self.target in targets.protocol_of(self.target).receiver_side:
             return False
         return self.expected == "found"
 
@@ -151,30 +150,29 @@ def print_table(cells: list[Cell], device: str, world: int, max_examples: int,
         print("  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
 
 
-def main(args: argparse.Namespace, device: str, world: int) -> int:
+def main(plan: Plan) -> int:
     """Run the matrix the CLI asked for; returns the exit status."""
-    names = args.target or list(targets.BUILTIN)
-    given = dict(getattr(args, "expect", None) or ())
-    for name in names:
-        targets.check_importable(name)
+    matrix, device, world = plan.matrix_settings(), plan.device, plan.world_size
+    names = plan.names
+    given = dict(matrix.expect)
     for name in given:
         if name is not None and name not in names:
             raise targets.TargetError(f"--expect {name}={given[name]}: {name!r} is not one "
                                       "of the --target rows")
     expected = {name: expectation(name, given) for name in names}
     columns: list[frozenset[Oracle]] = []
-    for col in args.oracle or DEFAULT_COLUMNS:
+    for col in matrix.columns or DEFAULT_COLUMNS:
         for note in RunOptions(oracles=col).judging(device):
             print(f"streamfuzz: {note}", file=sys.stderr)
         if col not in columns:
             columns.append(col)
     cells = []
-    with RankPool(world, device, timeout=args.timeout) as pool:
+    with RankPool(world, device, timeout=plan.timeout_s) as pool:
         for name in names:
             for col in columns:
-                cells.append(run_cell(pool, name, col, args.seeds, args.max_examples,
+                cells.append(run_cell(pool, name, col, matrix.seeds, matrix.max_examples,
                                       expected[name]))
-    print_table(cells, device, world, args.max_examples, args.seeds)
+    print_table(cells, device, world, matrix.max_examples, matrix.seeds)
     for name in names:
         if expected[name] is None:
             print(f"note: {name} declares no expectation, so its cells are reported, not "

@@ -94,11 +94,28 @@ class Observations:
 
 # -- driver to rank ---------------------------------------------------------------
 @dataclass(frozen=True)
+class Target:
+    """A target resolved once, in the driver (``streamfuzz.fuzz.targets.resolve_target``):
+    the rank imports ``name`` and speaks ``protocol`` without deciding it again.
+
+    ``spec``: the import spec of a built-in or user factory (``module:attr``),
+    None for an upstream family (its protocol's loader finds the code);
+    ``family`` and ``version``: the upstream family's (version None: installed).
+    """
+
+    name: str
+    protocol: str
+    spec: str | None = None
+    family: str | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True)
 class Run:
     """Run example ``eid``: ``scenario`` against ``target`` with ``options``."""
 
     eid: int
-    target: str
+    target: Target
     scenario: Any
     options: RunOptions
 

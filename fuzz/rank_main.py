@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from streamfuzz.fuzz import collectives, dispatch_mode, messages, stages, targets
+from streamfuzz.fuzz import env as variables
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.draft.context import TargetContext
 from streamfuzz.fuzz.draft.runner import run_scenario
@@ -64,10 +65,10 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
     # "spawn" (from the world's making to here: interpreter and imports, or the
     # fork after the zygote's imports) only where the driver started this rank.
     phases: dict[str, float] = {}
-    spawned = os.environ.get("STREAMFUZZ_SPAWNED_AT")
+    spawned = variables.text(variables.SPAWNED_AT)
     if spawned:
         phases["spawn"] = time.time() - float(spawned)
-    early = os.environ.get(EARLY_START_ENV)
+    early = variables.text(EARLY_START_ENV)
     if early:  # an early rank: what it started beside its imports
         phases.update(json.loads(early))
     mark = time.perf_counter()
@@ -80,7 +81,7 @@ def _setup(device_kind: str) -> tuple[torch.device, Any, RankInfo]:
 
     rank = int(os.environ["RANK"])
     local = int(os.environ.get("LOCAL_RANK", rank))
-    store = os.environ.get(STORE_ENV)
+    store = variables.text(STORE_ENV)
     # A world the driver started meets through its file; ranks started by someone
     # else (torchrun) through MASTER_ADDR and MASTER_PORT.
     meet: dict[str, Any] = ({"init_method": f"file://{store}", "rank": rank,
@@ -223,7 +224,7 @@ def _dump_stacks_on_signal() -> None:
     """SIGUSR1 writes every thread's Python stack to STREAMFUZZ_STACKS, from the
     signal handler itself: a rank stuck in a C call or a sleep still answers,
     so the driver can say where a hung rank is."""
-    path = os.environ.get("STREAMFUZZ_STACKS")
+    path = variables.text(variables.STACKS)
     global _STACKS
     _STACKS = open(path, "w") if path else sys.stderr  # open as long as the rank lives
     faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
@@ -237,8 +238,8 @@ def _connect(address: str, authkey: bytes) -> Connection:
     restarted) before the driver listens, so they retry for a while; a rank the
     driver spawned does not (its driver listened before spawning it)."""
     host, _, port = address.rpartition(":")
-    spawned = bool(os.environ.get("STREAMFUZZ_PARENT"))
-    patience = 0.0 if spawned else float(os.environ.get("STREAMFUZZ_CONNECT_TIMEOUT", "600"))
+    spawned = variables.flag(variables.PARENT)
+    patience = 0.0 if spawned else variables.number(variables.CONNECT_TIMEOUT, 600.0)
     deadline = time.monotonic() + patience
     while True:
         try:
@@ -255,9 +256,8 @@ def _connect(address: str, authkey: bytes) -> Connection:
             continue
         # A spare world's ranks wait in the handshake until the driver takes
         # that world into service, however long; they die with their driver.
-        return _handshake(sock, authkey, address,
-                          None if spawned else float(os.environ.get(
-                              "STREAMFUZZ_HANDSHAKE_TIMEOUT", HANDSHAKE_S)))
+        return _handshake(sock, authkey, address, None if spawned else
+                          variables.number(variables.HANDSHAKE_TIMEOUT, float(HANDSHAKE_S)))
 
 
 HANDSHAKE_S = 60.0
@@ -287,11 +287,11 @@ def _handshake(sock: socket.socket, authkey: bytes, address: str,
     except AuthenticationError:
         conn.close()
         raise HandshakeError(f"the driver at {address} refused this rank's key: "
-                             "STREAMFUZZ_AUTHKEY must be the driver's") from None
+                             f"{variables.AUTHKEY} must be the driver's") from None
     except (BlockingIOError, TimeoutError):
         conn.close()
         raise HandshakeError(f"{address} took the connection but gave no streamfuzz "
-                             f"handshake within {seconds:g}s: is STREAMFUZZ_DRIVER the "
+                             f"handshake within {seconds:g}s: is {variables.DRIVER} the "
                              "address of `python -m streamfuzz soak --listen`?") from None
     except (AssertionError, EOFError, OSError) as exc:
         conn.close()
@@ -402,14 +402,14 @@ class _Serving:
         self.factories: dict[str, Any] = {}
 
     def on_run(self, msg: Run) -> bool:
-        target = msg.target
+        target = msg.target.name
         env: RankEnv | None = None
         collectives.new_example()
         stages.enter(stages.RUNNER)
         try:
             if target not in self.factories:
                 self.factories[target] = targets.load(target)
-            protocol = protocols.of_target(target, self.factories[target])
+            protocol = protocols.get(msg.target.protocol)  # decided once, in the driver
             env = _env(self.device, self.group)
             obs = protocol.part("run")(msg.scenario, self.factories[target], env, msg.options)
             stages.restart(stages.MESSAGES)
@@ -451,7 +451,7 @@ def serve(device_kind: str, address: str, authkey: bytes) -> NoReturn:
         print(f"streamfuzz rank {info.rank}: {exc}", file=sys.stderr, flush=True)
         os._exit(2)  # not the interpreter's exit: the process group's teardown can block
     conn.send(Hello(info))
-    external = not os.environ.get("STREAMFUZZ_PARENT")
+    external = not variables.flag(variables.PARENT)
     link = _DriverLink(conn, external)
     serving = _Serving(conn, device, group, info)
     try:
@@ -469,17 +469,17 @@ def serve(device_kind: str, address: str, authkey: bytes) -> NoReturn:
 
 
 def main() -> int:
-    address = os.environ.get("STREAMFUZZ_DRIVER")
+    address = variables.text(variables.DRIVER)
     if not address:
-        print("streamfuzz rank: STREAMFUZZ_DRIVER=host:port is not set; start ranks through "
+        print(f"streamfuzz rank: {variables.DRIVER}=host:port is not set; start ranks through "
               "`python -m streamfuzz run` or pass it to torchrun's environment", file=sys.stderr)
         return 2
     die_with_parent()
     _dump_stacks_on_signal()
-    collectives.install(os.environ.get("STREAMFUZZ_STACKS"), _user_lines)
+    collectives.install(variables.text(variables.STACKS) or None, _user_lines)
     stages.from_env()
-    authkey = bytes.fromhex(os.environ.get("STREAMFUZZ_AUTHKEY", "")) or b"streamfuzz"
-    return serve(os.environ.get("STREAMFUZZ_DEVICE", "cpu"), address, authkey)
+    authkey = variables.authkey() or b"streamfuzz"
+    return serve(variables.text(variables.DEVICE, "cpu"), address, authkey)
 
 
 if __name__ == "__main__":

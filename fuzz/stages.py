@@ -12,11 +12,12 @@ at its base, and the top loops call it at every example.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from time import perf_counter
 
-ENV = "STREAMFUZZ_STAGES"
+from streamfuzz.fuzz import env
+
+ENV = env.STAGES
 """Set to 1 in a rank's environment to enable its counters from the start."""
 
 # Driver stages.
@@ -135,7 +136,7 @@ def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
 def from_env() -> None:
     """Count from now when ``ENV`` says so: at import, and again as a rank
     starts (a forked one imported this module in another process, earlier)."""
-    if os.environ.get(ENV) == "1":
+    if env.text(ENV) == "1":
         _totals.clear()
         enable(IDLE)
 

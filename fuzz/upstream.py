@@ -34,12 +34,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from streamfuzz.fuzz import env
 from streamfuzz.fuzz.errors import BadInput
 
 FILE = "vllm/v1/worker/gpu/pp_utils.py"
 """Where ``PPHandler`` lives in every supported release."""
 
-ENV_PATHS = "STREAMFUZZ_UPSTREAM"
+ENV_PATHS = env.UPSTREAM
 """Wheels, sdists or trees the ranks look in first (``os.pathsep``-separated)."""
 
 KNOWN: dict[str, tuple[str, ...]] = {
@@ -111,7 +112,7 @@ class Upstream:
 def cache_dir() -> Path:
     """Where fetched wheels live: ``$STREAMFUZZ_VLLM_CACHE``, else
     ``${XDG_CACHE_HOME:-~/.cache}/streamfuzz/vllm``."""
-    explicit = os.environ.get("STREAMFUZZ_VLLM_CACHE")
+    explicit = env.text(env.VLLM_CACHE)
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -159,7 +160,7 @@ def installed() -> Upstream | None:
 
 def find(version: str) -> Upstream:
     """vLLM ``version``: the ``--upstream`` paths, the cache, then an installed vllm."""
-    for entry in filter(None, os.environ.get(ENV_PATHS, "").split(os.pathsep)):
+    for entry in env.items(ENV_PATHS, os.pathsep):
         up = read(entry)
         if up.version == version:
             return up

@@ -31,15 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from streamfuzz.fuzz import host, mps
+from streamfuzz.fuzz import env, host, mps
 from streamfuzz.fuzz.errors import BadInput
+from streamfuzz.fuzz.plan import Plan, WorldOf
 from streamfuzz.fuzz.stop import StopReason, handled
 
 GPU_WORLDS_CAP = 16
 """Worlds on one set of GPUs at most, by default: at 16 the GPU is most of the
 time busy (bench/README.md has the curve and the soak)."""
 
-ENV_WORLDS = "STREAMFUZZ_WORLDS"
+ENV_WORLDS = env.WORLDS
 """The number of worlds where ``--worlds`` is not given: a machine's or a test
 suite's own default (a CI runner whose jobs share its cores), never above what
 ``--worlds`` itself may ask."""
@@ -92,7 +93,7 @@ def how_many(asked: int | None, device: str, world_size: int) -> Count:
     and after it on the device found; ValueError for a bad variable."""
     if asked is not None:
         return Count(asked, f"--worlds {asked}", True)
-    text = os.environ.get(ENV_WORLDS, "")
+    text = env.text(ENV_WORLDS)
     if text.strip():
         if not text.strip().isdigit() or int(text) < 1:
             raise ValueError(f"{ENV_WORLDS}={text!r}: not a number of worlds (an integer "
@@ -120,26 +121,6 @@ def at_start(argv: list[str]) -> int:
         return how_many(int(asked) if asked else None, device, size).worlds
     except ValueError:  # refused once parsed, before any work
         return 1
-
-
-@dataclass(frozen=True)
-class WorldOf:
-    """Which world a child process is, and the folder the worlds share."""
-
-    index: int
-    count: int
-    shared: Path
-
-    @classmethod
-    def parse(cls, text: str) -> WorldOf:
-        head, sep, shared = text.partition(":")
-        index, slash, count = head.partition("/")
-        if not (sep and slash and index.isdigit() and count.isdigit() and shared):
-            raise ValueError(f"{text!r} is not I/N:FOLDER")
-        return cls(int(index), int(count), Path(shared))
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}:{self.shared}"
 
 
 class Claims:
@@ -344,59 +325,61 @@ def end_with_parent() -> None:
 
 
 # -- the commands -------------------------------------------------------------------
-def run_worlds(args: Any, count: int, device: str, world_size: int) -> int:
-    """``fuzz run`` by ``count`` worlds: each gets its share of ``--max-examples``,
-    and its own seed where one is given; the exit status is the run's."""
+def run_worlds(plan: Plan) -> int:
+    """``fuzz run`` by ``plan.worlds`` worlds: each gets its share of
+    ``--max-examples``, and its own seed where one is given; the exit status is
+    the run's."""
     from streamfuzz.fuzz import worlds_report
     from streamfuzz.fuzz.corpus import write_json_atomic
 
-    share = -(-args.max_examples // count)
+    count, device, world_size, seed = plan.worlds, plan.device, plan.world_size, plan.seed
+    report = plan.run_settings().report
+    share = -(-plan.run_settings().max_examples // count)
 
     def per_world(i: int, shared: Path) -> list[str]:
         extra = ["--device", device, "--max-examples", str(share),
                  "--report", str(shared / f"world-{i}.json")]
-        return extra + (["--seed", str(args.seed + i)] if args.seed is not None else [])
+        return extra + (["--seed", str(seed + i)] if seed is not None else [])
 
     _discard_early_ranks()
     print(f"streamfuzz: {count} worlds of {world_size} {device} rank(s), "
           f"{share} examples each at most", file=sys.stderr, flush=True)
-    ctl = Controller(args.argv, count, per_world, mps_mode=_mps_mode(args, device, count,
-                                                                     world_size))
+    ctl = Controller(list(plan.argv), count, per_world, mps_mode=_mps_mode(plan))
     try:
         exits = ctl.run()
         reports = [worlds_report.read(ctl.shared / f"world-{i}.json") for i in range(count)]
         merged = worlds_report.merge_run(reports, exits, ctl.wall_s, ctl.gpu_sharing or None)
         print("\n" + "\n".join(worlds_report.run_table(merged)))
-        if args.report:
-            Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(args.report, merged)
+        if report:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(report, merged)
     finally:
         ctl.cleanup()
     status = _status(exits, ctl.signals, bool(merged["failures"]))
     if status == 130:
-        print("streamfuzz: interrupted" + (f"; report in {args.report}" if args.report else ""),
+        print("streamfuzz: interrupted" + (f"; report in {report}" if report else ""),
               file=sys.stderr)
     return status
 
 
-def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
+def soak_worlds(plan: Plan) -> int:
     """``fuzz soak`` by ``count`` worlds, each in ``OUT/world-N`` (a campaign
     started again with the same ``--out`` resumes each), sharing the database
     and the corpus; the merged report is ``OUT/report.*``."""
     from streamfuzz.fuzz import soak_report, worlds_report
 
-    out = Path(args.out)
-    database = Path(args.database) if args.database else out / "hypothesis-db"
+    count, device, world_size, seed = plan.worlds, plan.device, plan.world_size, plan.seed
+    out = plan.soak_settings().out
+    database = plan.soak_settings().database or out / "hypothesis-db"
     dirs = [out / f"world-{i}" for i in range(count)]
 
     def per_world(i: int, shared: Path) -> list[str]:
         extra = ["--device", device, "--out", str(dirs[i]), "--database", str(database)]
-        return extra + (["--seed", str(args.seed + i)] if args.seed is not None else [])
+        return extra + (["--seed", str(seed + i)] if seed is not None else [])
 
     print(f"soak: {count} worlds of {world_size} {device} rank(s) -> {out}/world-*",
           file=sys.stderr, flush=True)
-    ctl = Controller(args.argv, count, per_world, mps_mode=_mps_mode(args, device, count,
-                                                                     world_size))
+    ctl = Controller(list(plan.argv), count, per_world, mps_mode=_mps_mode(plan))
     try:
         exits = ctl.run()
     finally:
@@ -417,9 +400,9 @@ def soak_worlds(args: Any, count: int, device: str, world_size: int) -> int:
     return _status(exits, ctl.signals, bool(rep["failures"]))
 
 
-def _mps_mode(args: Any, device: str, count: int, world_size: int) -> str:
-    mode = getattr(args, "mps", mps.DEFAULT_MODE)
-    return mode if mps.wanted(mode, device, count, world_size) else ""
+def _mps_mode(plan: Plan) -> str:
+    mode = plan.mps
+    return mode if mps.wanted(mode, plan.device, plan.worlds, plan.world_size) else ""
 
 
 def _status(exits: list[int], signals: list[int], found: bool) -> int:

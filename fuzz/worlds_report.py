@@ -107,10 +107,10 @@ def _merge_coverage(target: str, parts: list[dict[str, Any] | None],
     parts_ = [p for p in parts if p]
     if not parts_:
         return None
-    from streamfuzz.fuzz import protocol as protocols
+    from streamfuzz.fuzz import targets
 
     try:
-        protocol = protocols.of_target(target)
+        protocol = targets.protocol_of(target)
     except Exception:  # a target no longer importable here: keep the first world's
         return parts_[0]
     calls: dict[str, dict[int, int]] = {}

@@ -21,11 +21,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from streamfuzz.fuzz import env
 from streamfuzz.fuzz.errors import BadInput
 
 VERSION = 1
 """The record's format; a record of another version is refused, not guessed at."""
-RECORD_ENV = "STREAMFUZZ_CHECK_RECORD"
+RECORD_ENV = env.CHECK_RECORD
 """Set by a recording run: the processes it starts record too."""
 
 Frames = tuple[tuple[str, int, str], ...]

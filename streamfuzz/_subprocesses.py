@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamfuzz.fuzz import env
 from streamfuzz.fuzz.verdict import Failure
 
-DIR_ENV = "STREAMFUZZ_CHECK_DIR"
+DIR_ENV = env.CHECK_DIR
 """The folder children write their findings to; set, it turns the checking of children on."""
-DEVICE_ENV = "STREAMFUZZ_CHECK_DEVICE"
-ORACLES_ENV = "STREAMFUZZ_CHECK_ORACLES"
+DEVICE_ENV = env.CHECK_DEVICE
+ORACLES_ENV = env.CHECK_ORACLES
 _BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 
 _check: Any = None

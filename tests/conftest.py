@@ -29,6 +29,7 @@ FAST_MODULES = frozenset({
     "test_lifetime_model",
     "test_messages",
     "test_pending_polls",
+    "test_plan",
     "test_precision",
     "test_rank_output",
     "test_readme",
@@ -97,7 +98,7 @@ def rank_oracles(monkeypatch):
 
     def submit(self, target, scenario, options=DEFAULT):
         ticket = real_submit(self, target, scenario, options)
-        sent[ticket.eid] = target
+        sent[ticket.eid] = ticket.target.name
         return ticket
 
     def await_(self, ex, patience):  # every example's outcome passes here once

@@ -23,6 +23,7 @@ from streamfuzz.fuzz.messages import (
     Stats,
     StatsReply,
     Stop,
+    Target,
     UnknownMessageError,
 )
 from streamfuzz.fuzz.options import Hold, Oracle, RunOptions
@@ -38,7 +39,9 @@ _INFO = RankInfo(rank=1, world_size=2, pid=123, node="n", torch="2.x", device_na
 _FINDING = Failure("lifetime", "idx_mapping was freed while stream side may still use it", 1, 0)
 
 _ALL = [
-    Run(7, "pre-fix", _SCN, RunOptions(oracles={Oracle.VALUE, Oracle.LIFETIME}, hold=Hold.GATE)),
+    Run(7, Target("pre-fix", "draft-broadcast",
+                  spec="streamfuzz.fuzz.draft.targets.pp_draft:pre_fix"), _SCN,
+        RunOptions(oracles={Oracle.VALUE, Oracle.LIFETIME}, hold=Hold.GATE)),
     Stats(), Stop(), Hello(_INFO),
     StatsReply(1, Memory(rss=5, gpu_alloc=6, gpu_reserved=7)),
     Done(7, 0, DraftObservations(rank=0, held=("spin",), oracles=("lifetime", "value"),

@@ -8,8 +8,7 @@ import pickle
 
 import pytest
 
-from streamfuzz.fuzz import driver
-from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz import driver, targets
 from streamfuzz.fuzz.ranks import RankPool
 
 
@@ -65,7 +64,7 @@ def _logged(monkeypatch, target):
 
     monkeypatch.setattr(RankPool, "submit", submit)
     monkeypatch.setattr(RankPool, "collect", collect)
-    strategy = protocols.of_target(target).part("strategy")(world_size=2)
+    strategy = targets.protocol_of(target).part("strategy")(world_size=2)
     return log, strategy.map(lambda s: log.append("draw") or s)
 
 
@@ -95,7 +94,7 @@ def test_ctrl_c_in_the_draw_keeps_the_failure_in_flight(cpu_pool, ci_settings, t
             raise KeyboardInterrupt
         return s
 
-    strategy = protocols.of_target("pre-fix").part("strategy")(world_size=2)
+    strategy = targets.protocol_of("pre-fix").part("strategy")(world_size=2)
     # The ranks load the target first, so that its first example is quick.
     driver.fuzz(cpu_pool, "pre-fix", ci_settings, max_examples=1, seed=0, pipeline=False)
     res = driver.fuzz(cpu_pool, "pre-fix", ci_settings, max_examples=50, seed=0,
@@ -123,4 +122,5 @@ def test_ctrl_c_while_a_verdict_is_read_keeps_it_and_drops_the_one_sent_behind(
                       corpus_dir=tmp_path)
     assert res.interrupted and res.examples == 1 and res.failure.kind == "lifetime"
     assert res.corpus_path.exists()
-    assert cpu_pool.run("main-gather", res.scenario).failure is None  # the pool still answers
+    main = targets.resolve_target("main-gather")
+    assert cpu_pool.run(main, res.scenario).failure is None  # the pool still answers

@@ -26,7 +26,7 @@ def test_the_one_line_registers_the_protocol_everywhere(toy):
     assert toy.part("scenario").__name__ == "ToyScenario"
     assert isinstance(toy.part("smallest")(2), protocol.ScenarioType)
     assert isinstance(toy.part("run"), protocol.Runner)
-    assert protocol.of_target("toy-unsynced") is toy
+    assert targets.protocol_of("toy-unsynced") is toy
     assert protocol.of_scenario(toy.part("smallest")(1)) is toy
     # Every command's default rows are every protocol's built-ins.
     assert {"toy-synced", "toy-unsynced"} <= set(targets.BUILTIN)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from streamfuzz.fuzz import corpus, driver
+from streamfuzz.fuzz import corpus, driver, targets
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.options import Oracle, RunOptions
 from streamfuzz.fuzz.protocol.scenario import ScenarioError
@@ -88,9 +88,9 @@ def test_corpus_entry_names_its_protocol(tmp_path):
 
 
 def test_targets_know_their_protocol():
-    assert protocols.of_target("weight-sync-ordered") is PROTOCOL
-    assert protocols.of_target("vllm-weights@0.34.0") is PROTOCOL
-    assert protocols.of_target("pre-fix").name == protocols.DEFAULT
+    assert targets.protocol_of("weight-sync-ordered") is PROTOCOL
+    assert targets.protocol_of("vllm-weights@0.34.0") is PROTOCOL
+    assert targets.protocol_of("pre-fix").name == protocols.DEFAULT
     assert protocols.of_scenario(_scn()) is PROTOCOL
 
 

@@ -1,7 +1,6 @@
 """Parallel worlds: claims across processes, the merged reports, and real
 ``fuzz run`` / ``fuzz soak`` campaigns of two worlds on CPU."""
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -117,21 +116,20 @@ def test_the_environment_gives_the_default_the_flag_wins_and_a_bad_value_is_refu
         monkeypatch):
     monkeypatch.setattr(host, "cores", lambda: 16)
     monkeypatch.setattr(host, "gpu_free_mib", lambda: 80_000.0)
-    args = argparse.Namespace(world_of=None, worlds=None, mps="off")
     monkeypatch.delenv(ENV_WORLDS)
-    assert pick_worlds(args, "cuda", 1) == 16
+    assert pick_worlds(None, "off", "cuda", 1) == 16
     monkeypatch.setenv(ENV_WORLDS, " 3 ")
-    assert pick_worlds(args, "cuda", 1) == 3
-    assert pick_worlds(argparse.Namespace(world_of=None, worlds=2, mps="off"), "cuda", 1) == 2
+    assert pick_worlds(None, "off", "cuda", 1) == 3
+    assert pick_worlds(2, "off", "cuda", 1) == 2
     monkeypatch.setenv(ENV_WORLDS, "")  # set but empty: as if unset
-    assert pick_worlds(args, "cuda", 1) == 16
+    assert pick_worlds(None, "off", "cuda", 1) == 16
     for bad in ("0", "two", "-1", "1.5"):
         monkeypatch.setenv(ENV_WORLDS, bad)
         with pytest.raises(UsageError, match=f"{ENV_WORLDS}='{bad}': not a number of worlds"):
-            pick_worlds(args, "cuda", 1)
+            pick_worlds(None, "off", "cuda", 1)
     monkeypatch.setenv(ENV_WORLDS, "100000")  # more CPU ranks than any machine holds
     with pytest.raises(UsageError, match=f"{ENV_WORLDS}=100000 of 2 ranks: this machine"):
-        pick_worlds(args, "cpu", 2)
+        pick_worlds(None, "off", "cpu", 2)
 
 
 def test_a_bad_worlds_variable_is_one_line_before_any_work(tmp_path):

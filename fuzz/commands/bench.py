@@ -18,10 +18,10 @@ def bench_command(args: argparse.Namespace) -> int:
     draft = protocols.get(protocols.DEFAULT)
     names = args.target or [*draft.versions, *draft.mutants]
     for name in names:
-        targets.check_importable(name)
-        if protocols.of_target(name, targets.load(name) if ":" in name else None) is not draft:
+        target = targets.check_importable(name)
+        if target.protocol != draft.name:
             raise UsageError(f"bench measures the {draft.name} protocol only: {name!r} is a "
-                             f"{protocols.of_target(name).name} target")
+                             f"{target.protocol} target")
     gpus = probe_gpus() if args.device in ("cuda", "auto") else 0
     if args.device == "cuda" and gpus == 0:
         raise UsageError("--device cuda: no CUDA GPU is visible here")

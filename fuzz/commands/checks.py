@@ -51,17 +51,15 @@ def pick_world_size(device: str, gpus: int, requested: int | None) -> int:
     return size
 
 
-def pick_worlds(args: argparse.Namespace, device: str, world: int) -> int:
-    """How many worlds: ``--worlds``, else ``$STREAMFUZZ_WORLDS``, else what the
-    node holds (1 inside a world)."""
-    if args.world_of is not None:
-        return 1
-    if getattr(args, "mps", "off") == "on" and device != "cuda":
+def pick_worlds(worlds: int | None, mps: str, device: str, world: int) -> int:
+    """How many worlds: ``--worlds``, else ``env.WORLDS``, else what the node
+    holds. Asked by the controller only: a world is one (``streamfuzz.fuzz.plan``)."""
+    if mps == "on" and device != "cuda":
         raise UsageError(f"--mps on shares a GPU between worlds, but the ranks run on {device}")
     from streamfuzz.fuzz.worlds import how_many
 
     try:
-        n = how_many(args.worlds, device, world)
+        n = how_many(worlds, device, world)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if n.asked and device == "cpu":

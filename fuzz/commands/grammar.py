@@ -167,7 +167,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def _world_of(text: str) -> Any:
-    from streamfuzz.fuzz.worlds import WorldOf
+    from streamfuzz.fuzz.plan import WorldOf
 
     try:
         return WorldOf.parse(text)
@@ -189,13 +189,35 @@ def _add_worlds(q: argparse.ArgumentParser) -> None:
                         "one world ends every world's ranks (default off)")
 
 
-def _common(q: argparse.ArgumentParser) -> None:
-    q.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
-                   help="where the ranks run; auto: CUDA where a GPU is visible, "
-                        "else the CPU (default auto)")
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def _common(q: argparse.ArgumentParser, device: str = "auto", device_help: str | None = None,
+            ) -> None:
+    """``--device`` and ``--timeout``, declared once for every command that
+    starts ranks; ``device``: the command's default."""
+    q.add_argument("--device", choices=DEVICES, default=device,
+                   help=device_help or "where the ranks run; auto: CUDA where a GPU is "
+                                       "visible, else the CPU (default auto)")
     q.add_argument("--timeout", type=_wait, default=60.0,
                    help="seconds one example may take before it is a hang (default 60; "
                         "at most a day)")
+
+
+def _world_size(q: argparse.ArgumentParser,
+                help: str = "ranks (default: 2 on cpu, every GPU on cuda)") -> None:
+    q.add_argument("--world-size", type=_positive, default=None, help=help)
+
+
+def _campaign_options(q: argparse.ArgumentParser, seed_help: str) -> None:
+    """What ``run`` and ``soak`` share: the world, where failures go, the
+    seed, what every rank is asked (``--oracle``, ``--hold``) and the worlds."""
+    _world_size(q)
+    q.add_argument("--corpus", type=Path, default=Path("corpus"),
+                   help="directory the shrunk failures are saved in (default corpus/)")
+    q.add_argument("--seed", type=int, default=None, help=seed_help)
+    _add_run_options(q)
+    _add_worlds(q)
 
 
 
@@ -206,28 +228,21 @@ def _run_parser(sub: Any) -> None:
     _add_target(r, "built-in name, package.module:attr or path/to/file.py:attr; repeatable "
                    "(default: the three versions)")
     _common(r)
-    r.add_argument("--world-size", type=_positive, default=None,
-                   help="ranks (default: 2 on cpu, every GPU on cuda)")
+    _campaign_options(r, "Hypothesis seed, for a repeatable run (default: random)")
     r.add_argument("--max-examples", type=_positive, default=200,
                    help="examples per target at most, shrinking not counted (default 200)")
     r.add_argument("--budget", type=_seconds, default=None,
                    help="seconds per target at most, shrinking not counted (default: none)")
     r.add_argument("--shrink-budget", type=_seconds, default=120.0,
                    help="seconds of shrinking per failure before the case is saved (default 120)")
-    r.add_argument("--seed", type=int, default=None,
-                   help="Hypothesis seed, for a repeatable run (default: random)")
     r.add_argument("--weight-scale", type=_scale, default=1,
                    help="weight-sync targets: multiply every parameter's first dimension "
                         f"(GPU soaks; default 1: a few KiB an example; at most "
                         f"{MAX_WEIGHT_SCALE})")
-    r.add_argument("--corpus", type=Path, default=Path("corpus"),
-                   help="directory the shrunk failures are saved in (default corpus/)")
     r.add_argument("--report", type=Path, default=None,
                    help="write a JSON report to this file (default: none)")
     r.add_argument("--profile", choices=profiles.PROFILES, default="default",
                    help="Hypothesis settings profile (default: default)")
-    _add_run_options(r)
-    _add_worlds(r)
     r.add_argument("--upstream", metavar="PATH|VERSION", default=None,
                    help="the vLLM whose own PPHandler the vllm-pp targets run: a wheel, sdist "
                         "or source tree, or a version in the cache (default: an installed "
@@ -244,13 +259,11 @@ def _soak_parser(sub: Any) -> None:
     _add_target(k, "targets to rotate over; several after one --target, or repeated "
                    "(default: all built-ins)", nargs="+")
     _common(k)
-    k.add_argument("--world-size", type=_positive, default=None,
-                   help="ranks (default: 2 on cpu, every GPU on cuda)")
+    _campaign_options(k, "Hypothesis seed: repeatable rounds, and no example database "
+                         "(default: random, with the database)")
     k.add_argument("--out", type=Path, default=Path("soak"),
                    help="campaign directory: journal, state, log, report (default soak/); "
                         "starting again with the same one resumes the campaign")
-    k.add_argument("--corpus", type=Path, default=Path("corpus"),
-                   help="directory the shrunk failures are saved in (default corpus/)")
     k.add_argument("--database", type=Path, default=None,
                    help="Hypothesis example database, may be shared by several nodes "
                         "(default OUT/hypothesis-db)")
@@ -266,11 +279,6 @@ def _soak_parser(sub: Any) -> None:
     k.add_argument("--recycle-mib", type=_mib, default=32.0,
                    help="replace the ranks once one has grown this many MiB since it warmed "
                         "up, bounding a leak in the libraries they call (default 32; 0: never)")
-    k.add_argument("--seed", type=int, default=None,
-                   help="Hypothesis seed: repeatable rounds, and no example database "
-                        "(default: random, with the database)")
-    _add_run_options(k)
-    _add_worlds(k)
     k.add_argument("--listen", type=_address, default=None, metavar="HOST:PORT",
                    help="with --ranks-external: where ranks started by torchrun connect "
                         "(default: none, the driver starts its ranks)")
@@ -295,8 +303,8 @@ def _replay_parser(sub: Any) -> None:
 def _bench_parser(sub: Any) -> None:
     """``bench``."""
     b = sub.add_parser("bench", help="throughput vs a hand-written loop, time to first failure")
-    b.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
-                   help="auto: the CPU, and CUDA too where a GPU is visible (default auto)")
+    _common(b, device_help="auto: the CPU, and CUDA too where a GPU is visible "
+                           "(default auto)")
     _add_target(b, "repeatable; bench measures the draft broadcast only (default: its "
                    "built-ins)")
     b.add_argument("--seeds", type=_positive, default=5,
@@ -322,9 +330,6 @@ def _bench_parser(sub: Any) -> None:
                    help="ranks on the CPU (default 2)")
     b.add_argument("--cuda-world-size", type=_positive, default=1,
                    help="ranks on CUDA, one GPU each (default 1)")
-    b.add_argument("--timeout", type=_wait, default=60.0,
-                   help="seconds one example may take before it is a hang (default 60; "
-                        "at most a day)")
     b.add_argument("--waiting", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the fuzzer judging each example before drawing the next "
                         "(the 'waiting ex/s' column; as long again as the fuzzer's run; "
@@ -337,11 +342,7 @@ def _bench_parser(sub: Any) -> None:
 def _matrix_parser(sub: Any) -> None:
     """``matrix``."""
     m = sub.add_parser("matrix", help="every built-in target x oracle: found or clean")
-    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="where the ranks run (default cpu)")
-    m.add_argument("--timeout", type=_wait, default=60.0,
-                   help="seconds one example may take before it is a hang (default 60; "
-                        "at most a day)")
+    _common(m, device="cpu", device_help="where the ranks run (default cpu)")
     m.add_argument("--max-examples", type=_positive, default=200,
                    help="examples per cell and seed at most (default 200)")
     m.add_argument("--seeds", type=_positive, default=1,
@@ -364,13 +365,8 @@ def _mutate_parser(sub: Any) -> None:
     u.add_argument("--target", required=True, metavar="T",
                    help="built-in name, package.module:attr or path/to/file.py:attr "
                         "(required)")
-    u.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="where the mutants run (default cpu)")
-    u.add_argument("--timeout", type=_wait, default=60.0,
-                   help="seconds one example may take before it is a hang (default 60; "
-                        "at most a day)")
-    u.add_argument("--world-size", type=_positive, default=None,
-                   help="ranks per mutant (default: 2 on cpu, 1 on cuda)")
+    _common(u, device="cpu", device_help="where the mutants run (default cpu)")
+    _world_size(u, "ranks per mutant (default: 2 on cpu, 1 on cuda)")
     u.add_argument("--max-examples", type=_positive, default=200,
                    help="examples per mutant, and for the original (default 200)")
     u.add_argument("--seed", type=int, default=0,

@@ -61,11 +61,11 @@ def _not_here(name: str) -> bool:
     """Whether the code target ``name`` runs is absent here rather than the name
     wrong: vLLM's (a wheel not fetched, or another build of it), or a user's
     module or file (an entry is found from the folder it was found in)."""
-    base = name.split("#", 1)[0]
-    if targets.family_of(base) is not None:
+    parsed = targets.TargetName.parse(name)
+    if targets.family_of(parsed.base) is not None:
         return True
-    module, colon, _ = base.partition(":")
-    if not colon:
+    module = parsed.module
+    if module is None:
         return False
     if module.endswith(".py"):
         return not Path(module).is_file()

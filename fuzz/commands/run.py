@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from streamfuzz.fuzz import corpus, profiles, targets, upstream
-from streamfuzz.fuzz import protocol as protocols
-from streamfuzz.fuzz.commands import UsageError, say_error
-from streamfuzz.fuzz.commands.checks import (
-    check_dir,
-    check_file,
-    judging,
-    pick_device,
-    pick_world_size,
-    pick_worlds,
-    run_options,
-)
-from streamfuzz.fuzz.options import (
-    RunOptions,
-)
+from streamfuzz.fuzz import corpus, profiles, targets
+from streamfuzz.fuzz.commands import say_error
+from streamfuzz.fuzz.commands.plan import CountingGPUs
+from streamfuzz.fuzz.options import RunOptions
+from streamfuzz.fuzz.plan import Plan
 from streamfuzz.fuzz.ranks import RankPool
 from streamfuzz.fuzz.status_line import StatusLine
 from streamfuzz.fuzz.stop import StopReason
@@ -67,45 +56,23 @@ class Progress:
         self.line.clear()
 
 
-def run_command(args: argparse.Namespace) -> int:
-    names = _with_upstream(args.target, args.upstream)
-    for name in names:
-        targets.check_importable(name)
-    spoken = {name: _protocol(name) for name in names}
-    if args.weight_scale != 1 and "weight-sync" not in spoken.values():
-        raise UsageError(f"--weight-scale {args.weight_scale}: only weight-sync targets have "
-                         f"weights to scale, and none of {', '.join(names)} is one")
-    check_dir(args.corpus, "--corpus")
-    if args.report:
-        check_file(args.report, "--report")
-    options = run_options(args)
-    if not options.oracles:  # bad input before any work, the GPU count included
-        options.judging(args.device)
-    try:
-        device, gpus = pick_device(args.device)
-    except KeyboardInterrupt:  # the GPU count waits for torch's import: the report says so
-        print("interrupted while counting GPUs: no target ran")
-        if args.report:
-            write_report(args.report, [], args.device, args.world_size or 0, 0, options, True)
-        _say_interrupted(args, [])
-        return 130
-    world = pick_world_size(device, gpus, args.world_size)
-    judging(options, device)
-    corpus.sweep(args.corpus)
-    worlds = pick_worlds(args, device, world)
-    if worlds > 1:
+def run_command(plan: Plan) -> int:
+    run = plan.run_settings()
+    options, device, world = plan.options, plan.device, plan.world_size
+    corpus.sweep(plan.corpus)
+    if plan.worlds > 1:
         from streamfuzz.fuzz.worlds import run_worlds
 
-        return run_worlds(args, worlds, device, world)
-    settings = profiles.get(args.profile)
-    for name in names if args.world_of is None or args.world_of.index == 0 else ():
+        return run_worlds(plan)
+    settings = profiles.get(run.profile)
+    for name in plan.names if plan.world_of is None or plan.world_of.index == 0 else ():
         up = targets.upstream_of(name)
         if up is not None:
             print(f"{name}: {up.describe()}")
     results: list[Any] = []
     misused: list[str] = []
     start_s: dict[str, float] = {}
-    pool = RankPool(world, device, timeout=args.timeout)
+    pool = RankPool(world, device, timeout=plan.timeout_s)
     try:
         try:
             pool.start()
@@ -114,50 +81,64 @@ def run_command(args: argparse.Namespace) -> int:
             interrupted = True
             print(f"interrupted while the {world} ranks were starting: no target ran")
         else:
-            interrupted = _fuzz_each(pool, names, args, settings, options, world, results,
-                                     misused)
+            interrupted = _fuzz_each(pool, plan, settings, results, misused)
     finally:
         pool.close()
     restarts = pool.restarts
-    if results and args.world_of is None:  # the controller prints every world's
+    if results and plan.speaks_for_all:  # the controller prints every world's
         _print_table(results, device, world, options.running_on(device))
-    if args.report:
-        write_report(args.report, results, device, world, restarts, options, interrupted,
+    if run.report:
+        write_report(run.report, results, device, world, restarts, options, interrupted,
                       misused, start_s)
     if interrupted:
-        _say_interrupted(args, [str(r.corpus_path) for r in results if r.corpus_path])
+        _say_interrupted(plan, [str(r.corpus_path) for r in results if r.corpus_path])
         return 130
     if misused:
         return 2
     return 1 if any(r.failure and not r.duplicate for r in results) else 0
 
 
-def _say_interrupted(args: argparse.Namespace, saved: list[str]) -> None:
+def interrupted_counting_gpus(args: argparse.Namespace, stopped: CountingGPUs) -> int:
+    """Ctrl-C while the GPU count waited for torch's import: the report says
+    that no target ran."""
+    print("interrupted while counting GPUs: no target ran")
+    if args.report:
+        write_report(args.report, [], args.device, args.world_size or 0, 0, stopped.options,
+                     True)
+    print("streamfuzz: interrupted" + (f"; report in {stopped.shown}" if stopped.shown else ""),
+          file=sys.stderr)
+    return 130
+
+
+def _say_interrupted(plan: Plan, saved: list[str]) -> None:
     # A world's report is the controller's temporary file, merged and removed:
     # the controller names the report the user asked for.
-    report = args.report if args.world_of is None else None
+    report = plan.run_settings().report if plan.speaks_for_all else None
     print("streamfuzz: interrupted" + (f"; saved {', '.join(saved)}" if saved else "")
           + (f"; report in {report}" if report else ""), file=sys.stderr)
 
 
-def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, settings: Any,
-               options: RunOptions, world: int, results: list[Any], misused: list[str]) -> bool:
+def _fuzz_each(pool: RankPool, plan: Plan, settings: Any, results: list[Any],
+               misused: list[str]) -> bool:
     """Fuzz each target in turn, appending to ``results``; True once Ctrl-C ended it.
     A target the ranks find set up wrong is one line on stderr, in ``misused``,
     and the next target runs."""
     from streamfuzz.fuzz import driver
     from streamfuzz.fuzz.worlds import Claims
 
-    claims = Claims(args.world_of.shared) if args.world_of is not None else None
-    for name in names:
+    run = plan.run_settings()
+    claims = Claims(plan.world_of.shared) if plan.world_of is not None else None
+    for target in plan.targets:
+        name = target.name
         claim, stop = claims.pair(name) if claims is not None else (None, None)
-        progress = Progress(name, args.shrink_budget, lost=stop)
+        progress = Progress(name, run.shrink_budget_s, lost=stop)
         try:
-            res = driver.fuzz(pool, name, settings, max_examples=args.max_examples,
-                              seed=args.seed, budget_s=args.budget,
-                              shrink_budget_s=args.shrink_budget, corpus_dir=args.corpus,
-                              progress=progress, options=options,
-                              strategy=_strategy(_protocol(name), world, args.weight_scale),
+            res = driver.fuzz(pool, target, settings, max_examples=run.max_examples,
+                              seed=plan.seed, budget_s=run.budget_s,
+                              shrink_budget_s=run.shrink_budget_s, corpus_dir=plan.corpus,
+                              progress=progress, options=plan.options,
+                              strategy=_strategy(target.protocol, plan.world_size,
+                                                 run.weight_scale),
                               claim=claim, stop=stop)
         except driver.Interrupted as exc:  # before anything was found in this target
             res = exc.result
@@ -175,43 +156,6 @@ def _fuzz_each(pool: RankPool, names: list[str], args: argparse.Namespace, setti
         if res.interrupted:
             return True
     return False
-
-
-def _with_upstream(names: list[str] | None, source: str | None) -> list[str]:
-    """Target names with the vLLM family pinned to a version (``vllm-pp@0.32.0``).
-
-    ``--upstream`` names the vLLM; the ranks find it again through
-    ``STREAMFUZZ_UPSTREAM``. Without it the family runs an installed vllm.
-    """
-    bare = [n for n in names or () if (_vllm_family(n) or ("", "v"))[1] is None]
-    if source is None and not bare:
-        return list(names or targets.VERSIONS)
-    up = upstream.resolve(source)
-    if up.kind != "installed":
-        rest = os.environ.get(upstream.ENV_PATHS)
-        os.environ[upstream.ENV_PATHS] = os.pathsep.join(filter(None, [up.path, rest]))
-    if not names:
-        names = ["vllm-pp"] + (["vllm-pp-pre-pr"] if up.api == "table" else [])
-    out = []
-    for name in names:
-        fam = _vllm_family(name)
-        out.append(f"{fam[0]}@{up.version}" if fam and fam[1] is None else name)
-    return out
-
-
-def _vllm_family(name: str) -> tuple[str, str | None] | None:
-    """Any family that runs vLLM's code (the draft broadcast's, or the weight sync's)."""
-    family, _, version = name.partition("@")
-    if family == targets.WEIGHTS_FAMILY:
-        return family, version or None
-    return targets.upstream_family(name)
-
-
-def _protocol(name: str) -> str:
-    """The protocol target ``name`` speaks: a user's factory declares its own,
-    which the name alone does not tell (it was taken for the draft broadcast's,
-    and ``--weight-scale`` did nothing for a user's weight sync)."""
-    return protocols.of_target(name, targets.load(name) if ":" in name else None).name
 
 
 def _strategy(protocol: str, world: int, scale: int) -> Any:

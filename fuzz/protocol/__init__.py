@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, runtime_checkable
 from typing import Protocol as _TypingProtocol
 
+from streamfuzz.fuzz import env
 from streamfuzz.fuzz.errors import BadInput, FuzzError
 
 DEFAULT = "draft-broadcast"
@@ -37,7 +37,7 @@ class ProtocolError(BadInput, ValueError):
     """A protocol name or a scenario of no known protocol."""
 
 
-ENV = "STREAMFUZZ_PROTOCOLS"
+ENV = env.PROTOCOLS
 """More protocols, as ``module:attr`` specs separated by commas."""
 
 
@@ -150,7 +150,7 @@ _DECLARED: tuple[str, ...] = (
 
 def all_protocols() -> dict[str, Protocol]:
     """Every protocol by name: the declared ones, then ``STREAMFUZZ_PROTOCOLS``'s."""
-    extra = tuple(s.strip() for s in os.environ.get(ENV, "").split(",") if s.strip())
+    extra = tuple(env.items(ENV))
     return _protocols(_DECLARED + extra)
 
 
@@ -223,18 +223,6 @@ def make_handler(factory: Callable[[Any], Any], ctx: Any) -> Any:
         return factory(ctx)
     except Exception as exc:
         raise FactoryRaised(f"the factory raised {type(exc).__name__}") from exc
-
-
-def of_target(name: str, factory: Callable[..., Any] | None = None) -> Protocol:
-    """The protocol a target speaks: a built-in's own, an upstream family's,
-    a mutant's base target's, else the factory's ``protocol`` attribute."""
-    base = name.split("#", 1)[0]
-    family = base.partition("@")[0]
-    for p in all_protocols().values():
-        if base in p.targets or family in p.families:
-            return p
-    declared = getattr(factory, "protocol", None) if factory is not None else None
-    return get(declared) if isinstance(declared, str) else get(DEFAULT)
 
 
 def of_scenario(scenario: Any) -> Protocol:

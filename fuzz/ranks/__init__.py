@@ -30,6 +30,7 @@ from streamfuzz.fuzz.messages import (
     Run,
     Stats,
     StatsReply,
+    Target,
 )
 from streamfuzz.fuzz.options import DEFAULT, RunOptions
 from streamfuzz.fuzz.ranks.world import RankStartError, World, WorldSpec
@@ -234,14 +235,14 @@ class RankPool:
         return out
 
     # -- one example -------------------------------------------------------
-    def run(self, target: str, scenario: Any,
+    def run(self, target: Target | str, scenario: Any,
             options: RunOptions = DEFAULT) -> Outcome:
         """Run one example on every rank; replaces the ranks if they broke."""
         outcome = self.collect(self.submit(target, scenario, options))
         assert outcome is not None  # no patience: collect waits or declares
         return outcome
 
-    def submit(self, target: str, scenario: Any,
+    def submit(self, target: Target | str, scenario: Any,
                options: RunOptions = DEFAULT) -> Ticket:
         """Send one example to every rank without waiting for it.
 
@@ -251,6 +252,10 @@ class RankPool:
         """
         if self.lost is not None:
             raise RankStartError(f"the ranks are gone: {self.lost}")
+        if isinstance(target, str):  # a name: resolved here, the ranks decide nothing
+            from streamfuzz.fuzz.targets import resolve_target
+
+            target = resolve_target(target)
         self._eid += 1
         eid = self._eid
         # Pickled once for every rank; the Scenario object itself travels (a
@@ -408,7 +413,7 @@ class Ticket:
     """An example sent to a world (``RankPool.submit``), to be collected."""
 
     eid: int
-    target: str
+    target: Target
     scenario: Any
     options: RunOptions
 

@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 
 from streamfuzz.fuzz import ROOT, collectives, crash_text, host, messages
+from streamfuzz.fuzz import env as variables
 from streamfuzz.fuzz.errors import BadInput
 from streamfuzz.fuzz.messages import Hello, RankInfo, Stop
 from streamfuzz.fuzz.zygote import ForkedRank, Zygote, ZygoteError
@@ -74,7 +75,7 @@ class World:
             try:
                 for env, log in zip(envs, self.logs):
                     self.procs.append(zygote.fork(
-                        dict(env, STREAMFUZZ_PARENT=str(zygote.proc.pid)), log,
+                        {**env, variables.PARENT: str(zygote.proc.pid)}, log,
                         spec.startup_timeout))
                 return
             except BaseException as exc:
@@ -102,11 +103,11 @@ class World:
         store.unlink(missing_ok=True)
         base.update({
             host.STORE_ENV: str(store),
-            "WORLD_SIZE": str(spec.world_size), "STREAMFUZZ_DEVICE": spec.device,
-            "STREAMFUZZ_DRIVER": f"{address}:{port}",
-            "STREAMFUZZ_AUTHKEY": self.authkey.hex(), "PYTHONUNBUFFERED": "1",
-            "STREAMFUZZ_PARENT": str(os.getpid()),
-            "STREAMFUZZ_SPAWNED_AT": repr(time.time()),
+            "WORLD_SIZE": str(spec.world_size), variables.DEVICE: spec.device,
+            variables.DRIVER: f"{address}:{port}",
+            variables.AUTHKEY: self.authkey.hex(), "PYTHONUNBUFFERED": "1",
+            variables.PARENT: str(os.getpid()),
+            variables.SPAWNED_AT: repr(time.time()),
         })
         base["PYTHONPATH"] = os.pathsep.join(
             p for p in (ROOT, base.get("PYTHONPATH")) if p)
@@ -118,7 +119,7 @@ class World:
             log = spec.logdir / f"rank{rank}.{generation}.log"
             stacks = log.with_suffix(".stacks")
             envs.append(dict(base, RANK=str(rank), LOCAL_RANK=str(rank),
-                             STREAMFUZZ_STACKS=str(stacks)))
+                             **{variables.STACKS: str(stacks)}))
             self.logs.append(log)
             self.stacks.append(stacks)
             log.write_bytes(b"")

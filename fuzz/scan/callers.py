@@ -13,6 +13,7 @@ import ast
 from typing import TYPE_CHECKING
 
 from streamfuzz.fuzz.scan.names import STREAMISH, dotted
+from streamfuzz.fuzz.scan.nodes import guarded_nodes, own_nodes
 
 if TYPE_CHECKING:
     from streamfuzz.fuzz.scan.package import Function, Package
@@ -65,12 +66,11 @@ def entry_waits(pkg: Package, fn: Function, streams: set[str], recv: str | None)
 
 
 def _waits_before(caller: Function, call: ast.Call, stream: str) -> bool:
-    from streamfuzz.fuzz.scan.package import _guarded_nodes, _own_nodes
 
-    guarded = _guarded_nodes(caller.node)
+    guarded = guarded_nodes(caller.node)
     if id(call) in guarded:
         return False  # the call is under a branch: leave it to the function's own walk
-    for node in _own_nodes(caller.node):
+    for node in own_nodes(caller.node):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                 node.func.attr in _WAITS and node.lineno < call.lineno and \
                 id(node) not in guarded and dotted(node.func.value) == stream:
@@ -104,9 +104,8 @@ def _passes_current(pkg: Package, caller: Function, call: ast.Call, arg: ast.exp
 
 
 def _under_stream_context(caller: Function, call: ast.Call) -> bool:
-    from streamfuzz.fuzz.scan.package import _own_nodes
 
-    for node in _own_nodes(caller.node):
+    for node in own_nodes(caller.node):
         if isinstance(node, (ast.With, ast.AsyncWith)) and any(
                 n is call for n in ast.walk(node)) and any(
                 "stream" in ast.unparse(item.context_expr).lower() for item in node.items):
@@ -124,7 +123,6 @@ def _is_current(pkg: Package, caller: Function, arg: ast.expr | None) -> bool:
     """Is ``arg`` the caller's current stream: the call, or a name every binding of
     which in the caller is that call (an attribute: the class's saved one)?"""
     from streamfuzz.fuzz.scan.ops import CURRENT
-    from streamfuzz.fuzz.scan.package import _own_nodes
 
     if arg is None:
         return False
@@ -136,6 +134,6 @@ def _is_current(pkg: Package, caller: Function, arg: ast.expr | None) -> bool:
     facts = pkg.modules[caller.file].classes.get(caller.cls or "")
     if name.startswith("self.") and facts is not None and facts.alias.get(name) == CURRENT:
         return True
-    made = [n.value for n in _own_nodes(caller.node) if isinstance(n, ast.Assign) and any(
+    made = [n.value for n in own_nodes(caller.node) if isinstance(n, ast.Assign) and any(
         dotted(t) == name for t in n.targets)]
     return bool(made) and all(_current_call(v) for v in made)

@@ -20,6 +20,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from streamfuzz.fuzz import env
 from streamfuzz.fuzz.scan import harness_args, hazards
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
@@ -268,7 +269,7 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
         "import streamfuzz",
         "from streamfuzz.standins import load",
         "",
-        f"SOURCE = os.environ.get('STREAMFUZZ_SOURCE', {spec!r})",
+        f"SOURCE = os.environ.get({env.SOURCE!r}, {spec!r})",
         f"FILE = {file!r}",
         'DEVICE = "cuda"  # simulated on CPU under --streamfuzz-device cpu',
         "",

@@ -20,8 +20,9 @@ from typing import NamedTuple
 
 from streamfuzz.fuzz.scan.hazards import TEST_PATH, Finding, Hazard
 from streamfuzz.fuzz.scan.names import dotted
+from streamfuzz.fuzz.scan.nodes import own_nodes
 from streamfuzz.fuzz.scan.ops import CURRENT, K, Trace
-from streamfuzz.fuzz.scan.package import Function, Package, _own_nodes
+from streamfuzz.fuzz.scan.package import Function, Package
 
 DYNAMIC_CHECK = "pytest --streamfuzz (or python -m streamfuzz check)"
 _CONTEXTS = {"stream", "StreamContext", "use_stream"}
@@ -47,9 +48,9 @@ def owners(pkg: Package) -> list[Owner]:
         facts = pkg.modules[fn.file].classes.get(fn.cls or "")
         threaded = (fn.file, fn.name) in pkg.thread_targets
         how = "a thread" if threaded else "a loop" if fn.name in looped else ""
-        in_loop = {id(n) for w in _own_nodes(fn.node) if isinstance(w, ast.While)
+        in_loop = {id(n) for w in own_nodes(fn.node) if isinstance(w, ast.While)
                    for n in ast.walk(w)}
-        for node in _own_nodes(fn.node):
+        for node in own_nodes(fn.node):
             if not isinstance(node, (ast.With, ast.AsyncWith)) or not (
                     how or id(node) in in_loop):
                 continue
@@ -75,7 +76,7 @@ def _loop_callees(pkg: Package) -> set[str]:
     out: set[str] = set()
     for fn in pkg.functions:
         threaded = (fn.file, fn.name) in pkg.thread_targets
-        bodies = [fn.node] if threaded else [n for n in _own_nodes(fn.node)
+        bodies = [fn.node] if threaded else [n for n in own_nodes(fn.node)
                                              if isinstance(n, ast.While)]
         for body in bodies:
             for n in ast.walk(body):
@@ -143,7 +144,7 @@ def _timing(t: Trace, fn: Function, event: str) -> bool:
     timed = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
                 n.func.attr == "elapsed_time" and any(
                     (dotted(x) or "").rsplit(".", 1)[-1] == last
-                    for x in (n.func.value, *n.args)) for n in _own_nodes(fn.node))
+                    for x in (n.func.value, *n.args)) for n in own_nodes(fn.node))
     return timed or (event in t.timing_events and not waited)
 
 
@@ -151,7 +152,7 @@ def _handed(fn: Function, event: str, line: int) -> bool:
     """Is ``event`` passed to a call (not its own record/wait) after ``line``? Matched by
     its last name, as an alias (``ev = self.events[i]``) keys it by what it names."""
     last = event.rsplit(".", 1)[-1]
-    for node in _own_nodes(fn.node):
+    for node in own_nodes(fn.node):
         if not isinstance(node, ast.Call) or node.lineno < line or (
                 isinstance(node.func, ast.Attribute) and node.func.attr in ("record", "wait")):
             continue

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from streamfuzz.fuzz.scan import callers, host_args
 from streamfuzz.fuzz.scan.names import DEVICE_MODULES, MODULES, dotted, is_scalar_annotation
+from streamfuzz.fuzz.scan.nodes import own_nodes as _own_nodes
 from streamfuzz.fuzz.scan.ops import (
     ANY,
     CURRENT,
@@ -512,26 +513,6 @@ def _receiver(fn: Function) -> str | None:
     if fn.cls is None or not first or "staticmethod" in decos:
         return None
     return first[0].arg
-
-
-def _own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of a function's body, not of the functions nested in it."""
-    stack = list(ast.iter_child_nodes(fn))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
-
-
-def _guarded_nodes(fn: ast.AST) -> set[int]:
-    out: set[int] = set()
-    for node in _own_nodes(fn):
-        if isinstance(node, (ast.If, ast.ExceptHandler)):
-            for s in [*node.body, *getattr(node, "orelse", [])]:
-                out |= {id(n) for n in ast.walk(s)}
-    return out
 
 
 def _reaches_wait(fn: ast.AST, param: str) -> bool:

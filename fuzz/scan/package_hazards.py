@@ -18,6 +18,7 @@ from streamfuzz.fuzz.scan.hazards import (
     waits_on,
 )
 from streamfuzz.fuzz.scan.names import dotted
+from streamfuzz.fuzz.scan.nodes import own_nodes
 from streamfuzz.fuzz.scan.ops import CURRENT, Trace
 from streamfuzz.fuzz.scan.package import Function, ModuleCache, Package
 
@@ -153,8 +154,7 @@ def _kept_handles(fn: Function | None, line: int) -> list[str]:
     work the call started (``self._pending = self._launch_async()``)."""
     if fn is None:
         return []
-    from streamfuzz.fuzz.scan.package import _own_nodes
 
-    return sorted({dotted(t) or "" for n in _own_nodes(fn.node) if isinstance(n, ast.Assign)
+    return sorted({dotted(t) or "" for n in own_nodes(fn.node) if isinstance(n, ast.Assign)
                    and n.lineno >= line and isinstance(n.value, ast.Call)
                    for t in n.targets if (dotted(t) or "").startswith("self.")})

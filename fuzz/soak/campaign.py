@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from streamfuzz.fuzz import corpus, driver, profiles, soak_report
+from streamfuzz.fuzz import corpus, driver, profiles, soak_report, targets
 from streamfuzz.fuzz import protocol as protocols
 from streamfuzz.fuzz.messages import Memory
 from streamfuzz.fuzz.protocol.scenario import ScenarioError
@@ -257,7 +257,7 @@ class Soak:
             target = str(data["target"])
             # "scenario": one example, as journals written before two could be in flight.
             raw = data["scenarios"] if "scenarios" in data else [data["scenario"]]
-            part = protocols.of_target(target).part("scenario")
+            part = targets.protocol_of(target).part("scenario")
             scenarios = [part.from_dict(d) for d in raw]
         except FileNotFoundError:
             return

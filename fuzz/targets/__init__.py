@@ -21,6 +21,7 @@ import warnings
 from typing import Any
 
 from streamfuzz.fuzz import protocol as protocols
+from streamfuzz.fuzz.messages import Target
 from streamfuzz.fuzz.targets.names import (
     MAPPED,
     UPSTREAM,
@@ -28,6 +29,7 @@ from streamfuzz.fuzz.targets.names import (
     WEIGHTS_FAMILY,
     Factory,
     TargetError,
+    TargetName,
     family_of,
     import_name,
     resolve,
@@ -37,9 +39,10 @@ from streamfuzz.fuzz.targets.names import (
     upstream_of,
 )
 
-__all__ = ["UPSTREAM", "UPSTREAM_FIXED", "WEIGHTS_FAMILY", "Factory", "TargetError",
-           "check_importable", "check_upstream", "import_name", "is_builtin", "load", "misused",
-           "provenance", "resolve", "upstream_family", "upstream_of"]
+__all__ = ["UPSTREAM", "UPSTREAM_FIXED", "WEIGHTS_FAMILY", "Factory", "Target", "TargetError",
+           "TargetName", "check_importable", "check_upstream", "family_of", "import_name",
+           "is_builtin", "load", "misused", "protocol_of", "provenance", "resolve",
+           "resolve_target", "upstream_family", "upstream_of"]
 
 _COMPAT = {"TargetContext": "streamfuzz.fuzz.draft.context:TargetContext",
            "Batch": "streamfuzz.fuzz.draft.context:Batch"}
@@ -133,17 +136,18 @@ def _import(dotted: str) -> Any:
 def load(name: str) -> Factory:
     """Import a target factory by built-in name, ``vllm-pp@VERSION``, ``module:attr``
     or mutant name (``target#line:col``, see ``streamfuzz.fuzz.targets.mutated``)."""
-    if split(name) is not None:
+    parsed = TargetName.parse(name)
+    if parsed.site is not None:
         from streamfuzz.fuzz.targets import mutated
 
         return mutated.load(name)
-    found = family_of(name)
+    found = family_of(name) if parsed.family is not None else None
     if found is not None:
         loader, family, version = found
         with upstream_errors(name):
             return loader.factory(family, version)
-    spec = resolve(name)
-    module_name, _, attr = spec.partition(":")
+    module_name, _, attr = (f"{parsed.module}:{parsed.attr}" if parsed.module is not None
+                            else resolve(name)).partition(":")
     importable = import_name(name, module_name)
     try:
         module = _import(importable)
@@ -188,17 +192,47 @@ def misused(name: str, exc: Exception) -> TargetError:
     return TargetError(f"target {name!r}: {exc}")
 
 
-def check_importable(name: str) -> None:
-    """Fail early, in the driver, on a target that cannot be imported.
+def resolve_target(name: str | Target) -> Target:
+    """Target ``name`` resolved once, in the driver: the one place its protocol
+    is decided. A built-in's and an upstream family's protocol is the one that
+    lists it, a mutant's its base target's, and a user's factory's the one it
+    declares (its ``protocol`` attribute; else the draft broadcast's). A user's
+    target that cannot be imported fails here (TargetError); a built-in's or a
+    family's name is not imported (``check_importable`` looks for its code)."""
+    if isinstance(name, Target):
+        return name
+    parsed = TargetName.parse(name)
+    builtin = protocols.builtin_targets()
+    for p in protocols.all_protocols().values():
+        if parsed.base in p.targets or parsed.family in p.families:
+            return Target(name, p.name, spec=builtin.get(parsed.base), family=parsed.family,
+                          version=parsed.version)
+    factory = load(name)
+    declared = getattr(factory, "protocol", None)
+    protocol = protocols.get(declared if isinstance(declared, str) else protocols.DEFAULT)
+    if isinstance(factory, type):  # the handler's class itself: its methods are known now
+        try:
+            protocols.check_handler(protocol, factory)
+        except protocols.ProtocolError as exc:
+            raise misused(name, exc) from None
+    return Target(name, protocol.name, spec=parsed.base if parsed.module else None)
+
+
+def protocol_of(target: str | Target) -> protocols.Protocol:
+    """The protocol ``target`` speaks (resolving a name: see ``resolve_target``)."""
+    return protocols.get(resolve_target(target).protocol)
+
+
+def check_importable(name: str) -> Target:
+    """Target ``name`` resolved, failing early, in the driver, where it cannot
+    be imported: before any rank starts.
 
     Built-in names are modules of this package, importable wherever it is:
     importing one would only load torch into the driver, which never uses it
-    (a second or more of every start)."""
-    if name in protocols.builtin_targets():
-        return
-    factory = load(name)
-    if isinstance(factory, type):  # the handler's class itself: its methods are known now
-        try:
-            protocols.check_handler(protocols.of_target(name, factory), factory)
-        except protocols.ProtocolError as exc:
-            raise misused(name, exc) from None
+    (a second or more of every start). A family's code and a mutant's site
+    are looked for now."""
+    target = resolve_target(name)
+    parsed = TargetName.parse(name)
+    if parsed.module is None and not parsed.builtin:
+        load(name)
+    return target

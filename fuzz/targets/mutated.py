@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamfuzz.fuzz import sync_sites
+from streamfuzz.fuzz import env, sync_sites
 from streamfuzz.fuzz.sites import display_path
 from streamfuzz.fuzz.sync_sites import Site
 from streamfuzz.fuzz.targets.names import (
@@ -41,7 +41,7 @@ from streamfuzz.fuzz.targets.names import (
 __all__ = ["HITS_ENV", "SEP", "Source", "hit_file", "load", "module_source", "name", "sites",
            "source_of", "split"]
 
-HITS_ENV = "STREAMFUZZ_MUTANT_HITS"
+HITS_ENV = env.MUTANT_HITS
 """A directory where a mutant's rank leaves a file the first time its removed
 site is reached; unset, nothing is written."""
 
@@ -144,7 +144,7 @@ def load(mutant: str) -> Factory:
 
 
 def _hit_function(file_name: str) -> Callable[..., Any]:
-    directory = os.environ.get(HITS_ENV)
+    directory = env.text(HITS_ENV)
     marked = False
 
     def hit(stream: Any = None) -> Any:

@@ -14,6 +14,7 @@ import contextlib
 import re
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,13 +67,50 @@ class Family(Protocol):
         the target starts from, build an edited tree into a factory)."""
 
 
+@dataclass(frozen=True)
+class TargetName:
+    """A target's name, parsed once: the one reading of the grammar above.
+
+    ``base`` is the name without a mutant's ``#line:col`` (``site``); ``family``
+    and ``version`` are set for a protocol's upstream family (``vllm-pp@0.32.0``;
+    version None: the installed package); ``module`` and ``attr`` for a user's
+    ``package.module:attr`` or ``path/to/file.py:attr``. A name that is none of
+    these (a built-in, or a typo) has neither.
+    """
+
+    text: str
+    base: str
+    site: tuple[int, int] | None = None
+    family: str | None = None
+    version: str | None = None
+    module: str | None = None
+    attr: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> TargetName:
+        base, sep, key = text.rpartition(SEP)
+        m = re.fullmatch(r"(\d+):(\d+)", key)
+        if not sep or not base or m is None:
+            base, site = text, None
+        else:
+            site = (int(m.group(1)), int(m.group(2)))
+        family, _, version = base.partition("@")
+        if any(family in p.families for p in protocols.all_protocols().values()):
+            return cls(text, base, site, family=family, version=version or None)
+        module, colon, attr = base.partition(":")
+        if colon and base not in protocols.builtin_targets():
+            return cls(text, base, site, module=module, attr=attr)
+        return cls(text, base, site)
+
+    @property
+    def builtin(self) -> bool:
+        return self.site is None and self.text in protocols.builtin_targets()
+
+
 def split(name: str) -> tuple[str, int, int] | None:
     """``base#line:col`` -> ``(base, line, col)``; ``None`` for a plain target."""
-    base, sep, key = name.rpartition(SEP)
-    m = re.fullmatch(r"(\d+):(\d+)", key)
-    if not sep or not base or m is None:
-        return None
-    return base, int(m.group(1)), int(m.group(2))
+    parsed = TargetName.parse(name)
+    return None if parsed.site is None else (parsed.base, *parsed.site)
 
 
 def file_name(target: str) -> str:
@@ -84,18 +122,20 @@ def file_name(target: str) -> str:
 
 def upstream_family(name: str) -> tuple[str, str | None] | None:
     """``vllm-pp@0.32.0`` -> (``vllm-pp``, ``0.32.0``); None outside the family."""
-    family, _, version = name.partition("@")
-    return (family, version or None) if family in UPSTREAM else None
+    parsed = TargetName.parse(name)
+    return (parsed.family, parsed.version) if parsed.family in UPSTREAM else None
 
 
 def family_of(name: str) -> tuple[Family, str, str | None] | None:
     """For ``family@VERSION`` of a protocol's families: its loader, the family and
     the version (None: the installed package); None for any other name."""
-    family, at, version = name.partition("@")
+    parsed = TargetName.parse(name)
+    if parsed.family is None:
+        return None
     for p in protocols.all_protocols().values():
-        if family in p.families and p.upstream:
+        if parsed.family in p.families and p.upstream:
             loader: Family = p.part("upstream")
-            return loader, family, version or None
+            return loader, parsed.family, parsed.version
     return None
 
 
@@ -131,7 +171,7 @@ def resolve(name: str) -> str:
         raise TargetError(f"target {name!r} names a file, not the factory in it: write "
                           f"{name}:FACTORY (the function that makes the handler, e.g. "
                           f"{name}:make)")
-    if ":" not in name:
+    if TargetName.parse(name).module is None:
         known = ", ".join(sorted(builtin) + [f"{f}@VERSION" for p in
                                              protocols.all_protocols().values()
                                              for f in p.families])

@@ -46,6 +46,7 @@ import time
 from typing import TYPE_CHECKING
 
 from streamfuzz.fuzz import ROOT
+from streamfuzz.fuzz import env as variables
 from streamfuzz.fuzz.errors import FuzzError
 from streamfuzz.fuzz.host import count_gpus_with
 
@@ -53,10 +54,10 @@ if TYPE_CHECKING:  # the driver imports this first thing: only what it must
     from pathlib import Path
     from typing import Any
 
-ENV = "STREAMFUZZ_ZYGOTE"
+ENV = variables.ZYGOTE
 """Set to 0 to spawn every rank (the zygote's off switch)."""
 
-EARLY_ENV = "STREAMFUZZ_EARLY_CUDA"
+EARLY_ENV = variables.EARLY_CUDA
 """Set to 0 to fork every CUDA rank from the zygote (early ranks' off switch),
 to ``context`` to have early ranks start CUDA's context but not NCCL."""
 
@@ -67,7 +68,7 @@ class ZygoteError(FuzzError, RuntimeError):
 
 def enabled() -> bool:
     """Fork ranks? Not where it is switched off, nor off Linux (fork, /proc)."""
-    return os.environ.get(ENV, "1") != "0" and sys.platform.startswith("linux")
+    return variables.text(ENV, "1") != "0" and sys.platform.startswith("linux")
 
 
 class Zygote:
@@ -186,7 +187,7 @@ class Zygote:
 
 
 def _own_env(env: dict[str, str]) -> dict[str, str]:
-    env = dict(env, PYTHONUNBUFFERED="1", STREAMFUZZ_PARENT=str(os.getpid()))
+    env = dict(env, PYTHONUNBUFFERED="1", **{variables.PARENT: str(os.getpid())})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     return env
 
@@ -194,7 +195,7 @@ def _own_env(env: dict[str, str]) -> dict[str, str]:
 def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """What imports may depend on: the environment less streamfuzz's own
     variables, which a rank reads when it runs (each rank gets its own)."""
-    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith("STREAMFUZZ_")))
+    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith(variables.PREFIX)))
 
 
 class ForkedRank:
@@ -269,7 +270,7 @@ def _cuda_ranks(argv: list[str]) -> int:
     its ``--world-size``, else the GPUs the driver lists. 0 where it runs on
     the CPU or early ranks are switched off. A guess too high costs a rank
     started and ended; the world is what the driver decides."""
-    if os.environ.get(EARLY_ENV, "1") == "0" or flag(argv, "--device", "auto") == "cpu":
+    if variables.text(EARLY_ENV, "1") == "0" or flag(argv, "--device", "auto") == "cpu":
         return 0
     gpus = listed_gpus()
     try:

@@ -13,6 +13,8 @@ import sys
 
 
 def _start() -> None:
+    # Spelled here, not imported from ``streamfuzz.fuzz.env``: this runs first in
+    # every process, and an unchecked one must import nothing of streamfuzz.
     if not os.environ.get("STREAMFUZZ_CHECK_DIR"):
         return
     try:
