@@ -331,3 +331,48 @@ def test_only_a_run_of_one_world_starts_a_zygote_several_worlds_start_none(monke
             zygote._discard()
             monkeypatch.delenv(ENV_WORLDS, raising=False)
         assert len(started) == zygotes, (argv, env)
+
+
+@pytest.mark.fast
+def test_a_world_is_handed_its_plan_not_a_command_line_to_parse_again(tmp_path, monkeypatch):
+    # Each world rebuilt its command line, then resolved its targets, probed the
+    # device and decided its worlds again from it.
+    from streamfuzz.fuzz import targets
+    from streamfuzz.fuzz.commands import checks
+    from streamfuzz.fuzz.commands import plan as plans
+    from streamfuzz.fuzz.commands.grammar import parser
+    from streamfuzz.fuzz.worlds import child, controller
+
+    monkeypatch.setattr(checks, "cpu_world_limit", lambda: (64, "patched"))
+    argv = ["run", "--device", "cpu", "--worlds", "2", "--target", "pre-fix",
+            "--max-examples", "9", "--seed", "5", "--corpus", str(tmp_path / "corpus")]
+    plan = plans.for_run(parser().parse_args(argv), argv)
+    seen = []
+
+    class Started(Exception):
+        pass
+
+    def again(*args, **kwargs):
+        raise AssertionError("a world resolved or decided its plan again")
+
+    def run(ctl):  # what each world starts with, read before the shared folder goes
+        with monkeypatch.context() as m:
+            for name in ("check_importable", "resolve_target"):
+                m.setattr(targets, name, again)
+            m.setattr(plans, "pick_device", again)
+            m.setattr(plans, "pick_worlds", again)
+            for w in ctl.worlds:
+                world_argv = w.argv[3:]
+                seen.append((world_argv, plans.for_run(parser().parse_args(world_argv),
+                                                       world_argv)))
+        raise Started
+
+    monkeypatch.setattr(controller.Controller, "run", run)
+    monkeypatch.setattr(child, "end_with_parent", lambda: None)
+    with pytest.raises(Started):
+        controller.run_worlds(plan)
+    assert [p.world_of.index for _, p in seen] == [0, 1]
+    for i, (world_argv, p) in enumerate(seen):
+        assert world_argv == argv + ["--worlds", "1", "--world-of", str(p.world_of)]
+        assert p.targets == plan.targets and p.worlds == 1 and p.seed == 5 + i
+        assert p.run.max_examples == 5 and p.run.report.name == f"world-{i}.json"
