@@ -1,7 +1,7 @@
 """What a soak driver's journal costs per example, against the rule of reports.
 
 A soak rewrites ``journal.json`` at every example it dispatches, with the
-examples in flight. This times the soak's writer (``soak._Journal``: one
+examples in flight. This times the soak's writer (``soak.Journal``: one
 ``pwrite`` into a file kept open) against the rule reports and corpus entries
 follow (``corpus.write_json_atomic``: a fresh temporary file, fsync, rename,
 fsync of the folder), on the same drawn scenarios, two in flight at a time,
@@ -31,7 +31,7 @@ import _script  # bench/_script.py, beside this script
 from hypothesis import HealthCheck, given, seed, settings
 
 from streamfuzz.fuzz.corpus import write_json_atomic
-from streamfuzz.fuzz.soak import _Journal
+from streamfuzz.fuzz.soak import Journal
 from streamfuzz.strategies import scenarios
 
 
@@ -49,7 +49,7 @@ def _scenarios(n: int) -> list[Any]:
 
 
 def _writers(folder: Path) -> dict[str, Callable[[list[Any]], None]]:
-    journal = _Journal(folder / "journal.json")
+    journal = Journal(folder / "journal.json")
 
     def atomic(pair: list[Any]) -> None:
         write_json_atomic(folder / "atomic.json", {

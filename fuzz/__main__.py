@@ -10,8 +10,10 @@ from streamfuzz.fuzz.errors import EXIT_CRASH
 def main() -> int:
     try:
         from streamfuzz.fuzz import zygote
+        from streamfuzz.fuzz.worlds import at_start
 
-        zygote.prestart(sys.argv[1:])  # CPU ranks' torch import, beside ours
+        if at_start(sys.argv[1:]) == 1:  # a controller of several worlds forks no rank
+            zygote.prestart(sys.argv[1:])  # CPU ranks' torch import, beside ours
         from streamfuzz.fuzz.cli import main as cli_main
     except KeyboardInterrupt:  # Ctrl-C while importing: as after, not a traceback
         print("streamfuzz: interrupted", file=sys.stderr)

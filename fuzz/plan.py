@@ -87,7 +87,8 @@ class Plan:
 
     command: str
     argv: tuple[str, ...]
-    """The command line as given; each world's is this one with its own part."""
+    """The command line as given. A world is not given one to parse again: its
+    controller hands it its plan (``streamfuzz.fuzz.worlds.child.write_plan``)."""
     targets: tuple[Target, ...]
     device: str
     world_size: int

@@ -337,7 +337,7 @@ def test_the_progress_line_follows_the_shrinking_on_a_terminal(monkeypatch):
     monkeypatch.setattr(sys, "stderr", term)
     progress = run_cmd.Progress("t", 30.0)
     for examples, elapsed, failed in ((1, 1.0, 0), (2, 2.0, 1), (9, 12.0, 1)):
-        progress.last = 0.0  # each call draws (the line is drawn at most every 0.2 s)
+        progress.line.last = 0.0  # each call draws (the line is drawn at most every 0.2 s)
         progress(examples, elapsed, failed)
     frames = term.getvalue().split("\r\033[K")[1:]
     assert frames[0].startswith("[t] 1 examples") and "0 failures" in frames[0]

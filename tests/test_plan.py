@@ -64,12 +64,18 @@ def test_the_run_plan_is_made_once_frozen_and_carries_the_resolved_targets(tmp_p
 
 
 def test_a_world_is_told_which_it_is_by_one_field(tmp_path, monkeypatch):
+    from streamfuzz.fuzz.worlds import child, write_plan
+
     ended: list[bool] = []
-    monkeypatch.setattr(plans, "end_with_parent", lambda: ended.append(True))
+    monkeypatch.setattr(child, "end_with_parent", lambda: ended.append(True))
     world = WorldOf(1, 3, tmp_path)
     argv = ["soak", "--budget", "1m", "--target", "pre-fix", "--device", "cpu",
-            "--out", str(tmp_path / "soak"), "--corpus", str(tmp_path / "corpus"),
-            "--worlds", "3", "--world-of", str(world)]
+            "--out", str(tmp_path / "soak"), "--corpus", str(tmp_path / "corpus")]
+    planned = plans.for_soak(parser().parse_args(argv), argv)  # the controller's, once
+    write_plan(dataclasses.replace(planned, worlds=1, world_of=world))
+    assert ended == []
+    argv += ["--worlds", "1", "--world-of", str(world)]
     plan = plans.for_soak(parser().parse_args(argv), argv)
     assert plan.world_of == world and plan.worlds == 1 and not plan.speaks_for_all
+    assert plan.targets == planned.targets  # handed over, not resolved again
     assert ended == [True]  # a world ends with its controller from its first step

@@ -128,7 +128,7 @@ def test_failure_that_does_not_reproduce_is_kept_as_flaky(tmp_path):
 
 def test_the_heap_is_released_at_most_once_a_minute_not_after_every_round(
         tmp_path, monkeypatch):
-    from streamfuzz.fuzz import soak as soak_mod
+    from streamfuzz.fuzz.soak import campaign as soak_mod
 
     released = []
     monkeypatch.setattr(soak_mod, "_release_heap", lambda: released.append(time.monotonic()))
@@ -212,7 +212,7 @@ def test_a_failure_found_again_every_round_does_not_rewrite_state_json_each_roun
     # and it grows to ~100 KB until every failure has its kept occurrences.
     # A failure seen before is only counted until the next due write; the
     # counts stay whole.
-    from streamfuzz.fuzz import soak as soak_module
+    from streamfuzz.fuzz.soak import state as soak_module
 
     written = []
     real = soak_module.write_json_atomic
@@ -949,11 +949,11 @@ def test_a_driver_whose_heap_wanders_within_its_band_is_not_projected():
 
 def test_the_journal_reads_whole_after_a_shorter_rewrite_and_after_removal(tmp_path):
     from streamfuzz.fuzz.draft.scenario import Scenario, Step
-    from streamfuzz.fuzz.soak import _Journal
+    from streamfuzz.fuzz.soak import Journal
 
     long = Scenario(steps=tuple(Step(idx_mapping=(0, 1, 2)) for _ in range(5)))
     short = Scenario()
-    journal = _Journal(tmp_path / "journal.json")
+    journal = Journal(tmp_path / "journal.json")
     journal.write("main-gather", 3, [short, long])
     journal.write("main-gather", 3, [long])
     data = json.loads((tmp_path / "journal.json").read_text())
@@ -967,5 +967,5 @@ def test_the_journal_reads_whole_after_a_shorter_rewrite_and_after_removal(tmp_p
     data = json.loads((tmp_path / "journal.json").read_text())
     assert (data["target"], data["replays"], len(data["scenarios"])) == ("pre-fix", 1, 1)
     # A later start finds the file and opens it as it is.
-    _Journal(tmp_path / "journal.json").write("pre-fix", 6, [short])
+    Journal(tmp_path / "journal.json").write("pre-fix", 6, [short])
     assert json.loads((tmp_path / "journal.json").read_text())["round"] == 6

@@ -285,3 +285,94 @@ def test_worlds_checking_one_new_corpus_folder_at_once_all_pass(tmp_path):
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0] * 6
+
+
+@pytest.mark.fast
+def test_only_a_run_of_one_world_starts_a_zygote_several_worlds_start_none(monkeypatch):
+    # A zygote serves one world's driver. The controller of several worlds
+    # started one (and early CUDA ranks on a GPU node) and then ended it unused.
+    from streamfuzz.fuzz import __main__ as entry
+    from streamfuzz.fuzz import cli, zygote
+
+    started = []
+
+    class Counted:
+        forks = True
+
+        def __init__(self, env, log=None, cuda_ranks=0):
+            started.append(cuda_ranks)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(zygote, "Zygote", Counted)
+    monkeypatch.setattr(host, "_first_counter", None)  # what prestart sets, undone after
+    monkeypatch.setattr(cli, "main", lambda: 0)  # the command line as far as its start
+    monkeypatch.setenv(zygote.ENV, "1")
+    monkeypatch.delenv(ENV_WORLDS, raising=False)
+    monkeypatch.setattr(host, "cores", lambda: 64)  # a node that holds several by default
+    monkeypatch.setattr(host, "cpu_world_limit", lambda: (256, "patched"))
+    cpu = ["run", "--device", "cpu", "--target", "pre-fix"]
+    for argv, env, zygotes in (
+            (cpu + ["--worlds", "3"], {}, 0),
+            (cpu, {ENV_WORLDS: "2"}, 0),
+            (cpu, {}, 0),  # default_worlds: several on 64 cores
+            (cpu + ["--worlds", "1"], {}, 1),
+            (cpu, {ENV_WORLDS: "1"}, 1),
+            (cpu + ["--worlds", "1", "--world-of", "0/3:shared"], {}, 1),  # a world's own
+    ):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr(sys, "argv", ["streamfuzz", *argv])
+        started.clear()
+        try:
+            assert entry.main() == 0
+        finally:
+            zygote._discard()
+            monkeypatch.delenv(ENV_WORLDS, raising=False)
+        assert len(started) == zygotes, (argv, env)
+
+
+@pytest.mark.fast
+def test_a_world_is_handed_its_plan_not_a_command_line_to_parse_again(tmp_path, monkeypatch):
+    # Each world rebuilt its command line, then resolved its targets, probed the
+    # device and decided its worlds again from it.
+    from streamfuzz.fuzz import targets
+    from streamfuzz.fuzz.commands import checks
+    from streamfuzz.fuzz.commands import plan as plans
+    from streamfuzz.fuzz.commands.grammar import parser
+    from streamfuzz.fuzz.worlds import child, controller
+
+    monkeypatch.setattr(checks, "cpu_world_limit", lambda: (64, "patched"))
+    argv = ["run", "--device", "cpu", "--worlds", "2", "--target", "pre-fix",
+            "--max-examples", "9", "--seed", "5", "--corpus", str(tmp_path / "corpus")]
+    plan = plans.for_run(parser().parse_args(argv), argv)
+    seen = []
+
+    class Started(Exception):
+        pass
+
+    def again(*args, **kwargs):
+        raise AssertionError("a world resolved or decided its plan again")
+
+    def run(ctl):  # what each world starts with, read before the shared folder goes
+        with monkeypatch.context() as m:
+            for name in ("check_importable", "resolve_target"):
+                m.setattr(targets, name, again)
+            m.setattr(plans, "pick_device", again)
+            m.setattr(plans, "pick_worlds", again)
+            for w in ctl.worlds:
+                world_argv = w.argv[3:]
+                seen.append((world_argv, plans.for_run(parser().parse_args(world_argv),
+                                                       world_argv)))
+        raise Started
+
+    monkeypatch.setattr(controller.Controller, "run", run)
+    monkeypatch.setattr(child, "end_with_parent", lambda: None)
+    with pytest.raises(Started):
+        controller.run_worlds(plan)
+    assert [p.world_of.index for _, p in seen] == [0, 1]
+    for i, (world_argv, p) in enumerate(seen):
+        assert world_argv == argv + ["--worlds", "1", "--world-of", str(p.world_of)]
+        assert p.targets == plan.targets and p.worlds == 1 and p.seed == 5 + i
+        assert p.run.max_examples == 5 and p.run.report.name == f"world-{i}.json"

@@ -119,7 +119,7 @@ def test_ctrl_c_while_the_command_line_starts_is_exit_130_and_one_line(monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(zygote, "prestart", interrupted)
-    monkeypatch.setattr(sys, "argv", ["streamfuzz", "run", "--device", "cpu"])
+    monkeypatch.setattr(sys, "argv", ["streamfuzz", "run", "--device", "cpu", "--worlds", "1"])
     assert entry.main() == 130
     assert capsys.readouterr().err == "streamfuzz: interrupted\n"
 

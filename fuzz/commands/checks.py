@@ -11,7 +11,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from streamfuzz.fuzz import env
 from streamfuzz.fuzz.commands import UsageError
 from streamfuzz.fuzz.host import cpu_world_limit, probe_gpus
 from streamfuzz.fuzz.options import (
@@ -57,25 +56,15 @@ def pick_worlds(worlds: int | None, mps: str, device: str, world: int) -> int:
     holds. Asked by the controller only: a world is one (``streamfuzz.fuzz.plan``)."""
     if mps == "on" and device != "cuda":
         raise UsageError(f"--mps on shares a GPU between worlds, but the ranks run on {device}")
-    from streamfuzz.fuzz.worlds import default_worlds
+    from streamfuzz.fuzz.worlds import how_many
 
-    if worlds is not None:
-        asked, what = int(worlds), f"--worlds {worlds}"
-    elif env.text(env.WORLDS).strip():
-        asked = _env_worlds(env.WORLDS, env.text(env.WORLDS))
-        what = f"{env.WORLDS}={asked}"
-    else:
-        return default_worlds(device, world)[0]
-    if device == "cpu":
-        check_cpu_world(asked * world, f"{what} of {world} ranks")
-    return asked
-
-
-def _env_worlds(name: str, text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise UsageError(f"{name}={text!r}: not a number of worlds (an integer "
-                         f">= 1); unset it to run as many worlds as the node holds")
-    return int(text)
+    try:
+        n = how_many(worlds, device, world)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if n.asked and device == "cpu":
+        check_cpu_world(n.worlds * world, f"{n.why} of {world} ranks")
+    return n.worlds
 
 
 def check_cpu_world(size: int, what: str) -> None:

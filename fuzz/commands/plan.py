@@ -19,8 +19,8 @@ from streamfuzz.fuzz.commands.checks import (
     pick_worlds,
 )
 from streamfuzz.fuzz.options import RunOptions
-from streamfuzz.fuzz.plan import MatrixSettings, Plan, RunSettings, SoakSettings, WorldOf
-from streamfuzz.fuzz.worlds import end_with_parent
+from streamfuzz.fuzz.plan import MatrixSettings, Plan, RunSettings, SoakSettings
+from streamfuzz.fuzz.worlds import plan_of
 
 
 class CountingGPUs(KeyboardInterrupt):
@@ -35,7 +35,8 @@ class CountingGPUs(KeyboardInterrupt):
 
 def for_run(args: argparse.Namespace, argv: Sequence[str]) -> Plan:
     """``run``'s plan; raises UsageError or TargetError (bad input) before any work."""
-    world_of = _world_of(args)
+    if args.world_of is not None:  # a world: its controller planned it, once
+        return plan_of(args.world_of)
     resolved = tuple(targets.check_importable(n) for n in _with_upstream(args.target,
                                                                           args.upstream))
     if args.weight_scale != 1 and all(t.protocol != "weight-sync" for t in resolved):
@@ -51,13 +52,13 @@ def for_run(args: argparse.Namespace, argv: Sequence[str]) -> Plan:
     try:
         device, gpus = pick_device(args.device)
     except KeyboardInterrupt:
-        raise CountingGPUs(options, args.report if world_of is None else None) from None
+        raise CountingGPUs(options, args.report) from None
     world = pick_world_size(device, gpus, args.world_size)
     judging(options, device)
-    worlds = 1 if world_of is not None else pick_worlds(args.worlds, args.mps, device, world)
+    worlds = pick_worlds(args.worlds, args.mps, device, world)
     return Plan(command="run", argv=tuple(argv), targets=resolved, device=device,
                 world_size=world, options=options, timeout_s=args.timeout, corpus=args.corpus,
-                seed=args.seed, worlds=worlds, world_of=world_of, mps=args.mps,
+                seed=args.seed, worlds=worlds, mps=args.mps,
                 run=RunSettings(max_examples=args.max_examples, budget_s=args.budget,
                                 shrink_budget_s=args.shrink_budget,
                                 weight_scale=args.weight_scale, report=args.report,
@@ -67,7 +68,8 @@ def for_run(args: argparse.Namespace, argv: Sequence[str]) -> Plan:
 def for_soak(args: argparse.Namespace, argv: Sequence[str]) -> Plan:
     """``soak``'s plan. Its oracles' notes are said by the world that judges
     (``judging``), not here."""
-    world_of = _world_of(args)
+    if args.world_of is not None:  # a world: its controller planned it, once
+        return plan_of(args.world_of)
     names = [n for arg in args.target or list(targets.BUILTIN) for n in arg.split(",") if n]
     resolved = tuple(targets.check_importable(name) for name in names)
     check_dir(args.out, "--out")
@@ -87,12 +89,11 @@ def for_soak(args: argparse.Namespace, argv: Sequence[str]) -> Plan:
         authkey = env.authkey()
     except ValueError:
         raise UsageError(f"{env.AUTHKEY} must be hex") from None
-    alone = args.ranks_external or world_of is not None
-    worlds = 1 if alone else pick_worlds(args.worlds, args.mps, device, world)
+    worlds = 1 if args.ranks_external else pick_worlds(args.worlds, args.mps, device, world)
     return Plan(command="soak", argv=tuple(argv), targets=resolved, device=device,
                 world_size=world, options=RunOptions(oracles=args.oracle, hold=args.hold),
                 timeout_s=args.timeout, corpus=args.corpus, seed=args.seed, worlds=worlds,
-                world_of=world_of, mps=args.mps,
+                mps=args.mps,
                 soak=SoakSettings(budget_s=args.budget, out=args.out, database=args.database,
                                   round_s=args.round, shrink_s=args.shrink,
                                   round_examples=args.round_examples,
@@ -114,15 +115,6 @@ def for_matrix(args: argparse.Namespace, argv: Sequence[str]) -> Plan:
                 matrix=MatrixSettings(max_examples=args.max_examples, seeds=args.seeds,
                                       columns=tuple(args.oracle) if args.oracle else None,
                                       expect=tuple(args.expect or ())))
-
-
-def _world_of(args: argparse.Namespace) -> WorldOf | None:
-    """Which world this process is: the one place that asks. A world ends
-    with its controller (``streamfuzz.fuzz.worlds.end_with_parent``) from here on."""
-    world_of: WorldOf | None = args.world_of
-    if world_of is not None:
-        end_with_parent()
-    return world_of
 
 
 def _with_upstream(names: list[str] | None, source: str | None) -> list[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from streamfuzz.fuzz.commands.plan import CountingGPUs
 from streamfuzz.fuzz.options import RunOptions
 from streamfuzz.fuzz.plan import Plan
 from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.status_line import StatusLine
 from streamfuzz.fuzz.stop import StopReason
 
 
@@ -28,38 +28,32 @@ class Progress:
         self.lost = lost
         """Whether another world claimed the failure (it shrinks it, not this one)."""
         self.shrink_budget_s = shrink_budget_s
-        self.tty = sys.stderr.isatty()
+        self.line = StatusLine(sys.stderr, every_s=0.2)
         self.failures = 0
         self.found_at: tuple[int, float] | None = None
-        self.last = 0.0
 
     def __call__(self, examples: int, elapsed: float, failed: int) -> None:
         self.failures += failed
         if failed and self.found_at is None:
             self.found_at = (examples, elapsed)
-            if not self.tty and not (self.lost is not None and self.lost()):
+            if not self.line.tty and not (self.lost is not None and self.lost()):
                 bound = (f", at most {self.shrink_budget_s:g}s"
                          if self.shrink_budget_s is not None else "")
                 print(f"[{self.target}] found a failure after {examples} examples; shrinking "
                       f"it{bound} (Ctrl-C saves it as shrunk so far)", file=sys.stderr,
                       flush=True)
-        now = time.monotonic()
-        if self.tty and now - self.last > 0.2:
-            self.last = now
-            rate = examples / elapsed if elapsed else 0.0
-            if self.found_at is not None:
-                n, t = self.found_at
-                line = (f"[{self.target}] shrinking: {examples - n} examples tried in "
-                        f"{elapsed - t:.0f}s, {self.failures} failing")
-            else:
-                line = f"[{self.target}] {examples} examples, {rate:.1f}/s, 0 failures"
-            sys.stderr.write(f"\r\033[K{line}")
-            sys.stderr.flush()
+        self.line.draw(lambda: self._text(examples, elapsed))
+
+    def _text(self, examples: int, elapsed: float) -> str:
+        if self.found_at is not None:
+            n, t = self.found_at
+            return (f"[{self.target}] shrinking: {examples - n} examples tried in "
+                    f"{elapsed - t:.0f}s, {self.failures} failing")
+        rate = examples / elapsed if elapsed else 0.0
+        return f"[{self.target}] {examples} examples, {rate:.1f}/s, 0 failures"
 
     def done(self) -> None:
-        if self.tty:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+        self.line.clear()
 
 
 def run_command(plan: Plan) -> int:

@@ -248,7 +248,9 @@ _early: Zygote | None = None
 
 def prestart(argv: list[str]) -> None:
     """Start a zygote now for a ``run``, before the driver's own imports; it
-    answers the GPU probe, and the first pool of that environment adopts it."""
+    answers the GPU probe, and the first pool of that environment adopts it.
+    Called only for a run of one world (``streamfuzz.fuzz.worlds.at_start``):
+    the controller of several starts no rank of its own."""
     global _early
     if not enabled() or not argv or argv[0] != "run" or "-h" in argv or "--help" in argv:
         return
@@ -265,12 +267,22 @@ def prestart(argv: list[str]) -> None:
 
 def _cuda_ranks(argv: list[str]) -> int:
     """The CUDA ranks a ``run`` will likely start, guessed without CUDA or torch:
-    its ``--world-size``, else the GPUs the driver lists (``CUDA_VISIBLE_DEVICES``
-    bounds them). 0 where it runs on the CPU or early ranks are switched off. A
-    guess too high costs a rank started and ended; the world is what the driver
-    decides."""
-    if variables.text(EARLY_ENV, "1") == "0" or _flag(argv, "--device", "auto") == "cpu":
+    its ``--world-size``, else the GPUs the driver lists. 0 where it runs on
+    the CPU or early ranks are switched off. A guess too high costs a rank
+    started and ended; the world is what the driver decides."""
+    if variables.text(EARLY_ENV, "1") == "0" or flag(argv, "--device", "auto") == "cpu":
         return 0
+    gpus = listed_gpus()
+    try:
+        size = int(flag(argv, "--world-size", "0"))
+    except ValueError:
+        size = 0
+    return min(size, gpus) if size > 0 else gpus
+
+
+def listed_gpus() -> int:
+    """The GPUs the NVIDIA driver lists, as many as ``CUDA_VISIBLE_DEVICES``
+    leaves visible: counted without CUDA or torch, before either is imported."""
     try:
         gpus = len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
@@ -280,15 +292,12 @@ def _cuda_ranks(argv: list[str]) -> int:
         listed = [v.strip() for v in visible.split(",")]
         gpus = min(gpus, next((i for i, v in enumerate(listed) if not v or v.startswith("-")),
                               len(listed)))
-    try:
-        size = int(_flag(argv, "--world-size", "0"))
-    except ValueError:
-        size = 0
-    return min(size, gpus) if size > 0 else gpus
+    return gpus
 
 
-def _flag(argv: list[str], name: str, default: str) -> str:
-    """The value of ``name`` in ``argv`` (``--name V`` or ``--name=V``), the last one given."""
+def flag(argv: list[str], name: str, default: str) -> str:
+    """The value of ``name`` in a raw command line (``--name V`` or
+    ``--name=V``, the last one given): what is known before the parse."""
     value = default
     for i, arg in enumerate(argv):
         if arg == name and i + 1 < len(argv):

@@ -1,24 +1,9 @@
-"""Parallel worlds: one campaign run by N independent worlds side by side.
-
-A world is a driver and its ranks, what one ``fuzz run`` or ``fuzz soak``
-has. N worlds are N child processes of the same command (``--worlds 1``),
-each with its own seed, sharing the example database and the corpus, as
-libFuzzer's ``-jobs`` and HypoFuzz's workers do. Worlds of one GPU take turns
-on it, so they scale as far as each world leaves it idle: a gate holds its
-stream in the GPU's front end and runs nothing (``streamfuzz.fuzz._gate_wait``).
-
-Each target's finding is claimed once (``Claims``): the world that claims it
-shrinks and saves it, the others stop that target and go on to the next, so
-one bug found by every world at its first example is shrunk and saved once.
-The controller prefixes each world's lines with ``[wN]``, forwards Ctrl-C and
-SIGTERM to every world (each saves what it found and writes its report), and
-merges the reports (``streamfuzz.fuzz.worlds_report``).
-"""
+"""The controller: starts N worlds, relays their output and signals, waits
+for them, and merges what they found."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import signal
 import subprocess
@@ -26,113 +11,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from streamfuzz.fuzz import env, host, mps
+from streamfuzz.fuzz import mps
 from streamfuzz.fuzz.errors import BadInput
 from streamfuzz.fuzz.plan import Plan, WorldOf
 from streamfuzz.fuzz.stop import StopReason, handled
-
-GPU_WORLDS_CAP = 16
-"""Worlds on one set of GPUs at most, by default: at 16 the GPU is most of the
-time busy (bench/README.md has the curve and the soak)."""
-
-ENV_WORLDS = env.WORLDS
-"""The number of worlds where ``--worlds`` is not given: a machine's or a test
-suite's own default (a CI runner whose jobs share its cores), never above what
-``--worlds`` itself may ask."""
-
-CUDA_WORLD_MIB = 3500
-"""GPU memory a world's rank is budgeted on its device, context and NCCL
-included (16 worlds peaked at 51 GiB on one H100; bench/README.md)."""
+from streamfuzz.fuzz.worlds.child import write_plan
 
 _PACKAGE = __name__.partition(".")[0]
 """The command's package (``streamfuzz``), as ``python -m`` runs it: each world
 starts as a user's ``python -m streamfuzz`` would."""
-
-
-def default_worlds(device: str, world_size: int) -> tuple[int, str]:
-    """How many worlds this node holds by default, and why. On CPU a world keeps
-    its driver and each of its gloo ranks busy, so a core each. On a GPU node a
-    rank spends much of an example waiting for the GPU and a driver less than
-    half a core (bench/README.md): a core per rank, as many as the GPUs' free
-    memory holds, and at most ``GPU_WORLDS_CAP``."""
-    cores = host.cores()
-    if device == "cuda":
-        n, why = max(1, cores // world_size), f"{cores} cores at one a rank"
-        free = host.gpu_free_mib()
-        if free is not None and free // CUDA_WORLD_MIB < n:
-            n = max(1, int(free // CUDA_WORLD_MIB))
-            why = f"{free / 1024:.0f} GiB free on a GPU at {CUDA_WORLD_MIB} MiB a world"
-        if n > GPU_WORLDS_CAP:
-            n, why = GPU_WORLDS_CAP, why + f", at most {GPU_WORLDS_CAP} on one set of GPUs"
-        return n, why
-    by_cores = max(1, cores // (world_size + 1))
-    limit, why = host.cpu_world_limit()
-    n = max(1, min(by_cores, limit // world_size))
-    return n, f"{cores} cores at {world_size + 1} processes a world ({why})"
-
-
-class Claims:
-    """First come, first served, across processes: one file per key, made
-    with ``O_EXCL`` (atomic on every local file system)."""
-
-    def __init__(self, shared: Path) -> None:
-        self._dir = shared / "claims"
-        self._dir.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, key: str) -> Path:
-        return self._dir / hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-
-    def take(self, key: str) -> bool:
-        """Whether this process is the first to claim ``key``."""
-        try:
-            os.close(os.open(self._path(key), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return False
-        return True
-
-    def taken(self, key: str) -> bool:
-        return self._path(key).exists()
-
-    def hold(self, key: str, give_up: Callable[[], bool]) -> None:
-        """Wait until no other process holds ``key``, then hold it until
-        ``release``: a soak's worlds shrink and save one target's failures one
-        world at a time, so that no world removes a first sight another saved.
-        A holder that died (its pid is gone) holds nothing."""
-        path = self._path(key)
-        while True:
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                if give_up() or not _alive(path):
-                    path.unlink(missing_ok=True)
-                    continue
-                time.sleep(0.05)
-                continue
-            with os.fdopen(fd, "w") as fh:
-                fh.write(str(os.getpid()))
-            return
-
-    def release(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
-
-    def pair(self, key: str) -> tuple[Callable[[], bool], Callable[[], bool]]:
-        """``claim`` and ``stop`` for ``driver.fuzz``: stop once another
-        process claimed ``key`` (never once this one did)."""
-        won: list[bool] = []
-
-        def claim() -> bool:
-            won.append(self.take(key))
-            return won[-1]
-
-        def stop() -> bool:
-            return not any(won) and self.taken(key)
-
-        return claim, stop
 
 
 @dataclass
@@ -150,7 +41,9 @@ class Controller:
 
     def __init__(self, argv: list[str], count: int,
                  per_world: Any, env: dict[str, str] | None = None, mps_mode: str = "") -> None:
-        """``per_world(index, shared)`` gives the options a world adds to ``argv``;
+        """``per_world(index, shared)`` hands world ``index`` its plan
+        (``child.write_plan``) and gives the options it adds to ``argv``, the
+        user's command line (none: a world is told only which it is);
         ``mps_mode`` is ``auto`` or ``on`` where a private MPS server is wanted
         (``streamfuzz.fuzz.mps.wanted``), else empty."""
         self.shared = Path(tempfile.mkdtemp(prefix="streamfuzz-worlds-"))
@@ -242,24 +135,6 @@ class Controller:
                 dst.flush()
 
 
-def _alive(path: Path) -> bool:
-    """Whether the process that wrote its pid into ``path`` still runs (a
-    file too new to hold its pid yet counts as alive)."""
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        return True
-    if not text:
-        return True
-    try:
-        os.kill(int(text), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
-
-
 def _wait(proc: subprocess.Popen[str]) -> int:
     while True:
         try:
@@ -268,16 +143,6 @@ def _wait(proc: subprocess.Popen[str]) -> int:
             continue
 
 
-def end_with_parent() -> None:
-    """In a world: SIGTERM once the controller dies (Linux), so that a killed
-    controller leaves no world running; the world saves what it found and stops."""
-    if not host.signal_at_parent_death(signal.SIGTERM):
-        return
-    if os.getppid() == 1:  # it died before the line above
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-# -- the commands -------------------------------------------------------------------
 def run_worlds(plan: Plan) -> int:
     """``fuzz run`` by ``plan.worlds`` worlds: each gets its share of
     ``--max-examples``, and its own seed where one is given; the exit status is
@@ -285,14 +150,15 @@ def run_worlds(plan: Plan) -> int:
     from streamfuzz.fuzz import worlds_report
     from streamfuzz.fuzz.corpus import write_json_atomic
 
-    count, device, world_size, seed = plan.worlds, plan.device, plan.world_size, plan.seed
+    count, device, world_size = plan.worlds, plan.device, plan.world_size
     report = plan.run_settings().report
     share = -(-plan.run_settings().max_examples // count)
 
     def per_world(i: int, shared: Path) -> list[str]:
-        extra = ["--device", device, "--max-examples", str(share),
-                 "--report", str(shared / f"world-{i}.json")]
-        return extra + (["--seed", str(seed + i)] if seed is not None else [])
+        run = replace(plan.run_settings(), max_examples=share, report=shared / f"world-{i}.json",
+                      requested_device=device)
+        write_plan(_world(plan, i, shared, run=run))
+        return []
 
     _discard_early_ranks()
     print(f"streamfuzz: {count} worlds of {world_size} {device} rank(s), "
@@ -321,16 +187,16 @@ def soak_worlds(plan: Plan) -> int:
     and the corpus; the merged report is ``OUT/report.*``."""
     from streamfuzz.fuzz import soak_report, worlds_report
 
-    count, device, world_size, seed = plan.worlds, plan.device, plan.world_size, plan.seed
+    count, device, world_size = plan.worlds, plan.device, plan.world_size
     out = plan.soak_settings().out
     database = plan.soak_settings().database or out / "hypothesis-db"
     dirs = [out / f"world-{i}" for i in range(count)]
 
     def per_world(i: int, shared: Path) -> list[str]:
-        extra = ["--device", device, "--out", str(dirs[i]), "--database", str(database)]
-        return extra + (["--seed", str(seed + i)] if seed is not None else [])
+        write_plan(_world(plan, i, shared,
+                          soak=replace(plan.soak_settings(), out=dirs[i], database=database)))
+        return []
 
-    _discard_early_ranks()
     print(f"soak: {count} worlds of {world_size} {device} rank(s) -> {out}/world-*",
           file=sys.stderr, flush=True)
     ctl = Controller(list(plan.argv), count, per_world, mps_mode=_mps_mode(plan))
@@ -354,6 +220,14 @@ def soak_worlds(plan: Plan) -> int:
     return _status(exits, ctl.signals, bool(rep["failures"]))
 
 
+def _world(plan: Plan, index: int, shared: Path, **settings: Any) -> Plan:
+    """World ``index``'s plan: one world, its own seed where one is given, and
+    its own part of the campaign (``settings``)."""
+    seed = plan.seed + index if plan.seed is not None else None
+    return replace(plan, worlds=1, world_of=WorldOf(index, plan.worlds, shared), seed=seed,
+                   **settings)
+
+
 def _mps_mode(plan: Plan) -> str:
     mode = plan.mps
     return mode if mps.wanted(mode, plan.device, plan.worlds, plan.world_size) else ""
@@ -372,7 +246,9 @@ def _status(exits: list[int], signals: list[int], found: bool) -> int:
 
 
 def _discard_early_ranks() -> None:
-    """The ranks a ``run`` starts early are the worlds' to start: none here."""
+    """End a zygote started where the start guessed one world wrongly (a
+    device guessed from the driver's GPU list that torch cannot use): the
+    ranks are the worlds' to start. ``at_start`` starts none otherwise."""
     from streamfuzz.fuzz import zygote
 
     zygote.discard()
