@@ -4,6 +4,7 @@ in a fresh process, and small fixtures of data."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,20 @@ from pathlib import Path
 from streamfuzz.fuzz.draft.scenario import Scenario, Step
 
 ROOT = Path(__file__).resolve().parent.parent
+
+_CACHES = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                 ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache",
+                                 ".wheels", ".suites*")
+
+
+def checkout_outputs(folder: str, names: list[str]) -> set[str]:
+    """What a copy of the checkout leaves out (``shutil.copytree``'s ``ignore``):
+    caches anywhere; what the commands write (``make soak``'s ``soak/``,
+    ``reports/``, ``wheels/``) only at the top, where a package may share the name."""
+    skip = set(_CACHES(folder, names))
+    if Path(folder) == ROOT:
+        skip |= {"reports", "soak", "wheels"} & set(names)
+    return skip
 
 
 def env_with_path(*dirs: Path | str) -> dict[str, str]:

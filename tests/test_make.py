@@ -15,11 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
-
-_SKIP = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".hypothesis", ".pytest_cache",
-                               ".ruff_cache", "reports", "soak", "*.egg-info", "build",
-                               "wheels")
+from tests.helpers import ROOT, checkout_outputs
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
@@ -49,7 +45,7 @@ def bootstrapped(tmp_path_factory):
     seen = [p for p in sys.path if p and Path(p).is_dir() and Path(p).resolve() != ROOT]
     Path(site, "node_packages.pth").write_text("\n".join(seen) + "\n")
     repo = base / "repo"
-    shutil.copytree(ROOT, repo, ignore=_SKIP)
+    shutil.copytree(ROOT, repo, ignore=checkout_outputs)
     out = _make(repo, ".venv/.ready", f"PYTHON={parent / 'bin' / 'python3'}")
     return repo, out
 

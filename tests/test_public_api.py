@@ -206,7 +206,7 @@ def test_target_infers_the_protocol_from_the_context_annotation():
     for factory, expected in ((draft, "draft-broadcast"), (weights, "weight-sync"),
                               (named, "weight-sync")):
         assert streamfuzz.target(factory) is factory
-        assert protocols.of_target("my:factory", factory).name == expected
+        assert protocols.of_factory(factory).name == expected
 
 
 def test_target_with_a_protocol_name_and_the_old_attribute_agree():
@@ -218,8 +218,8 @@ def test_target_with_a_protocol_name_and_the_old_attribute_agree():
 
     streamfuzz.target(protocol="weight-sync")(explicit)
     old.protocol = "weight-sync"  # type: ignore[attr-defined]
-    assert protocols.of_target("a:b", explicit) is protocols.of_target("a:b", old)
-    assert protocols.of_target("a:b", old).name == "weight-sync"
+    assert protocols.of_factory(explicit) is protocols.of_factory(old)
+    assert protocols.of_factory(old).name == "weight-sync"
 
 
 def test_target_without_a_known_context_is_one_clear_error():

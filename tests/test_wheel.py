@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, checkout_outputs
 
 pytestmark = pytest.mark.slow
 
@@ -65,22 +65,9 @@ def _shipped() -> list[str]:
     return sorted(n for n in names if (ROOT / n).is_file())
 
 
-_CACHES = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
-                                 ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache")
-
-
-def _outputs(folder: str, names: list[str]) -> set[str]:
-    """Caches anywhere; what the commands write (``make soak``'s ``soak/``,
-    ``reports/``, ``wheels/``) only at the top, where a package may share the name."""
-    skip = set(_CACHES(folder, names))
-    if Path(folder) == ROOT:
-        skip |= {"reports", "soak", "wheels"} & set(names)
-    return skip
-
-
 def _build(out: Path) -> Path:
     src = out / "src"
-    shutil.copytree(ROOT, src, ignore=_outputs)
+    shutil.copytree(ROOT, src, ignore=checkout_outputs)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps",
                             "--no-build-isolation", "--no-index", "-q", "-w", str(out)],
                            cwd=src, capture_output=True, text=True)

@@ -225,6 +225,13 @@ def make_handler(factory: Callable[[Any], Any], ctx: Any) -> Any:
         raise FactoryRaised(f"the factory raised {type(exc).__name__}") from exc
 
 
+def of_factory(factory: Any) -> Protocol:
+    """The protocol a user's factory declares (its ``protocol`` attribute, which
+    ``streamfuzz.target`` sets); the draft broadcast's where it declares none."""
+    declared = getattr(factory, "protocol", None)
+    return get(declared) if isinstance(declared, str) else get(DEFAULT)
+
+
 def of_scenario(scenario: Any) -> Protocol:
     for p in all_protocols().values():
         if isinstance(scenario, p.part("scenario")):

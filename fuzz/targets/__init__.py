@@ -208,8 +208,7 @@ def resolve_target(name: str | Target) -> Target:
             return Target(name, p.name, spec=builtin.get(parsed.base), family=parsed.family,
                           version=parsed.version)
     factory = load(name)
-    declared = getattr(factory, "protocol", None)
-    protocol = protocols.get(declared if isinstance(declared, str) else protocols.DEFAULT)
+    protocol = protocols.of_factory(factory)
     if isinstance(factory, type):  # the handler's class itself: its methods are known now
         try:
             protocols.check_handler(protocol, factory)
