@@ -111,13 +111,19 @@ class CudaStreams:
 
         class _Real(type(real)):  # type: ignore[misc]
             """``isinstance(s, torch.cuda.Stream)`` holds for every real stream
-            (an ``ExternalStream`` too), not only for those made here."""
+            (an ``ExternalStream`` too), not only for those made here; a class a
+            target derives from it keeps the plain check (the metaclass is
+            inherited, and a lane class must not claim the current stream)."""
 
             def __instancecheck__(cls, obj: Any) -> bool:
-                return isinstance(obj, real)
+                if cls is _Noted:
+                    return isinstance(obj, real)
+                return type.__instancecheck__(cls, obj)
 
             def __subclasscheck__(cls, sub: type) -> bool:
-                return issubclass(sub, real)
+                if cls is _Noted:
+                    return issubclass(sub, real)
+                return type.__subclasscheck__(cls, sub)
 
         class _Noted(real, metaclass=_Real):  # type: ignore[valid-type, misc]
             def __new__(cls, *args: Any, **kwargs: Any) -> Any:
