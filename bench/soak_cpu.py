@@ -31,13 +31,13 @@ from typing import Any
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu(pid: int) -> float:
-    """Seconds of CPU of ``pid`` and of its children it reaped; 0 once gone."""
+def _cpu(pid: int, reaped: bool = True) -> float:
+    """Seconds of CPU of ``pid`` and (``reaped``) of the children it reaped; 0 once gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return sum(int(f) for f in fields[11:15]) / _TICK  # utime stime cutime cstime
+    return sum(int(f) for f in fields[11:15 if reaped else 13]) / _TICK  # utime stime cutime cstime
 
 
 def _tree(root: int) -> list[int]:
@@ -97,7 +97,7 @@ def main() -> int:
             pids = _tree(child.pid)
             sample = {"t": round(time.monotonic() - t0, 1), "examples": _examples(out),
                       "cpu": round(sum(_cpu(p) for p in pids), 2),
-                      "driver_cpu": round(_cpu(child.pid), 2), "pids": len(pids),
+                      "driver_cpu": round(_cpu(child.pid, reaped=False), 2), "pids": len(pids),
                       "load": os.getloadavg()[0]}
             if child.poll() is None:  # a process that ended mid-read gives a low sum
                 samples.append(sample)
