@@ -370,7 +370,12 @@ class RankPool:
                         # Peers are likely blocked in a collective: give them a moment only.
                         deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         failure = death or ex.failure
-        broken = ex.broken
+        # A rank that raised mid-example skipped collectives its peers made: a
+        # peer may still answer, yet the next example's collectives pair with
+        # the ones left over and hang for the whole --timeout. Only a world
+        # made new is in step again; external ranks, which the driver cannot
+        # replace, go on as they are.
+        broken = ex.broken or (ex.raised and not self.external)
         if broken:
             self._open.clear()  # what was sent after it goes to a world that is gone
             self._dropped.intersection_update((ex.eid,))
@@ -436,6 +441,8 @@ class _Example:
         self.setup = False
         self.calls: dict[int, dict[str, int]] = {}
         self.broken = False
+        self.raised = False
+        """A rank raised mid-example (``Raised``, neither usage nor setup)."""
 
     def on_done(self, msg: Done) -> bool:
         if msg.eid != self.eid:
@@ -454,13 +461,9 @@ class _Example:
         at = "".join(f"\n    {line}" for line in msg.frames.splitlines())
         self.failure = self.failure or Failure("crash", f"rank {msg.rank} raised {msg.error}{at}",
                                                msg.rank)
-        # A rank that raised mid-example skipped collectives its peers made:
-        # a peer may still answer (its receives landed on an earlier send, or
-        # it got no further), yet the next example's collectives pair with the
-        # ones left over and hang for the whole --timeout. Only a world made
-        # new is in step again. A factory that raised, or a usage error,
-        # called no collective.
-        self.broken = self.broken or msg.fatal or not (msg.usage or msg.setup)
+        self.broken = self.broken or msg.fatal
+        # A factory that raised, or a usage error, called no collective.
+        self.raised = self.raised or not (msg.usage or msg.setup)
         return True
 
     def on_stats(self, msg: StatsReply) -> bool:
