@@ -31,6 +31,17 @@ PROJECTION_H = 8.0
 within a night is reported as growing, even when a short run shows little
 (docs/soak.md has the CUDA rank that made this necessary)."""
 
+RISING_H = 168.0
+"""A campaign is left running for a week: a series whose fitted slope would
+pass GROWTH_LIMIT within a week, and that rose by RISING_MIN over the run,
+is reported as rising, not flat, even where it rose too unsteadily to be
+projected over PROJECTION_H (an hour's driver, +6.6% and +40 MiB an hour,
+read "flat": about 6.7 GB in a week)."""
+
+RISING_MIN = 0.02
+"""Growth from the second quarter to the last below which a series is flat
+whatever its slope: a heap sawing within its band fits slopes of either sign."""
+
 PROJECTION_MIN_S = 300.0
 """Memory sampled over less campaign time than this is not judged at all: a
 short run's slope is its warm-up, and eight hours of it is noise, not a
@@ -119,10 +130,13 @@ def _trend(values: list[float | None], ts: list[float], worlds: list[Any],
     if rise is not None and cap is not None:
         rise = min(rise, cap)
     projected = rise / start if rise is not None and start else None
+    # A recycled series is bounded by its cap, however long the campaign.
+    week = slope * RISING_H / start if slope is not None and start and cap is None else None
     return {"start": start, "end": end, "max": max(vals) if vals else None,
             "growth": round(growth, 4) if growth is not None else None,
             "slope_per_h": round(slope, 1) if slope is not None else None,
             "projected_growth": round(projected, 4) if projected is not None else None,
+            "week_growth": round(week, 4) if week is not None else None,
             "bounded_by_recycling": bounded, "limit": round(limit, 4)}
 
 
@@ -188,6 +202,10 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
     growing = sorted(k for k, v in memory.items()
                      if judged and k.endswith(("rss", "gpu_reserved"))
                      and max(v["growth"] or 0.0, v["projected_growth"] or 0.0) > v["limit"])
+    rising = sorted(k for k, v in memory.items()
+                    if judged and k.endswith(("rss", "gpu_reserved")) and k not in growing
+                    and (v["growth"] or 0.0) > RISING_MIN
+                    and (v["week_growth"] or 0.0) > v["limit"])
     behaviours = state.get("behaviours", {})
     return {
         "config": config, "stop_reason": stop_reason, "starts": state["starts"],
@@ -208,7 +226,7 @@ def summarize(state: dict[str, Any], samples: list[dict[str, Any]], *,
         "behaviours": {"distinct": len(behaviours),
                        "counts": dict(sorted(behaviours.items(), key=lambda kv: -kv[1]))},
         **coverage(config.get("targets") or [], state.get("targets", {})),
-        "memory": memory, "memory_growing": growing,
+        "memory": memory, "memory_growing": growing, "memory_rising": rising,
         "projected": judged, "memory_judged": judged,
         "samples": len(samples),
     }
@@ -243,7 +261,20 @@ def memory_text(rep: dict[str, Any]) -> str:
     if not rep.get("projected", True):
         return (f"not judged: under {PROJECTION_MIN_S / 60:.0f} min of samples, too short "
                 "to tell a leak from warm-up (the table shows what was measured)")
-    return "GROWING: " + ", ".join(rep["memory_growing"]) if rep["memory_growing"] else "flat"
+    rising = rep.get("memory_rising") or []
+    if not rep["memory_growing"] and not rising:
+        return "flat"
+    parts = ["GROWING: " + ", ".join(rep["memory_growing"])] if rep["memory_growing"] else []
+    if rising:
+        parts.append("rising: " + ", ".join(_rising_text(k, rep["memory"][k]) for k in rising)
+                     + " (not steadily enough to project, too much to call flat)")
+    return "; ".join(parts)
+
+
+def _rising_text(key: str, v: dict[str, Any]) -> str:
+    week = v["slope_per_h"] * RISING_H / _MIB
+    return (f"{key} {v['growth'] * 100:+.1f}% from the second quarter to the last, fitted "
+            f"{v['slope_per_h'] / _MIB:+.1f} MiB/h, {week / 1024:+.1f} GiB in a week at that rate")
 
 
 def _bounded(rep: dict[str, Any]) -> str:

@@ -164,6 +164,7 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
                        "elapsed_s": r["elapsed_s"] if r else 0.0,
                        "examples_per_s": r["examples_per_s"] if r else 0.0,
                        "memory_growing": r["memory_growing"] if r else None,
+                       "memory_rising": r.get("memory_rising", []) if r else None,
                        "memory_judged": r.get("projected", True) if r else None,
                        "report": r is not None})
     behaviours: dict[str, int] = {}
@@ -213,6 +214,9 @@ def merge_soak(out: Path, world_dirs: list[Path], exits: list[int],
         "memory_growing": sorted(k for k in memory
                                  if any(k == f"w{i}.{g}" for i, r in got
                                         for g in r["memory_growing"])),
+        "memory_rising": sorted(k for k in memory
+                                if any(k == f"w{i}.{g}" for i, r in got
+                                       for g in r.get("memory_rising", []))),
         "projected": all(r.get("projected", False) for _, r in got),
         "memory_judged": all(r.get("projected", False) for _, r in got),
         "samples": sum(r["samples"] for _, r in got),
@@ -235,6 +239,7 @@ def _worlds_md(rep: dict[str, Any]) -> str:
     for w in rep["worlds"]:
         mem = ("no report" if not w["report"] else "not judged" if not w.get("memory_judged", True)
                else "GROWING: " + ", ".join(w["memory_growing"]) if w["memory_growing"]
+               else "rising: " + ", ".join(w["memory_rising"]) if w.get("memory_rising")
                else "flat")
         lines.append(f"| w{w['world']} | {w['examples']} | {w['examples_per_s']:.1f} | {mem} | "
                      f"{w['exit']} | {w['out']} |")

@@ -253,6 +253,21 @@ def receiver_raises_on_three(ctx: TargetContext) -> ReceiverRaisesOnThree:
     return ReceiverRaisesOnThree(ctx)
 
 
+class RootRaisesOnFive(MainGather):
+    """main-gather whose broadcasting rank raises on a batch of 5 or more
+    requests while the receivers wait in their receive: the peers of the
+    raising rank are blocked in a collective, not done."""
+
+    def broadcast_drafts(self, draft_table: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+        if batch.num_reqs >= 5:
+            raise ValueError("root gave up on a batch of 5")
+        return super().broadcast_drafts(draft_table, batch)
+
+
+def root_raises_on_five(ctx: TargetContext) -> RootRaisesOnFive:
+    return RootRaisesOnFive(ctx)
+
+
 class RaisesWhileRootWorks(MainGather):
     """main-gather whose receivers raise once they have received, while the
     last rank works on for a second after its broadcast: a peer that is not

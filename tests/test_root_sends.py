@@ -1,9 +1,10 @@
 """On simulated streams the root of a broadcast goes on at once, and no example
 ends with one of its sends unmatched (CPU ranks, real gloo)."""
 
-from streamfuzz.fuzz import driver
+from streamfuzz.fuzz import driver, profiles
 from streamfuzz.fuzz.draft.scenario import Scenario, Step
 from streamfuzz.fuzz.ranks import RankPool
+from streamfuzz.fuzz.ranks.world import World
 
 _STEP = Step(idx_mapping=(0, 1), final=(True, True), num_sampled=(1, 1), num_rejected=(0, 0))
 _SCENARIO = Scenario(world_size=2, max_num_reqs=2, steps=(_STEP, _STEP))
@@ -46,3 +47,30 @@ def test_once_a_rank_raised_a_peer_still_out_is_not_waited_for():
         assert "receiver gave up after its receive" in bad.first.message
         assert pool.restarts == 1
         assert driver.evaluate(pool, "main-gather", one).ok
+
+
+
+def test_a_crash_while_the_peer_waits_shrinks_to_one_step(monkeypatch):
+    """The broadcasting rank raises on a batch of 5 requests while its peer
+    waits to receive. Each crashing example asked the blocked peer where it
+    was stuck, for a hang message nobody used (10 s an example: a 30-second
+    shrink ran 6 examples and saved 5 steps); and a peer that did answer was
+    left with its collectives out of step, so the next example hung for the
+    whole timeout. Now no crash asks, every raise replaces the world, and the
+    shrink reaches the smallest case: one step of 5 requests."""
+    asked: list[int] = []
+    where_stuck = World.where_stuck
+
+    def counted(self: World, rank: int, wait_s: float = 5.0) -> str:
+        asked.append(rank)
+        return where_stuck(self, rank, wait_s)
+
+    monkeypatch.setattr(World, "where_stuck", counted)
+    with RankPool(2, "cpu", timeout=60.0) as pool:
+        res = driver.fuzz(pool, "tests.targets:root_raises_on_five", profiles.get("ci"),
+                          max_examples=100, seed=0, shrink_budget_s=240.0)
+    assert res.failure is not None and res.failure.kind == "crash"
+    assert "root gave up on a batch of 5" in res.failure.message
+    assert asked == []
+    assert not res.shrink_truncated
+    assert [len(step.idx_mapping) for step in res.scenario.steps] == [5]

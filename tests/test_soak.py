@@ -969,3 +969,66 @@ def test_the_journal_reads_whole_after_a_shorter_rewrite_and_after_removal(tmp_p
     # A later start finds the file and opens it as it is.
     Journal(tmp_path / "journal.json").write("pre-fix", 6, [short])
     assert json.loads((tmp_path / "journal.json").read_text())["round"] == 6
+
+
+_HOUR_DRIVER = [34, 85, 263, 282, 302, 298, 294, 302, 298, 304, 299, 298, 306, 301, 311, 304, 301,
+                298, 310, 337, 320, 314, 323, 314, 309, 316, 310, 316, 315, 313, 327, 317, 314,
+                326, 321, 327, 324, 339, 333, 332, 331, 326, 344, 335, 344, 336, 325, 339, 328,
+                344, 335, 330, 328, 327, 324, 343, 344, 342, 341, 338]
+"""A driver's RSS in MiB every minute: an hour's one-world CPU soak of every
+built-in. It rose 6.6% from the second quarter to the last, unsteadily
+(its third quarter above its fourth), fitted about +40 MiB an hour."""
+
+
+def test_a_driver_rising_unsteadily_for_an_hour_is_not_called_flat(tmp_path):
+    samples = _samples(lambda i: 370, n=len(_HOUR_DRIVER))
+    for i, (s, mib) in enumerate(zip(samples, _HOUR_DRIVER)):
+        s["t"] = 60.0 * i
+        s["driver_rss"] = mib * 2**20
+    rep = _memory_verdict(samples)
+    drv = rep["memory"]["driver_rss"]
+    # Too unsteady to project over a night as a leak, too much to call flat.
+    assert rep["memory_growing"] == [] and drv["projected_growth"] is None, drv
+    assert rep["memory_rising"] == ["driver_rss"], drv
+    assert drv["week_growth"] > 10, drv  # about 6.7 GB on ~330 MiB
+    text = soak_report.memory_text(rep)
+    assert text.startswith("rising: driver_rss +") and "MiB/h" in text and "week" in text, text
+    state = {"failures": [], "elapsed_s": 3600.0, "examples": 1, "rounds": 1, "starts": 1,
+             "restarts": 0}
+    cfg = {"targets": ["main-gather"], "device": "cpu", "world_size": 2, "budget_s": 3600.0}
+    soak_report.write(tmp_path, state, samples, config=cfg, stop_reason="budget spent")
+    md = (tmp_path / "report.md").read_text()
+    assert "- memory: rising: driver_rss" in md and "- memory: flat" not in md, md
+    # The same hour held level after its warm-up is flat.
+    for s in samples[4:]:
+        s["driver_rss"] = (320 + (hash(s["t"]) % 7)) * 2**20
+    level = _memory_verdict(samples)
+    assert level["memory_rising"] == [] and soak_report.memory_text(level) == "flat", level
+
+
+def test_a_rounds_examples_are_freed_when_it_ends_not_rounds_later(tmp_path, monkeypatch):
+    """Hypothesis's engine and examples are cycles: left to the collector's own
+    schedule, a round's outlived the rounds after it (a full collection waits
+    until a quarter of every long-lived object is new), and the driver's heap
+    rose 40 MiB an hour around them. Counted at each round's start: the
+    examples the earlier rounds made, still in memory."""
+    import gc
+
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    from streamfuzz.fuzz.soak import campaign as soak_mod
+
+    left: list[int] = []
+    real_round = soak_mod.Soak._round
+
+    def counted(self, *args, **kwargs):
+        left.append(sum(isinstance(o, ConjectureData) for o in gc.get_objects()))
+        return real_round(self, *args, **kwargs)
+
+    monkeypatch.setattr(soak_mod.Soak, "_round", counted)
+    monkeypatch.setattr(soak_mod, "_RELEASE_EVERY_S", 3600.0)
+    cfg = _cfg(tmp_path, ["main-gather", "tests.targets:shifted_rows"], 600.0,
+               round_examples=20, max_rounds=8)
+    with RankPool(2, "cpu", timeout=20.0) as pool:
+        Soak(pool, cfg, stream=sys.stdout).run()
+    assert len(left) == 8 and max(left) == 0, left

@@ -332,15 +332,8 @@ class RankPool:
             if not ready and patience is not None and death is None and ex.failure is None:
                 return None
             if not ready:
-                ranks = sorted(waiting.values())
-                where = [(r, self._world.where_stuck(r), self._world.waits_in(r))
-                         for r in ranks] if self._world else []
-                ex.failure = ex.failure or Failure(
-                    "hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s"
-                    + "".join((f"\n    rank {r} {c}" if c else "")
-                              + (f"\n    rank {r} is stuck at: {w}" if w else "")
-                              for r, w, c in where),
-                    ranks[0])
+                if ex.failure is None and death is None:
+                    ex.failure = self._hang(sorted(waiting.values()))
                 ex.broken = True
                 break
             for c in ready:
@@ -377,7 +370,12 @@ class RankPool:
                         # Peers are likely blocked in a collective: give them a moment only.
                         deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         failure = death or ex.failure
-        broken = ex.broken
+        # A rank that raised mid-example skipped collectives its peers made: a
+        # peer may still answer, yet the next example's collectives pair with
+        # the ones left over and hang for the whole --timeout. Only a world
+        # made new is in step again; external ranks, which the driver cannot
+        # replace, go on as they are.
+        broken = ex.broken or (ex.raised and not self.external)
         if broken:
             self._open.clear()  # what was sent after it goes to a world that is gone
             self._dropped.intersection_update((ex.eid,))
@@ -392,6 +390,18 @@ class RankPool:
                            setup=ex.setup and failure is ex.failure, calls=ex.calls)
         return Outcome(observations=[ex.done[r] for r in range(self.world_size)],
                        calls=ex.calls)
+
+    def _hang(self, ranks: list[int]) -> Failure:
+        """The hang of the ranks that gave no answer, with where each is stuck.
+        Asked only where nothing else failed: each rank's stack takes up to
+        seconds to come, and a crash's peers blocked in their collective cost
+        every crashing example 10 s of it (a shrink: 6 examples in 64 s)."""
+        where = [(r, self._world.where_stuck(r), self._world.waits_in(r))
+                 for r in ranks] if self._world else []
+        return Failure("hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s"
+                       + "".join((f"\n    rank {r} {c}" if c else "")
+                                 + (f"\n    rank {r} is stuck at: {w}" if w else "")
+                                 for r, w, c in where), ranks[0])
 
 
 PEER_GRACE_S = 0.2
@@ -431,6 +441,8 @@ class _Example:
         self.setup = False
         self.calls: dict[int, dict[str, int]] = {}
         self.broken = False
+        self.raised = False
+        """A rank raised mid-example (``Raised``, neither usage nor setup)."""
 
     def on_done(self, msg: Done) -> bool:
         if msg.eid != self.eid:
@@ -450,6 +462,8 @@ class _Example:
         self.failure = self.failure or Failure("crash", f"rank {msg.rank} raised {msg.error}{at}",
                                                msg.rank)
         self.broken = self.broken or msg.fatal
+        # A factory that raised, or a usage error, called no collective.
+        self.raised = self.raised or not (msg.usage or msg.setup)
         return True
 
     def on_stats(self, msg: StatsReply) -> bool:
