@@ -313,7 +313,9 @@ class _Capture:
             names.append(code.co_varnames[n])
             kinds.append("var_keyword")
         local = frame.f_locals
-        current = self.stream(self.current) if self.current is not None else Stream("default")
+        current = Stream("default")  # the stream the caller ran the call on
+        if self.current is not None and getattr(self.current, "stream_id", 0) != 0:
+            current = Stream("side", self._stream_name(self.current))
         if self.current is not None:
             self.seen[id(self.current)] = "current"
         cls_path = function.rpartition(".")[0]
