@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Union
@@ -495,6 +496,9 @@ def _named(kind: str, v: Any) -> Value:
     ``torch.device`` of that type, the harness's own for "cuda")."""
     qual = getattr(v, "__qualname__", "")
     module = getattr(v, "__module__", None) or ""
+    name = getattr(v, "__name__", "")
+    if name and getattr(sys.modules.get(module), name, None) is v:
+        qual = name  # a builtin that its module hands out under a shorter path (torch.cat)
     if not qual or "<" in qual or not module:
         return Opaque(_type_name(type(v)), f"{kind} {qual or v!r} has no import path")
     return Ref(kind, module, qual)
