@@ -14,8 +14,8 @@ import os
 import runpy
 import sys
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 import torch

@@ -23,7 +23,7 @@ import inspect
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 VERSION = 1
 """The sketches' format in a record; sketches of another version are refused."""
@@ -149,8 +149,8 @@ class Opaque:
     why: str
 
 
-Value = Union[Literal, Bytes, Tensor, Array, Stream, Event, Ref, Items, Mapping, Object, Same,
-              Opaque]
+Value = (Literal | Bytes | Tensor | Array | Stream | Event | Ref | Items | Mapping | Object | Same
+         | Opaque)
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ def capture(frame: types.FrameType, path: str, function: str) -> CallSketch | No
 
 
 _LITERALS = (type(None), bool, int, float, complex, str)
-_SEQUENCES = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}
+_SEQUENCES: dict[type, str] = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}
 _THREADING = {"lock": "Lock", "RLock": "RLock"}
 
 
@@ -455,7 +455,7 @@ class _Capture:
             out.append((k, self.value(item, where, depth + 1)))
         factory = None
         if t.__name__ == "defaultdict":
-            factory = self.value(v.default_factory, "", depth + 1)
+            factory = self.value(getattr(v, "default_factory", None), "", depth + 1)
         return Mapping(t.__name__, tuple(out), len(v), factory)
 
     def object(self, v: Any, path: str, depth: int) -> Value:

@@ -158,9 +158,9 @@ def test_a_record_without_that_functions_call_is_one_line_and_exit_2(tmp_path):
              "old.json", "--out", "h.py")
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [
-        f"streamfuzz: error: --record old.json: Sender.send ({site}) has no sketch of its call there; "
-        "run a test that calls it under pytest --streamfuzz --streamfuzz-record, or leave out "
-        "--record for a harness read from the source"], r.stderr
+        f"streamfuzz: error: --record old.json: Sender.send ({site}) has no sketch of its call "
+        "there; run a test that calls it under pytest --streamfuzz --streamfuzz-record, or "
+        "leave out --record for a harness read from the source"], r.stderr
     assert not (tmp_path / "h.py").exists()
 
 
@@ -263,3 +263,32 @@ def test_a_record_with_sketches_of_another_version_is_refused(tmp_path):
                             "check again to write one)")
     else:
         raise AssertionError("a record of sketches of version 99 was read")
+
+
+def test_the_harness_builds_the_state_the_sketch_read():
+    """Sketch a call, build its object as the harness does, sketch that object:
+    the same layouts, views, streams, pinned memory and shared objects."""
+    from streamfuzz.fuzz.scan import harness_recorded
+
+    with streamfuzz.checked(device="cpu") as check:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            first = _sketch_here(Holder(), 3)
+            assert first is not None
+            body: list[str] = []
+            harness_recorded._Render({}, {}).build(first.params[0].value, "args['holder']",
+                                                   body)
+            space = {"torch": torch, "DEVICE": "cuda", "check": check, "current": side,
+                     "sys": sys, "PREFIX": "", "load": None}
+            exec(compile("import importlib, math, threading\n_ZEROS = 1 << 20\n"
+                         + harness_recorded._HELPERS, "helpers", "exec"), space)
+            args: dict[str, object] = {}
+            space["args"] = args
+            exec("\n".join(body), space)
+            again = _sketch_here(args["holder"], 3)  # type: ignore[arg-type]
+    assert again is not None
+    before, after = (dict(s.params[0].value.attributes)  # type: ignore[union-attr]
+                     for s in (first, again))
+    assert isinstance(after.pop("local"), cs.Object)  # a lambda: _Unrecorded, said so
+    before.pop("local")
+    assert after == before

@@ -141,7 +141,9 @@ class _Render:
                 out.append(f"# ({v.more} more attribute(s) not recorded)")
             return
         if isinstance(v, cs.Items):
-            out.append(f"{target} = [{', '.join(self.expr(i, '') if _leaf(i) else 'None' for i in v.items)}]")
+            first = (self.expr(i, f"{target}[{n}]") if _leaf(i) else "None"
+                     for n, i in enumerate(v.items))
+            out.append(f"{target} = [{', '.join(first)}]")
             for i, item in enumerate(v.items):
                 if not _leaf(item):
                     self.build(item, f"{target}[{i}]", out)
@@ -195,13 +197,15 @@ class _Render:
             inner = f"[{self.expr(v.items[0], '')} for _ in range({v.length})]"
         else:
             inner = f"[{', '.join(self.expr(i, '') for i in v.items)}]"
-        if v.cls is not None:
-            return f"{self.ref(v.cls)}(*{inner})"
+        if v.cls is not None:  # a named tuple: its fields in order
+            return f"{self.ref(v.cls)}(*{inner})" if built else \
+                f"{self.ref(v.cls)}({', '.join(self.expr(i, '') for i in v.items)})"
         if v.kind == "list":
             return inner
         if v.kind == "tuple":
-            return f"tuple({inner})" if built or not v.items else \
-                f"({', '.join(self.expr(i, '') for i in v.items)}{',' if len(v.items) == 1 else ''})"
+            if built or not v.items:
+                return f"tuple({inner})"
+            return f"({', '.join(self.expr(i, '') for i in v.items)}{',' * (len(v.items) == 1)})"
         if v.kind == "deque":
             return f"importlib.import_module('collections').deque({inner})"
         return f"{v.kind}({inner})"
