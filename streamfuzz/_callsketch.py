@@ -33,7 +33,7 @@ ITEMS = 16
 """Items of a list, tuple, set or dict sketched; the rest are counted."""
 ATTRIBUTES = 64
 """Attributes of one object sketched; the rest are counted."""
-NODES = 2000
+NODES = 1000
 """Values sketched per call, at most: a sketch stays small whatever the call holds."""
 TEXT = 2000
 """The longest ``str`` or ``bytes`` kept literally."""
@@ -105,7 +105,8 @@ class Ref:
 @dataclass(frozen=True)
 class Items:
     """A list, tuple, set, frozenset or deque (``cls``: a named tuple's class);
-    ``length`` the whole length, ``items`` its first ``ITEMS``."""
+    ``length`` the whole length, ``items`` its first ``ITEMS`` (one, where
+    those are all alike)."""
 
     kind: str
     items: tuple[Value, ...]
@@ -441,6 +442,8 @@ class _Capture:
             if i == ITEMS:
                 break
             out.append(self.value(item, f"{path}[{i}]" if indexable else "", depth + 1))
+        if len(out) > 1 and all(o == out[0] for o in out):
+            out = out[:1]  # a layer's cache per layer: one sketch says them all
         cls = _named("class", t) if hasattr(t, "_fields") else None
         return Items(kind, tuple(out), len(v), cls if isinstance(cls, Ref) else None)
 

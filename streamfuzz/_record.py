@@ -33,7 +33,7 @@ from streamfuzz.fuzz.errors import BadInput
 
 VERSION = 1
 """The record's format; a record of another version is refused, not guessed at."""
-CALLS = 2000
+CALLS = 1000
 """Calls a process sketches at most (each is bounded too: ``streamfuzz._callsketch``)."""
 RECORD_ENV = env.CHECK_RECORD
 """Set by a recording run: the processes it starts record too."""

@@ -202,6 +202,7 @@ class Holder:
         self.dtype = torch.bfloat16
         self.pick = torch.cat
         self.local = lambda x: x
+        self.caches = [torch.zeros(2, 2, device="cuda") for _ in range(24)]
 
 
 def _sketch_here(holder: Holder, n: int, *more: object, scale: float = 1.0,
@@ -245,6 +246,8 @@ def test_a_sketch_of_a_real_call_reads_the_state_and_survives_json():
     assert attrs["dtype"] == cs.Ref("global", "torch", "bfloat16")
     assert attrs["pick"] == cs.Ref("function", "torch", "cat")
     assert isinstance(attrs["local"], cs.Opaque)
+    assert attrs["caches"] == cs.Items(  # alike: one sketch for all
+        "list", (cs.Tensor((2, 2), (2, 1), 0, "float32", "cuda", False, 16),), 24)
 
     record = Record("pytest --streamfuzz", "cpu", 1, (), (), calls=(sketch,))
     back = Record.from_dict(json.loads(json.dumps(record.to_dict())))
