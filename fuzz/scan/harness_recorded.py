@@ -143,9 +143,9 @@ class _Render:
         if isinstance(v, cs.Items) and len(v.items) == 1 < v.length and v.cls is None and \
                 v.kind in ("list", "tuple", "deque"):
             inner: list[str] = []  # all alike: the one sketch, made for each
-            i = f"_i{target.count('[_i')}"
-            self.build(v.items[0], f"{target}[{i}]", inner)
-            out += [f"{target} = [None] * {v.length}", f"for {i} in range({v.length}):",
+            each = f"_i{target.count('[_i')}"
+            self.build(v.items[0], f"{target}[{each}]", inner)
+            out += [f"{target} = [None] * {v.length}", f"for {each} in range({v.length}):",
                     *("    " + line for line in inner)]
             if v.kind != "list":
                 out.append(f"{target} = {self._sequence(v, target)}")
