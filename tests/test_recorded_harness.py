@@ -295,3 +295,43 @@ def test_the_harness_builds_the_state_the_sketch_read():
     assert isinstance(after.pop("local"), cs.Object)  # a lambda: _Unrecorded, said so
     before.pop("local")
     assert after == before
+
+
+ON_WORKER = '''
+import json
+
+import torch
+
+from toypkg.engine import Sender
+
+CONFIG = json.dumps({"blocks": 2, "fields": [["ids", 8, "int64"], ["scores", 8, "float16"]]})
+
+
+def test_send_on_a_worker_stream():
+    sender = Sender(CONFIG)
+    worker = torch.cuda.Stream()
+    worker.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(worker):
+        rows = {"ids": torch.arange(8, device="cuda"), "scores": torch.ones(8).half().cuda()}
+        sender.send(rows, worker)
+    torch.cuda.current_stream().wait_stream(sender.copy_stream)
+'''
+
+
+def test_a_call_on_the_callers_side_stream_is_made_there_with_that_stream(tmp_path):
+    """The run called ``send`` on a worker stream and passed it that stream: the
+    harness does too (a parameter named ``stream`` is the caller's, not a new one)."""
+    site = _package(tmp_path, "")
+    engine = tmp_path / "toypkg" / "engine.py"
+    engine.write_text(engine.read_text().replace(
+        "def send(self, rows):", "def send(self, rows, stream):"))
+    (tmp_path / "test_engine.py").write_text(ON_WORKER)
+    r = _run(tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+             "--streamfuzz", "--streamfuzz-device", "cpu", "--streamfuzz-record", "run.json",
+             "test_engine.py")
+    assert r.returncode == 1 and "worker's current point" in r.stdout, r.stdout + r.stderr
+    text, bad = _harness(tmp_path, site, "--record", "run.json")
+    assert "current = _stream(check, 'worker')" in text
+    assert "args['stream'] = current" in text
+    assert "with torch.cuda.stream(current):" in text
+    assert bad.returncode == 1 and "worker's current point" in bad.stdout, bad.stdout
