@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import inspect
 import sys
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -255,22 +256,22 @@ def from_json(d: dict[str, Any]) -> CallSketch:
 
 # -- capture -------------------------------------------------------------------
 
-_capturing = False
+_capturing = threading.local()
+"""Set in a thread while it sketches: an op the sketch makes sketches nothing."""
 
 
 def capture(frame: types.FrameType, path: str, function: str) -> CallSketch | None:
     """The call ``frame`` is running, as it stands at its first stream op; None
     where it cannot be read (never an error in the user's run)."""
-    global _capturing
-    if _capturing:
+    if getattr(_capturing, "on", False):
         return None
-    _capturing = True
+    _capturing.on = True
     try:
         return _Capture().call(frame, path, function)
     except Exception:  # a sketch is a help, never a reason for the run to fail
         return None
     finally:
-        _capturing = False
+        _capturing.on = False
 
 
 _LITERALS = (type(None), bool, int, float, complex, str)
@@ -300,8 +301,10 @@ class _Capture:
             return self.torch.cuda.current_stream()
         return None
 
-    def call(self, frame: types.FrameType, path: str, function: str) -> CallSketch:
+    def call(self, frame: types.FrameType, path: str, function: str) -> CallSketch | None:
         code = frame.f_code
+        if not code.co_flags & inspect.CO_OPTIMIZED:
+            return None  # a class body's or a module's code: no call to make again
         n = code.co_argcount + code.co_kwonlyargcount
         names = list(code.co_varnames[:n])
         kinds = (["positional_only"] * code.co_posonlyargcount
@@ -315,6 +318,17 @@ class _Capture:
             names.append(code.co_varnames[n])
             kinds.append("var_keyword")
         local = frame.f_locals
+        try:
+            return self._call(frame, path, function, names, kinds, local)
+        finally:
+            if type(local) is dict:
+                # Before Python 3.13 this is a copy of the frame's variables that the
+                # frame keeps: emptied, so that a ``del t`` still frees ``t`` there.
+                local.clear()
+
+    def _call(self, frame: types.FrameType, path: str, function: str, names: list[str],
+              kinds: list[str], local: Any) -> CallSketch:
+        code = frame.f_code
         current = Stream("default")  # the stream the caller ran the call on
         if self.current is not None and getattr(self.current, "stream_id", 0) != 0:
             current = Stream("side", self._stream_name(self.current))

@@ -335,3 +335,35 @@ def test_a_call_on_the_callers_side_stream_is_made_there_with_that_stream(tmp_pa
     assert "args['stream'] = current" in text
     assert "with torch.cuda.stream(current):" in text
     assert bad.returncode == 1 and "worker's current point" in bad.stdout, bad.stdout
+
+
+DROPS = '''
+import torch
+
+
+def consume(table, batch):
+    side = torch.cuda.Stream()
+    idx = batch.pop()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        rows = table[idx]  # the first op: the call is sketched here
+    del idx  # freed here, while side may still read it
+    torch.cuda.current_stream().wait_stream(side)
+    return rows
+
+
+def test_consume():
+    consume(torch.arange(64, device="cuda").view(16, 4), [torch.arange(4, device="cuda")])
+'''
+
+
+def test_sketching_a_call_keeps_no_variable_of_it_alive(tmp_path):
+    """Reading a frame's variables (before Python 3.13) leaves a copy of them on
+    the frame: a ``del`` would then free nothing until the return, after the wait."""
+    (tmp_path / "test_drops.py").write_text(DROPS)
+    r = _run(tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+             "--streamfuzz", "--streamfuzz-device", "cpu", "--streamfuzz-record", "run.json",
+             "test_drops.py")
+    assert r.returncode == 1 and "was freed while stream side may still use it" in r.stdout, \
+        r.stdout + r.stderr
+    assert any(c.function == "consume" for c in read(str(tmp_path / "run.json")).calls)
