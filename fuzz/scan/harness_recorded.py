@@ -163,7 +163,7 @@ class _Render:
                 out.append(f"{target} = {self._sequence(v, target)}")
             return
         if isinstance(v, cs.Mapping):
-            out.append(f"{target} = {self._mapping(v, placeholders=True)}")
+            out.append(f"{target} = {self._mapping(v)}")
             for k, item in v.items:
                 if not _leaf(item):
                     self.build(item, f"{target}[{self.expr(k, '')}]", out)
@@ -196,8 +196,8 @@ class _Render:
         if isinstance(v, cs.Items):
             return self._sequence(v, "")
         if isinstance(v, cs.Mapping):
-            return self._mapping(v, placeholders=False)
-        raise AssertionError(type(v))
+            return self._mapping(v)
+        return f"_Unrecorded({'a ' + v.cls.qualname + ' inside a set or a named tuple'!r})"
 
     def _sequence(self, v: cs.Items, built: str) -> str:
         """A sequence's expression; ``built``: a list already holding its items."""
@@ -220,7 +220,8 @@ class _Render:
             return f"importlib.import_module('collections').deque({inner})"
         return f"{v.kind}({inner})"
 
-    def _mapping(self, v: cs.Mapping, placeholders: bool) -> str:
+    def _mapping(self, v: cs.Mapping) -> str:
+        """A dict's expression; its objects are ``None`` here, set by ``build``."""
         body = "{" + ", ".join(
             f"{self.expr(k, '')}: {self.expr(i, '') if _leaf(i) else 'None'}"
             for k, i in v.items) + "}"
