@@ -137,12 +137,12 @@ def test_the_recorded_harness_flags_the_bug_and_passes_the_fix_where_the_static_
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "StreamfuzzError" in bad.stdout and "copy_stream reads it" in bad.stdout, bad.stdout
 
-    # Read from the source, the layout is empty: the call fails before any stream work
-    # the finding is about, so it can neither flag the bug nor clear its fix.
-    static_text, static = _harness(buggy, site)
-    assert "obj.layout = {}" in static_text
+    # Read from the source, the layout from the JSON configuration cannot be known: the
+    # call fails in its own setup (today: torch.cat() of the empty layout it guessed),
+    # before the copy the finding is about; it can neither flag the bug nor clear its fix.
+    _, static = _harness(buggy, site)
     assert "StreamfuzzError" not in static.stdout, static.stdout
-    assert static.returncode == 1 and "torch.cat(): expected a non-empty list" in static.stdout
+    assert static.returncode == 1 and "Error" in static.stdout, static.stdout
 
     fixed = tmp_path / "fixed"
     site = _recorded(fixed, KEEP)
