@@ -367,3 +367,20 @@ def test_sketching_a_call_keeps_no_variable_of_it_alive(tmp_path):
     assert r.returncode == 1 and "was freed while stream side may still use it" in r.stdout, \
         r.stdout + r.stderr
     assert any(c.function == "consume" for c in read(str(tmp_path / "run.json")).calls)
+
+
+def test_a_check_runs_child_process_hands_back_its_sketches(tmp_path):
+    from tests.test_record import PROGRAM, STEPS
+
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "steps.py").write_text(STEPS)
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    r = _run(tmp_path, "-m", "streamfuzz", "check", "--device", "cpu", "--record", "c.json",
+             "prog.py")
+    assert r.returncode == 1, r.stderr
+    calls = {c.function: c for c in read(str(tmp_path / "c.json")).calls}
+    child = calls["gather_buggy"]  # called in the spawned child only
+    assert [(p.name, p.value) for p in child.params] == [
+        ("table", cs.Tensor((16, 4), (4, 1), 0, "int64", "cuda", False, 512)),
+        ("n", cs.Literal("4"))]
