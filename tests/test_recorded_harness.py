@@ -130,7 +130,8 @@ def test_the_recorded_harness_flags_the_bug_and_passes_the_fix_where_the_static_
     text, bad = _harness(buggy, site, "--record", "run.json")
     # The engine's state as the run built it from its configuration.
     assert "obj.layout = {'ids': (8, torch.int64), 'scores': (8, torch.float16)}" in text
-    assert "obj.pool.blocks = [_tensor((16,), torch.float32, DEVICE), " in text
+    assert ("    obj.pool.blocks = [None] * 2\n    for _i0 in range(2):\n"
+            "        obj.pool.blocks[_i0] = _tensor((16,), torch.float32, DEVICE)\n") in text
     assert "obj.copy_stream = _stream(check, 'copy_stream')" in text
     assert "'scores': _tensor((8,), torch.float16, DEVICE)" in text
     assert "for _step in range(2):" in text and "streamfuzz.fuzz" not in text
