@@ -14,6 +14,7 @@ import os
 import runpy
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -61,6 +62,9 @@ _SKIP_PATHS = frozenset(
 _MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})
 
 
+_first: Callable[[FrameType], None] | None = None
+"""While a run keeps a record: told of each user function's frame the first
+time a walk meets the function (``streamfuzz._record`` sketches the call)."""
 _counts: dict[int, list] | None = None
 """While a run keeps a record (``streamfuzz._record``): per user function met
 in a walk, by its code object's id, ``[code, walks]``. The entry holds the
@@ -91,12 +95,14 @@ def _file_kind(path: str) -> int:
     return kind
 
 
-def count_functions(counts: dict[int, list] | None) -> None:
+def count_functions(counts: dict[int, list] | None,
+                    first: Callable[[FrameType], None] | None = None) -> None:
     """From now on, count every user function each walk meets in ``counts``
-    (``None``: stop). A walk is made where an op's stream work is recorded,
-    so this is the cheapest place to learn which functions did stream work."""
-    global _counts
-    _counts = counts
+    (``None``: stop), and tell ``first`` of its frame when it is met first. A
+    walk is made where an op's stream work is recorded, so this is the
+    cheapest place to learn which functions did stream work, and with what."""
+    global _counts, _first
+    _counts, _first = counts, first
 
 
 def frames_here(limit: int = 4) -> Frames:
@@ -120,6 +126,8 @@ def frames_here(limit: int = 4) -> Frames:
                         entry[1] += 1
                     else:
                         counts[id(code)] = [code, 1]
+                        if _first is not None:
+                            _first(f)
                 if len(out) == limit:
                     break
         elif kind == _RUNNER:

@@ -7,6 +7,10 @@ and marks each of its findings flagged, clean or not reached
 lifetime checker already makes of the user's frames at every op it records
 (``streamfuzz.fuzz.frames.count_functions``), on CPU and on CUDA alike.
 
+The first time a walk meets a function, its call is sketched
+(``streamfuzz._callsketch``): what ``scan --harness FILE:LINE --record FILE``
+writes a harness from.
+
 Each process keeps its own part. A child of a checked program hands its part
 back with its findings (``streamfuzz._subprocesses``); a pytest-xdist worker
 hands its part to the controller, which merges and writes the file.
@@ -19,13 +23,18 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+from streamfuzz import _callsketch
+from streamfuzz._callsketch import CallSketch
 from streamfuzz.fuzz import env
 from streamfuzz.fuzz.errors import BadInput
 
 VERSION = 1
 """The record's format; a record of another version is refused, not guessed at."""
+CALLS = 1000
+"""Calls a process sketches at most (each is bounded too: ``streamfuzz._callsketch``)."""
 RECORD_ENV = env.CHECK_RECORD
 """Set by a recording run: the processes it starts record too."""
 
@@ -89,10 +98,14 @@ class Record:
     functions: tuple[Function, ...]
     findings: tuple[Finding, ...]
     version: int = VERSION
+    calls: tuple[CallSketch, ...] = ()
+    """The first call of each function that did stream work, sketched."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "made_by": self.made_by, "device": self.device,
                 "processes": self.processes,
+                "calls": {"version": _callsketch.VERSION,
+                          "sketches": [_callsketch.to_json(c) for c in self.calls]},
                 "functions": [[f.path, f.function, f.first_line, f.ops] for f in self.functions],
                 "findings": [{"kind": f.kind, "summary": f.summary,
                               "sites": [[s.path, s.line, s.function, s.first_line]
@@ -103,6 +116,9 @@ class Record:
         """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a malformed record."""
         if not isinstance(d, dict):
             raise TypeError("not a JSON object")
+        calls = d.get("calls", {"version": _callsketch.VERSION, "sketches": []})
+        if calls["version"] != _callsketch.VERSION:
+            raise ValueError(f"call sketches of version {calls['version']!r}")
         return cls(str(d["made_by"]), str(d["device"]), int(d["processes"]),
                    tuple(Function(str(p), str(n), int(first), int(ops))
                          for p, n, first, ops in d["functions"]),
@@ -110,7 +126,8 @@ class Record:
                                  tuple(Site(str(p), int(line), str(n), int(first))
                                        for p, line, n, first in f["sites"]))
                          for f in d["findings"]),
-                   int(d["version"]))
+                   int(d["version"]),
+                   tuple(_callsketch.from_json(c) for c in calls["sketches"]))
 
     def merged(self, other: Record) -> Record:
         """Both runs' parts as one: a function's ops summed, a finding once."""
@@ -120,9 +137,12 @@ class Record:
         findings: dict[tuple[str, tuple[Site, ...]], Finding] = {}
         for found in (*self.findings, *other.findings):
             findings.setdefault(found.key, found)
+        calls: dict[tuple[str, str, int], CallSketch] = {}
+        for call in (*self.calls, *other.calls):
+            calls.setdefault(call.key, call)  # the first call met
         return replace(self, processes=self.processes + other.processes,
                        functions=tuple(Function(*k, n) for k, n in sorted(ops.items())),
-                       findings=tuple(findings.values()))
+                       findings=tuple(findings.values()), calls=tuple(calls.values()))
 
 
 # -- this process's part ----------------------------------------------------------
@@ -130,6 +150,8 @@ class Record:
 _counts: dict[int, list] | None = None
 """While recording: ``frames_here``'s count of each user function, by code id."""
 _found: dict[tuple[str, tuple[Site, ...]], Finding] = {}
+_calls: dict[tuple[str, str, int], CallSketch] = {}
+"""The first call of each function met, sketched, by ``Function.key``."""
 _parts: list[Record] = []
 """Parts other processes handed to this one (children, pytest-xdist workers)."""
 
@@ -140,7 +162,7 @@ def start() -> None:
     from streamfuzz.fuzz import frames
 
     _counts = {}
-    frames.count_functions(_counts)
+    frames.count_functions(_counts, _sketch)
     os.environ[RECORD_ENV] = "1"
 
 
@@ -151,9 +173,23 @@ def recording() -> bool:
 def forked() -> None:
     """In a forked child: its part starts empty (the parent's is the parent's)."""
     _found.clear()
+    _calls.clear()
     _parts.clear()
     if _counts is not None:
         start()
+
+
+def _sketch(frame: FrameType) -> None:
+    """A function's first call, met at its first stream op: sketched once."""
+    code = frame.f_code
+    if code.co_filename.startswith("<") or code.co_name.startswith("<") or \
+            len(_calls) >= CALLS:  # a comprehension's or a lambda's: no call to make again
+        return
+    key = (_absolute(code.co_filename), _qualname(code), code.co_firstlineno)
+    if key not in _calls:
+        sketch = _callsketch.capture(frame, key[0], key[1])
+        if sketch is not None:
+            _calls[key] = sketch
 
 
 def note(sites: list[tuple[str, str, Frames]]) -> None:
@@ -196,7 +232,7 @@ def this_process(made_by: str, device: str) -> Record:
         functions[key] = functions.get(key, 0) + n
     own = Record(made_by, device, int(_counts is not None),
                  tuple(Function(*k, n) for k, n in sorted(functions.items())),
-                 tuple(_found.values()))
+                 tuple(_found.values()), calls=tuple(_calls.values()))
     if _counts is None and _parts:  # a pytest-xdist controller: its workers ran the tests
         own = replace(own, device=_parts[0].device)
     for part in _parts:
@@ -242,6 +278,12 @@ def read(path: str, option: str = "--record") -> Record:
     if version != VERSION:
         raise RecordError(f"{option} {path}: a record of version {version!r}; this streamfuzz "
                           f"reads version {VERSION} (run the check again to write one)")
+    calls = data.get("calls", {}) if isinstance(data, dict) else {}
+    sketches = calls.get("version", _callsketch.VERSION) if isinstance(calls, dict) else None
+    if sketches != _callsketch.VERSION:
+        raise RecordError(f"{option} {path}: its calls are sketched in version {sketches!r}; "
+                          f"this streamfuzz reads version {_callsketch.VERSION} (run the check "
+                          "again to write one)")
     try:
         return Record.from_dict(data)
     except (KeyError, TypeError, ValueError) as exc:

@@ -65,8 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="where --harness writes (default test_streamfuzz_<function>.py)")
     s.add_argument("--record", default=None, metavar="FILE",
                    help="a record of a checked run (pytest --streamfuzz-record, check "
-                        "--record): mark each finding flagged, clean or not reached in it "
-                        "(default: no marks)")
+                        "--record): mark each finding flagged, clean or not reached in it; "
+                        "with --harness, write the harness from the call it recorded "
+                        "(default: no marks; a harness read from the source)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -78,13 +79,15 @@ def main(args: argparse.Namespace) -> int:
         if path is not None:
             check_file(path, flag)
     site = _site(args.harness) if args.harness else None
-    record = _record(args.record, site is not None)
+    record = _record(args.record)
     source = open_source(args.path)  # bad input: one line, exit 2, nothing read yet
     if site is not None:
         from streamfuzz.fuzz.scan import harness
 
-        out = harness.write_for(source, site[0], site[1], args.out)
-        print(f"streamfuzz scan: wrote {out} (run it with pytest --streamfuzz-device cpu)")
+        out = harness.write_for(source, site[0], site[1], args.out,
+                                None if record is None else (record, args.record))
+        made = " from the recorded call" if record is not None else ""
+        print(f"streamfuzz scan: wrote {out}{made} (run it with pytest --streamfuzz-device cpu)")
         return 0
     t0 = time.monotonic()
     result = scan(source)
@@ -105,12 +108,10 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(path: str | None, harness: bool) -> Record | None:
+def _record(path: str | None) -> Record | None:
     """The run's record ``--record`` names, read before the scan starts."""
     if path is None:
         return None
-    if harness:
-        raise ScanUsageError("--record marks a report's findings; --harness writes no report")
     from streamfuzz._record import read
 
     return read(path, "--record")

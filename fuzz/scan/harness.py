@@ -19,6 +19,7 @@ import ast
 import re
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamfuzz.fuzz import env
 from streamfuzz.fuzz.scan import harness_args, hazards
@@ -26,6 +27,9 @@ from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import ScanInputError, Source
 from streamfuzz.fuzz.scan.standins import source_file
+
+if TYPE_CHECKING:
+    from streamfuzz._record import Record
 
 _INTERLEAVING = {
     hazards.Hazard.LIFETIME: (
@@ -64,16 +68,25 @@ class Writer:
         self.files = list(source.files())
         self.sites = harness_args.CallSites(self.files)
 
-    def write(self, file: str, line: int, out: Path | None) -> Path:
-        """Write the harness for the function at ``file:line``; its path."""
+    def write(self, file: str, line: int, out: Path | None,
+              record: tuple[Record, str] | None = None) -> Path:
+        """Write the harness for the function at ``file:line``; its path. With a
+        run's ``record`` (and its file's name), the call is the one it sketched
+        (``harness_recorded``)."""
         from streamfuzz.fuzz.scan.report import write
 
         pkg, fn = self._package_of(file, line)
         trace = pkg.walk(fn)
         findings = hazards.judge(trace)
-        args = harness_args.decide(pkg, self.sites, fn, trace)
-        attrs = _object_attributes(pkg, fn, trace) if fn.cls is not None else {}
-        code = render(self.source.spec, fn.file, fn, findings, args, attrs)
+        if record is not None:
+            from streamfuzz.fuzz.scan import harness_recorded
+
+            call = harness_recorded.sketch_for(*record, self.source, fn.file, fn)
+            code = harness_recorded.render(self.source, fn.file, fn, findings, call, record[1])
+        else:
+            args = harness_args.decide(pkg, self.sites, fn, trace)
+            attrs = _object_attributes(pkg, fn, trace) if fn.cls is not None else {}
+            code = render(self.source.spec, fn.file, fn, findings, args, attrs)
         path = out or Path(f"test_streamfuzz_{_ident(fn.qualname)}.py")
         write(path, code)
         return path
@@ -97,9 +110,10 @@ class Writer:
         return pkg, _function_at(pkg, rel, line)
 
 
-def write_for(source: Source, file: str, line: int, out: Path | None) -> Path:
+def write_for(source: Source, file: str, line: int, out: Path | None,
+              record: tuple[Record, str] | None = None) -> Path:
     """Write the harness for the function at ``file:line`` of ``source``; its path."""
-    return Writer(source).write(file, line, out)
+    return Writer(source).write(file, line, out, record)
 
 
 def _ident(text: str) -> str:

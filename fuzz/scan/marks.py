@@ -69,6 +69,13 @@ def mark(result: ScanResult, record: Record, record_file: str) -> Marks:
     return Marks(record_file, record, counts, harness)
 
 
+def functions_at(record: Record, source: Source, file: str, function: str,
+                 line: int) -> list[Function]:
+    """The record's functions that are ``function`` of the scan's ``file``, at ``line``
+    (a harness written from the run's sketch of its call)."""
+    return _Index(record, _base(source)).functions(file, function, line)
+
+
 def mark_of(f: Finding) -> str | None:
     run = f.extra.get(RUN)
     return str(run["mark"]) if isinstance(run, dict) else None
@@ -88,7 +95,7 @@ class _Index:
         self._files: dict[str, list[str]] = {}
 
     def mark(self, f: Finding) -> dict[str, object]:
-        ran = [fn for path in self._paths(f.file) if (fn := self._function(path, f)) is not None]
+        ran = self.functions(f.file, f.function, f.line)
         named = [n for fn in ran for n in self.named.get(fn.key, ())]
         which = FLAGGED if named else CLEAN if ran else NOT_REACHED
         return {"mark": which, "ops": sum(fn.ops for fn in ran),
@@ -109,10 +116,15 @@ class _Index:
         self._files[rel] = found
         return found
 
-    def _function(self, path: str, f: Finding) -> Function | None:
+    def functions(self, file: str, function: str, line: int) -> list[Function]:
+        """The run's functions that are the scan's ``function`` of ``file`` at ``line``."""
+        return [fn for path in self._paths(file)
+                if (fn := self._function(path, function, line)) is not None]
+
+    def _function(self, path: str, function: str, line: int) -> Function | None:
         best = None
         for fn in self.by_path[path]:
-            if _same_name(fn.function, f.function) and fn.first_line <= f.line and (
+            if _same_name(fn.function, function) and fn.first_line <= line and (
                     best is None or fn.first_line > best.first_line):
                 best = fn
         return best
