@@ -135,6 +135,7 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
                 None)
     made: dict[str, ast.expr] = {}
+    annotated: dict[str, str] = {}
     if init is not None:
         for node in ast.walk(init):
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -142,6 +143,8 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
                             t.value.id == "self":
                         made.setdefault(t.attr, node.value)
+                        if isinstance(node, ast.AnnAssign):
+                            annotated.setdefault(t.attr, ast.unparse(node.annotation))
     read = set()
     # The class's methods, and the module's functions (a decorator's wrapper takes a lock
     # of the object it wraps).
@@ -157,11 +160,17 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
         key = f"self.{a}"
         assigned = made.get(a)
         if assigned is not None and _constructed(assigned):  # the package's object: by its use
-            out[a] = harness_args.use_of(key, fn, trace)
+            out[a] = harness_args.use_of(key, fn, trace, scopes=(cls,))
+            continue
+        # A container the class fills later (``self.bufs: list[Tensor] = []``, appended
+        # to per layer) holds what its annotation says, so an index into it is in range.
+        filled = harness_args.annotated_container(annotated.get(a, ""), key, trace, fn)
+        if filled is not None:
+            out[a] = filled
             continue
         value = _initial(assigned) if key not in (
             trace.tensors | trace.streams | trace.events | trace.host | trace.pinned) else None
-        out[a] = value or harness_args.attribute_value(key, trace, fn)
+        out[a] = value or harness_args.attribute_value(key, trace, fn, scopes=(cls,))
     return out
 
 

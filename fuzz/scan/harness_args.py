@@ -191,10 +191,12 @@ def _int(name: str) -> str:
     """An int by its name: a rank or an offset is 0, a size or capacity is large
     (a slot must hold what is written), anything else the example's size."""
     leaf = name.rsplit(".", 1)[-1].lower()
-    if re.search(r"rank|^src$|^dst$|root|offset|start|begin|^idx|index", leaf):
+    if re.search(r"rank|^src$|^dst$|root|offset|start|begin|^idx|index|(^|_)id$", leaf):
         return "0"
     if re.search(r"size|capacity|bytes|limit|max", leaf):
         return "1 << 20"
+    if re.search(r"len$|length", leaf):  # holds any example's n tokens
+        return "64"
     return "n"
 
 
@@ -259,6 +261,16 @@ def _annotated(ann: str, tensor: str = "None") -> str | None:
     return None
 
 
+def annotated_container(ann: str, key: str, trace: Trace, fn: Function) -> str | None:
+    """A list or tuple of items that its annotation names (``list[torch.Tensor]``,
+    ``list[int]``), two of them; None for any other annotation or an empty one."""
+    ann = _unwrap(ann)
+    if not re.match(r"(typing\.)?(list|List|Sequence|tuple|Tuple)\[", ann):
+        return None
+    value = _annotated(ann, _tensor(key, trace, fn))
+    return value if value not in (None, "[]", "()") else None
+
+
 def _args(inner: str) -> list[str]:
     """The top-level arguments of a subscript's text: ``str, tuple[int, int]``."""
     out, depth, cur = [], 0, ""
@@ -277,8 +289,10 @@ def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n") -> str:
     text = fn.text
     leaf = re.escape(key)
     two_d = re.search(rf"\b{leaf}(\.shape\[1\]|\.size\(1\)|\[:, |\.stride\(1\)|\.shape\[-1\])",
-                      text)
+                      text) or re.search(rf"^\s*\w+, \w+ = {leaf}\.shape\s*$", text, re.M)
     shape = f"({scalar}, 4)" if two_d else scalar
+    if _LENGTHS.search(key.rsplit(".", 1)[-1]) and not two_d:  # one token per request
+        return f"torch.ones({scalar}, device=DEVICE, dtype=torch.int64)"
     if key in trace.pinned:
         return f"torch.zeros({shape}, pin_memory=True)"
     if key in trace.host:
@@ -290,15 +304,17 @@ def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n") -> str:
         f"torch.arange({scalar}, device=DEVICE, dtype=torch.float32)"
 
 
-def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0) -> str:
-    """What ``self.x`` (or ``param.x``) is set to: the scan's kind of it, else an object."""
+def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0,
+                    scopes: tuple[ast.AST, ...] = ()) -> str:
+    """What ``self.x`` (or ``param.x``) is set to: the scan's kind of it, else by its
+    use in ``fn`` and ``scopes`` (the other methods of its class)."""
     if key in trace.streams:
         return SIDE
     if key in trace.events:
         return "_recorded_event()"
     if key in trace.tensors or key in trace.pinned or key in trace.host:
         return _tensor(key, trace, fn)
-    return use_of(key, fn, trace, depth)
+    return use_of(key, fn, trace, depth, scopes)
 
 
 def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
@@ -307,43 +323,140 @@ def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
         "an object (the function's use says no more)"
 
 
-def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -> str:
-    """A value for ``key`` from how ``fn`` uses it (or a local it is copied to):
-    called, iterated, or an object with the attributes it reads."""
+# What only a tensor has: a use of one of these on a value makes it a tensor.
+_TENSOR_USES = frozenset((
+    "to", "contiguous", "shape", "numel", "unsqueeze", "squeeze", "view", "reshape",
+    "item", "sum", "dim", "size", "stride", "copy_", "fill_", "zero_", "index_select",
+    "index_fill_", "narrow", "split", "flatten", "cumsum", "data_ptr", "element_size",
+    "nbytes", "is_cuda", "record_stream", "expand", "permute", "tolist", "long", "int",
+    "float", "cpu", "cuda", "clone", "untyped_storage"))
+_ARITH = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div, ast.Mod, ast.Pow,
+          ast.LShift, ast.RShift)
+
+
+def _operands(node: ast.expr) -> Iterable[ast.expr]:
+    """``node`` and what it computes from without a call or an index: the values a
+    method of ``node`` is applied to."""
+    yield node
+    if isinstance(node, ast.BinOp):  # ``(x - 1).to(...)``: x is the tensor; not ``a * b``
+        if isinstance(node.right, ast.Constant):
+            yield from _operands(node.left)
+        elif isinstance(node.left, ast.Constant):
+            yield from _operands(node.right)
+    elif isinstance(node, ast.UnaryOp):
+        yield from _operands(node.operand)
+
+
+def kind_of_use(names: set[str], scopes: Iterable[ast.AST]) -> str | None:
+    """What the uses of ``names`` say a value is: 'tensor' (a tensor's method or
+    attribute is used on it, alone or in arithmetic), 'int' (arithmetic, an
+    order comparison, ``range()``, an index or slice bound), 'dtype' or 'device'
+    (passed as a tensor factory's ``dtype=``/``device=``); None where none says."""
+    kinds: set[str] = set()
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Attribute) and node.attr in _TENSOR_USES and any(
+                    _text(x) in names for x in _operands(node.value)):
+                kinds.add("tensor")
+            elif isinstance(node, ast.keyword) and node.arg in ("dtype", "device") and \
+                    _text(node.value) in names:
+                kinds.add(node.arg)
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, _ARITH) and (
+                    _text(node.left) in names or _text(node.right) in names):
+                kinds.add("int")
+            elif isinstance(node, ast.Compare) and not any(
+                    isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn, ast.Eq, ast.NotEq))
+                    for op in node.ops) and any(_text(x) in names for x in
+                                               [node.left, *node.comparators]):
+                kinds.add("int")
+            elif isinstance(node, ast.Call) and _text(node.func) == "range" and any(
+                    _text(a) in names for a in node.args):
+                kinds.add("int")
+            elif isinstance(node, ast.Slice) and any(
+                    x is not None and _text(x) in names for x in (node.lower, node.upper)):
+                kinds.add("int")
+            elif isinstance(node, ast.Call) and _factory(node) and any(
+                    _text(x) in names for a in node.args for x in (
+                        a.elts if isinstance(a, (ast.Tuple, ast.List)) else [a])):
+                kinds.add("int")  # a size
+            elif isinstance(node, ast.Subscript) and _text(node.value) in names:
+                kinds.add("sequence")
+    for kind in ("tensor", "dtype", "device", "int", "sequence"):
+        if kind in kinds:
+            return kind
+    return None
+
+
+# Per-request lengths (``seq_lens``, ``extend_seq_lens_cpu``): one each, so that their
+# sum is the batch's row count, as every package's layout assumes.
+_LENGTHS = re.compile(r"lens(_cpu)?$|lengths(_cpu)?$")
+_FACTORIES = frozenset(("empty", "zeros", "ones", "full", "rand", "randn", "randint",
+                        "arange", "view", "reshape", "expand", "new_empty", "new_zeros",
+                        "new_full", "narrow", "split", "repeat"))
+
+
+def _factory(call: ast.Call) -> bool:
+    """A tensor factory or shape method: its positional integers are sizes."""
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(
+        call.func, "id", "")
+    return name in _FACTORIES and (not isinstance(call.func, ast.Attribute) or _text(
+        call.func.value) in ("torch",) or name not in ("empty", "zeros", "ones", "full",
+                                                        "rand", "randn", "randint", "arange"))
+
+
+def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
+           scopes: tuple[ast.AST, ...] = ()) -> str:
+    """A value for ``key`` from how ``fn`` (and ``scopes``: its class's other methods)
+    use it (or a local it is copied to): a tensor, a number, a dtype or a device
+    by ``kind_of_use``; called, iterated, or an object with the attributes it
+    reads."""
+    where = (fn.node, *scopes)
     names = {key} | {t.id for n in ast.walk(fn.node) if isinstance(n, ast.Assign)
-                     and _text(n.value) == key for t in n.targets if isinstance(t, ast.Name)}
-    calls, iters, attrs, numbers = False, False, set(), set()
-    for node in ast.walk(fn.node):
+                     and _copies(n.value, key) for t in n.targets if isinstance(t, ast.Name)}
+    calls, iters, attrs = False, False, set()
+    for node in (n for scope in where for n in ast.walk(scope)):
         if isinstance(node, ast.Call) and _text(node.func) in names:
             calls = True
         if isinstance(node, (ast.For, ast.comprehension)) and _text(node.iter) in names:
             iters = True
         if isinstance(node, ast.Attribute) and _text(node.value) in names:
             attrs.add(node.attr)
-        if isinstance(node, (ast.BinOp, ast.Compare)):  # an attribute used as a number
-            for side in ([node.left, node.right] if isinstance(node, ast.BinOp)
-                         else [node.left, *node.comparators]):
-                if isinstance(side, ast.Attribute) and _text(side.value) in names:
-                    numbers.add(side.attr)
     if calls:
         return _CALLABLE
     if iters:
         return "[]"
+    kind = kind_of_use(names, where) if not (attrs - _TENSOR_USES) else None
+    leaf = key.rsplit(".", 1)[-1]
+    if kind == "dtype" or (kind is None and not attrs and re.search(r"dtype$", leaf)):
+        return "torch.float32"
+    if kind == "device" or (kind is None and not attrs and re.fullmatch(r"(\w+_)?device",
+                                                                          leaf)):
+        return "DEVICE"
+    if kind == "tensor" and trace is not None:
+        return _tensor(key, trace, fn)
+    if kind == "int":
+        return _int(key)
+    if kind == "sequence":
+        return "[1] * n" if _LENGTHS.search(leaf) else f"[{_int(key)}, {_int(key)}]"
     if attrs and trace is not None and depth < 2:
         fields = []
         for a in sorted(attrs):
             if any(_is_method_call(fn, name, a) for name in names):
                 fields.append(f"{a}={_CALLABLE}")
                 continue
-            if a in numbers:
-                fields.append(f"{a}={_int(a)}")
-                continue
             sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
                 trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
                 f"{key}.{a}")
-            fields.append(f"{a}={attribute_value(sub, trace, fn, depth + 1)}")
+            fields.append(f"{a}={attribute_value(sub, trace, fn, depth + 1, scopes)}")
         return f"_Object({', '.join(fields)})"
     return "_Object()"
+
+
+def _copies(value: ast.expr, key: str) -> bool:
+    """Is ``value`` ``key`` itself, or ``key`` on one side of a conditional?"""
+    if isinstance(value, ast.IfExp):
+        return _copies(value.body, key) or _copies(value.orelse, key)
+    return _text(value) == key
 
 
 def _is_method_call(fn: Function, key: str, attr: str) -> bool:
