@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from streamfuzz.fuzz.scan import callers
-from streamfuzz.fuzz.scan.names import INDEXISH, STREAMISH
+from streamfuzz.fuzz.scan.names import EVENTISH, INDEXISH, STREAMISH
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import SourceFile
@@ -181,6 +181,11 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         listed = shape == "list" or re.match(r"(list|List|Sequence|tuple|Tuple)\[", ann)
         tensor = _tensor(name, trace, fn)
         return (f"[{tensor}, {tensor}]" if listed else tensor), "a tensor (the scan's)"
+    used = {n.attr for n in ast.walk(fn.node) if isinstance(n, ast.Attribute) and
+            _text(n.value) == name}
+    if used and used <= _TENSOR_USES and kind_of_use({name}, [fn.node]) == "tensor":
+        # Its own use outweighs what a call of the same name elsewhere passes.
+        return _tensor(name, trace, fn), "a tensor (the function's use of it)"
     if shape is not None:
         return {"lambda": _CALLABLE, "list": "[]", "dict": "{}", "iter": "iter([])"}[shape], \
             f"the callers pass a {shape}"
@@ -285,35 +290,102 @@ def _args(inner: str) -> list[str]:
     return [*out, cur.strip()] if cur.strip() else out
 
 
-def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n") -> str:
-    text = fn.text
+def _ndim(key: str, text: str) -> int:
+    """How many dimensions the function's use of ``key`` needs: the names its shape is
+    unpacked into (``rows, _, hidden = x.shape``), else 2 where it reads a second
+    dimension, else 1."""
     leaf = re.escape(key)
-    two_d = re.search(rf"\b{leaf}(\.shape\[1\]|\.size\(1\)|\[:, |\.stride\(1\)|\.shape\[-1\])",
-                      text) or re.search(rf"^\s*\w+, \w+ = {leaf}\.shape\s*$", text, re.M)
-    shape = f"({scalar}, 4)" if two_d else scalar
-    if _LENGTHS.search(key.rsplit(".", 1)[-1]) and not two_d:  # one token per request
+    unpacked = re.search(rf"^\s*\(?((?:\w+\s*,\s*)+\w+)\)?\s*=\s*{leaf}\.shape\s*$", text,
+                         re.M)
+    if unpacked:
+        return len(unpacked.group(1).split(","))
+    if re.search(rf"\b{leaf}(\.shape\[1\]|\.size\(1\)|\[:, |\.stride\(1\)|\.shape\[-1\])",
+                 text):
+        return 2
+    return 1
+
+
+def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n", dtype: str = "") -> str:
+    """A tensor for ``key``; ``dtype``: the one the package makes it with, where stated
+    (a byte pool, ``torch.uint8``, holds any slot's bytes: 1 MiB)."""
+    if dtype:
+        size = "1 << 20" if dtype == "torch.uint8" else scalar
+        place = "pin_memory=True" if key in trace.pinned else "" if key in trace.host else \
+            "device=DEVICE"
+        return f"torch.zeros({size}, dtype={dtype}{', ' + place if place else ''})"
+    ndim = _ndim(key, fn.text)
+    shape = f"({scalar}, {', '.join(['4'] * (ndim - 1))})" if ndim > 1 else scalar
+    if _LENGTHS.search(key.rsplit(".", 1)[-1]) and ndim == 1:  # one token per request
         return f"torch.ones({scalar}, device=DEVICE, dtype=torch.int64)"
     if key in trace.pinned:
         return f"torch.zeros({shape}, pin_memory=True)"
     if key in trace.host:
         return f"torch.zeros({shape})"
-    if INDEXISH.search(key.rsplit(".", 1)[-1]) and not two_d:
+    if INDEXISH.search(key.rsplit(".", 1)[-1]) and ndim == 1:
         return f"torch.randperm({scalar}, device=DEVICE)"
-    return f"torch.arange({scalar} * {4 if two_d else 1}, device=DEVICE, " \
-           f"dtype=torch.float32).view({shape})" if two_d else \
-        f"torch.arange({scalar}, device=DEVICE, dtype=torch.float32)"
+    if ndim == 1:
+        return f"torch.arange({scalar}, device=DEVICE, dtype=torch.float32)"
+    return f"torch.arange({scalar} * {4 ** (ndim - 1)}, device=DEVICE, " \
+           f"dtype=torch.float32).view({shape})"
+
+
+def _aliases(key: str, scopes: Iterable[ast.AST]) -> set[str]:
+    """``key`` and the locals that hold it: ``attn = self.attn`` then ``streams =
+    attn.aux_stream_list`` make ``streams`` an alias of ``self.attn.aux_stream_list``."""
+    pairs = []
+    for scope in scopes:
+        for n in ast.walk(scope):
+            if not isinstance(n, ast.Assign) or len(n.targets) != 1:
+                continue
+            t, v = n.targets[0], n.value
+            if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) and len(t.elts) == len(
+                    v.elts):  # ``indexer, compressor = attn.indexer, attn.compressor``
+                pairs += [(_text(a), _text(b)) for a, b in zip(t.elts, v.elts)]
+            elif isinstance(t, ast.Name):
+                pairs += [(t.id, _text(x)) for x in (
+                    [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v])]
+    same = {key}
+    for _ in range(3):
+        for target, value in pairs:
+            for known in list(same):
+                if value == known:
+                    same.add(target)
+                elif known.startswith(value + "."):
+                    same.add(target + known[len(value):])
+    return same
+
+
+def _unpacked_into(key: str, scopes: Iterable[ast.AST]) -> list[str]:
+    """The names ``key`` is unpacked into somewhere (``a, b = self._events``); []."""
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                    node.targets[0], ast.Tuple) and _text(node.value) == key:
+                return [_text(t) for t in node.targets[0].elts]
+    return []
 
 
 def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0,
-                    scopes: tuple[ast.AST, ...] = ()) -> str:
+                    scopes: tuple[ast.AST, ...] = (), dtype: str = "") -> str:
     """What ``self.x`` (or ``param.x``) is set to: the scan's kind of it, else by its
-    use in ``fn`` and ``scopes`` (the other methods of its class)."""
+    use in ``fn`` and ``scopes`` (the other methods of its class). Where it is
+    unpacked, a tuple of as many, each of that kind or by its own name's use."""
+    parts = _unpacked_into(key, (fn.node, *scopes)) if depth < 2 else []
+    if parts:
+        kind = {**dict.fromkeys(trace.streams, SIDE), **dict.fromkeys(
+            trace.events, "_recorded_event()")}.get(key)
+        items = [kind or ("None" if p == "_" else attribute_value(
+            p, trace, fn, depth + 1, scopes)) for p in parts]
+        return f"({', '.join(items)},)"
+    same = _aliases(key, (fn.node, *scopes))
+    indexed = any(isinstance(n, ast.Subscript) and _text(n.value) in same
+                  for scope in (fn.node, *scopes) for n in ast.walk(scope))
     if key in trace.streams:
-        return SIDE
+        return f"[{SIDE} for _ in range(4)]" if indexed else SIDE
     if key in trace.events:
-        return "_recorded_event()"
+        return "[_recorded_event() for _ in range(4)]" if indexed else "_recorded_event()"
     if key in trace.tensors or key in trace.pinned or key in trace.host:
-        return _tensor(key, trace, fn)
+        return _tensor(key, trace, fn, dtype=dtype)
     return use_of(key, fn, trace, depth, scopes)
 
 
@@ -326,10 +398,10 @@ def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
 # What only a tensor has: a use of one of these on a value makes it a tensor.
 _TENSOR_USES = frozenset((
     "to", "contiguous", "shape", "numel", "unsqueeze", "squeeze", "view", "reshape",
-    "item", "sum", "dim", "size", "stride", "copy_", "fill_", "zero_", "index_select",
+    "item", "sum", "dim", "stride", "copy_", "fill_", "zero_", "index_select",
     "index_fill_", "narrow", "split", "flatten", "cumsum", "data_ptr", "element_size",
     "nbytes", "is_cuda", "record_stream", "expand", "permute", "tolist", "long", "int",
-    "float", "cpu", "cuda", "clone", "untyped_storage"))
+    "float", "cpu", "cuda", "clone", "untyped_storage", "device", "dtype", "is_contiguous"))
 _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div, ast.Mod, ast.Pow,
           ast.LShift, ast.RShift)
 
@@ -411,8 +483,7 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
     by ``kind_of_use``; called, iterated, or an object with the attributes it
     reads."""
     where = (fn.node, *scopes)
-    names = {key} | {t.id for n in ast.walk(fn.node) if isinstance(n, ast.Assign)
-                     and _copies(n.value, key) for t in n.targets if isinstance(t, ast.Name)}
+    names = _aliases(key, (fn.node,))
     calls, iters, attrs = False, False, set()
     for node in (n for scope in where for n in ast.walk(scope)):
         if isinstance(node, ast.Call) and _text(node.func) in names:
@@ -436,13 +507,17 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         return _tensor(key, trace, fn)
     if kind == "int":
         return _int(key)
-    if kind == "sequence":
+    if kind == "sequence":  # by its name: events, streams, lengths, else numbers
+        if EVENTISH.search(leaf):
+            return "[_recorded_event() for _ in range(4)]"
+        if STREAMISH.search(leaf):
+            return f"[{SIDE} for _ in range(4)]"
         return "[1] * n" if _LENGTHS.search(leaf) else f"[{_int(key)}, {_int(key)}]"
     if attrs and trace is not None and depth < 2:
         fields = []
         for a in sorted(attrs):
             if any(_is_method_call(fn, name, a) for name in names):
-                fields.append(f"{a}={_CALLABLE}")
+                fields.append(f"{a}=_first_tensor")  # what it is given, as a layer returns
                 continue
             sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
                 trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
@@ -450,13 +525,6 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
             fields.append(f"{a}={attribute_value(sub, trace, fn, depth + 1, scopes)}")
         return f"_Object({', '.join(fields)})"
     return "_Object()"
-
-
-def _copies(value: ast.expr, key: str) -> bool:
-    """Is ``value`` ``key`` itself, or ``key`` on one side of a conditional?"""
-    if isinstance(value, ast.IfExp):
-        return _copies(value.body, key) or _copies(value.orelse, key)
-    return _text(value) == key
 
 
 def _is_method_call(fn: Function, key: str, attr: str) -> bool:

@@ -126,6 +126,8 @@ class _PlatformTorch(types.ModuleType):
 
         if attr in PLATFORMS:
             return torch.cuda
+        if attr == "get_device_module":  # the accelerator's module: the simulated one
+            return lambda device=None: torch.cuda
         return getattr(torch, attr)
 
 
