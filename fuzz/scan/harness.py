@@ -306,6 +306,7 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
         "import os",
         "import threading  # noqa: F401 - where the class keeps a lock",
         "",
+        *(["import numpy as np"] if any("np." in v for v in args.values.values()) else []),
         "import torch",
         "from hypothesis import given, settings",
         "from hypothesis import strategies as st",
@@ -357,7 +358,9 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
               "    with streamfuzz.checked():"]
     body: list[str] = []
     if fn.cls is not None:
-        body += ["obj = _object(n)"]
+        body += ["obj = _object(n)",
+                 "torch.cuda.synchronize()  # an engine builds it at start-up, long before a "
+                 "step"]
     if "side" in args.contexts:
         body += ["context = torch.cuda.Stream()  # every caller calls it under a stream "
                  "context",

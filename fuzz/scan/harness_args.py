@@ -168,6 +168,9 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
     if literal is not None:
         return literal, "the callers' literal"
     shape = _passed_shape(passed)
+    array = _numpy(ann, name, fn)
+    if array is not None:
+        return array, f"a NumPy array (its annotation, {ann})"
     if name in trace.streams or "Stream" in ann:
         return SIDE, "a stream the callers make apart from the current one"
     if name in trace.events or "Event" in ann:
@@ -190,6 +193,17 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         return {"lambda": _CALLABLE, "list": "[]", "dict": "{}", "iter": "iter([])"}[shape], \
             f"the callers pass a {shape}"
     return _by_use(name, trace, fn)
+
+
+def _numpy(ann: str, name: str, fn: Function) -> str | None:
+    """A host array where the annotation says NumPy (``np.ndarray``, ``npt.NDArray[np.int32]``):
+    its dtype where stated, else int32 (a mask or an index, the common host arrays)."""
+    if not re.match(r"(np|numpy|npt|numpy\.typing)\.(ndarray|NDArray)\b|NDArray\b", ann):
+        return None
+    dtype = re.search(r"\b(?:np|numpy)\.(u?int\d+|float\d+|bool_)\b", ann)
+    ndim = _ndim(name, fn.text)
+    shape = f"(n, {', '.join(['4'] * (ndim - 1))})" if ndim > 1 else "n"
+    return f"np.zeros({shape}, dtype=np.{dtype.group(1) if dtype else 'int32'})"
 
 
 def _int(name: str) -> str:
@@ -462,6 +476,9 @@ def kind_of_use(names: set[str], scopes: Iterable[ast.AST]) -> str | None:
 # Per-request lengths (``seq_lens``, ``extend_seq_lens_cpu``): one each, so that their
 # sum is the batch's row count, as every package's layout assumes.
 _LENGTHS = re.compile(r"lens(_cpu)?$|lengths(_cpu)?$")
+# Names of numbers, not tensors, where a parameter is only used in arithmetic.
+_INTISH = re.compile(r"(^|_)(n|num|count|size|len|length|rank|idx|index|offset|id|step|"
+                     r"start|end|stride|width|height|dim|bytes|capacity)s?($|_)|^(i|j)$")
 _FACTORIES = frozenset(("empty", "zeros", "ones", "full", "rand", "randn", "randint",
                         "arange", "view", "reshape", "expand", "new_empty", "new_zeros",
                         "new_full", "narrow", "split", "repeat"))
@@ -488,7 +505,10 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
     for node in (n for scope in where for n in ast.walk(scope)):
         if isinstance(node, ast.Call) and _text(node.func) in names:
             calls = True
-        if isinstance(node, (ast.For, ast.comprehension)) and _text(node.iter) in names:
+        if isinstance(node, (ast.For, ast.comprehension)) and (_text(node.iter) in names or (
+                isinstance(node.iter, ast.Call) and _text(node.iter.func) in (
+                    "enumerate", "zip", "list", "sorted", "reversed", "iter") and
+                any(_text(a) in names for a in node.iter.args))):
             iters = True
         if isinstance(node, ast.Attribute) and _text(node.value) in names:
             attrs.add(node.attr)
@@ -505,6 +525,8 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         return "DEVICE"
     if kind == "tensor" and trace is not None:
         return _tensor(key, trace, fn)
+    if kind == "int" and "." not in key and trace is not None and not _INTISH.search(leaf):
+        return _tensor(key, trace, fn)  # a bare parameter in arithmetic: a tensor as often
     if kind == "int":
         return _int(key)
     if kind == "sequence":  # by its name: events, streams, lengths, else numbers
