@@ -341,6 +341,34 @@ class Buffer:
 _POOL_WAIT = ("stream.wait_stream(torch.cuda.current_stream())",
               "src.record_stream(stream)")
 
+_BOUND = '''
+import torch
+from no_such_ioring_ext import make_ring
+
+
+class Client:
+    def __init__(self, entries):
+        self.entries = entries
+        self.ring = make_ring(entries)
+        self.stream = torch.cuda.Stream()
+
+    def check(self, offsets):
+        if len(offsets) > self.entries:
+            raise ValueError("too many reads for the ring")
+
+    def batch_read(self, offsets: list[int], tensors: list[torch.Tensor]):
+        self.check(offsets)
+        done = self.ring.submit().wait(min_results=len(offsets))
+        WAIT
+        with torch.cuda.stream(self.stream):
+            for t in tensors:
+                t.add_(1)
+        KEEP
+        return [r for r in done]
+'''
+_BOUND_WAIT = ("self.stream.wait_stream(torch.cuda.current_stream())",
+               "torch.cuda.current_stream().wait_stream(self.stream)")
+
 _RULES = {
     # name: (files, the harnessed file, a line inside the function, the fix's two lines)
     "a platform's device module is torch.cuda": ({"mod.py": _NPU}, "mod.py", "def offload",
@@ -356,6 +384,8 @@ _RULES = {
                                            _NUMPY_WAIT),
     "a closure runs through its enclosing function": ({"mod.py": _CLOSURE}, "mod.py",
                                                       "rows = x * 2", _CLOSURE_WAIT),
+    "a bound is a capacity, a method's handle gives results": (
+        {"mod.py": _BOUND}, "mod.py", "def batch_read", _BOUND_WAIT),
     "a byte pool keeps its dtype, a stream is made once": ({"mod.py": _POOL}, "mod.py",
                                                            "def write_tensor", _POOL_WAIT),
 }

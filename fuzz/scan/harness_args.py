@@ -450,6 +450,11 @@ def kind_of_use(names: set[str], scopes: Iterable[ast.AST]) -> str | None:
             elif isinstance(node, ast.BinOp) and isinstance(node.op, _ARITH) and (
                     _text(node.left) in names or _text(node.right) in names):
                 kinds.add("int")
+            elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(
+                    node.ops[0], (ast.Gt, ast.GtE, ast.Lt, ast.LtE)) and _text(
+                    node.comparators[0] if isinstance(node.ops[0], (ast.Gt, ast.GtE))
+                    else node.left) in names:
+                kinds.add("bound")  # ``len(x) > self.entries``: a capacity
             elif isinstance(node, ast.Compare) and not any(
                     isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn, ast.Eq, ast.NotEq))
                     for op in node.ops) and any(_text(x) in names for x in
@@ -467,7 +472,10 @@ def kind_of_use(names: set[str], scopes: Iterable[ast.AST]) -> str | None:
                 kinds.add("int")  # a size
             elif isinstance(node, ast.Subscript) and _text(node.value) in names:
                 kinds.add("sequence")
-    for kind in ("tensor", "dtype", "device", "int", "sequence"):
+    if "bound" in kinds:
+        kinds.discard("bound")
+        kinds.add("bound" if kinds <= {"int", "bound"} else "int")
+    for kind in ("tensor", "dtype", "device", "bound", "int", "sequence"):
         if kind in kinds:
             return kind
     return None
@@ -525,6 +533,8 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         return "DEVICE"
     if kind == "tensor" and trace is not None:
         return _tensor(key, trace, fn)
+    if kind == "bound":  # an upper bound holds any example's n items
+        return _int(key) if _int(key) != "n" else "64"
     if kind == "int" and "." not in key and trace is not None and not _INTISH.search(leaf):
         return _tensor(key, trace, fn)  # a bare parameter in arithmetic: a tensor as often
     if kind == "int":
@@ -539,7 +549,14 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         fields = []
         for a in sorted(attrs):
             if any(_is_method_call(fn, name, a) for name in names):
-                fields.append(f"{a}=_first_tensor")  # what it is given, as a layer returns
+                chained = sorted({n.attr for n in ast.walk(fn.node) if isinstance(
+                    n, ast.Attribute) and isinstance(n.value, ast.Call) and _text(
+                    n.value.func) in {f"{name}.{a}" for name in names}})
+                if chained:  # ``ring.submit().wait(...)``: a handle whose methods give results
+                    handle = ", ".join(f"{c}=lambda *args, **kwargs: []" for c in chained)
+                    fields.append(f"{a}=lambda *args, **kwargs: _Object({handle})")
+                else:
+                    fields.append(f"{a}=_first_tensor")  # what it is given, as a layer returns
                 continue
             sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
                 trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
