@@ -369,6 +369,31 @@ class Client:
 _BOUND_WAIT = ("self.stream.wait_stream(torch.cuda.current_stream())",
                "torch.cuda.current_stream().wait_stream(self.stream)")
 
+_RING = '''
+import torch
+
+
+class Ring:
+    def __init__(self, depth):
+        self.depth = depth
+        self.stream = torch.cuda.Stream()
+        self.read_done: list = []
+
+    def start(self):
+        self.read_done = [torch.cuda.Event() for _ in range(self.depth)]
+
+    def process(self, item, x):
+        assert x.dim() == 2
+        WAIT
+        with torch.cuda.stream(self.stream):
+            y = x * 2
+        self.read_done[item.slot].record(self.stream)
+        KEEP
+        return y.shape[0]
+'''
+_RING_WAIT = ("self.stream.wait_stream(torch.cuda.current_stream())",
+              "x.record_stream(self.stream)")
+
 _RULES = {
     # name: (files, the harnessed file, a line inside the function, the fix's two lines)
     "a platform's device module is torch.cuda": ({"mod.py": _NPU}, "mod.py", "def offload",
@@ -386,6 +411,8 @@ _RULES = {
                                                       "rows = x * 2", _CLOSURE_WAIT),
     "a bound is a capacity, a method's handle gives results": (
         {"mod.py": _BOUND}, "mod.py", "def batch_read", _BOUND_WAIT),
+    "a list the class fills later is indexed by a slot, a stated rank is kept": (
+        {"mod.py": _RING}, "mod.py", "def process", _RING_WAIT),
     "a byte pool keeps its dtype, a stream is made once": ({"mod.py": _POOL}, "mod.py",
                                                            "def write_tensor", _POOL_WAIT),
 }

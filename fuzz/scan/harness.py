@@ -182,6 +182,11 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
         if filled is not None:
             out[a] = filled
             continue
+        if _initial(assigned) == "[]":
+            filled = harness_args.indexed_items(key, trace, fn, (cls,))
+            if filled is not None:
+                out[a] = filled
+                continue
         value = _initial(assigned) if key not in (
             trace.tensors | trace.streams | trace.events | trace.host | trace.pinned) else None
         out[a] = value or harness_args.attribute_value(key, trace, fn, scopes=(cls,),
@@ -222,10 +227,16 @@ def _initial(value: ast.expr | None) -> str | None:
     if isinstance(value, ast.Constant) or text in ("[]", "{}", "set()", "()"):
         return text
     if isinstance(value, ast.ListComp) and len(value.generators) == 1 and re.fullmatch(
-            r"range\(\d+\)", ast.unparse(value.generators[0].iter)):  # [Event() for _ in range(4)]
+            r"range\(.*\)", ast.unparse(value.generators[0].iter)):  # [Event() for _ in range(k)]
         item = _initial(value.elt)
+        count = ast.unparse(value.generators[0].iter)
+        if not re.fullmatch(r"range\(\d+\)", count):
+            count = "range(4)"  # a depth the package reads from its config
         if item is not None:
-            return f"[{item} for _ in {ast.unparse(value.generators[0].iter)}]"
+            return f"[{item} for _ in {count}]"
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult) and isinstance(
+            value.left, ast.List) and _initial(value.left) is not None:  # [0] * depth
+        return f"{ast.unparse(value.left)} * 4"
     if re.search(r"\bcurrent_stream\(\)$", text):
         return harness_args.CURRENT
     if re.search(r"\bStream\(", text):

@@ -313,6 +313,10 @@ def _ndim(key: str, text: str) -> int:
                          re.M)
     if unpacked:
         return len(unpacked.group(1).split(","))
+    stated = re.search(rf"len\(\s*{leaf}\.shape\s*\)\s*==\s*(\d)|\b{leaf}\.(?:dim\(\)|ndim)"
+                       rf"\s*==\s*(\d)", text)  # ``assert len(w.shape) == 3``
+    if stated:
+        return int(stated.group(1) or stated.group(2))
     if re.search(rf"\b{leaf}(\.shape\[1\]|\.size\(1\)|\[:, |\.stride\(1\)|\.shape\[-1\])",
                  text):
         return 2
@@ -367,6 +371,22 @@ def _aliases(key: str, scopes: Iterable[ast.AST]) -> set[str]:
                 elif known.startswith(value + "."):
                     same.add(target + known[len(value):])
     return same
+
+
+_EVENT_USES = frozenset(("record", "synchronize", "wait", "query", "elapsed_time"))
+
+
+def indexed_items(key: str, trace: Trace, fn: Function, scopes: tuple[ast.AST, ...]) -> str | None:
+    """A list that the class fills later and indexes (``self.done[slot].record()``): four
+    items of the kind their use says (events, tensors); None where it is not indexed."""
+    uses = {n.attr for scope in (fn.node, *scopes) for n in ast.walk(scope)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Subscript)
+            and _text(n.value.value) in _aliases(key, (fn.node, *scopes))}
+    if uses and uses <= _EVENT_USES:
+        return "[_recorded_event() for _ in range(4)]"
+    if uses and uses <= _TENSOR_USES:
+        return f"[{_tensor(key, trace, fn)} for _ in range(4)]"
+    return None
 
 
 def _unpacked_into(key: str, scopes: Iterable[ast.AST]) -> list[str]:
@@ -472,10 +492,12 @@ def kind_of_use(names: set[str], scopes: Iterable[ast.AST]) -> str | None:
                 kinds.add("int")  # a size
             elif isinstance(node, ast.Subscript) and _text(node.value) in names:
                 kinds.add("sequence")
+            elif isinstance(node, ast.Subscript) and _text(node.slice) in names:
+                kinds.add("index")  # ``done[slot]``: the first slot
     if "bound" in kinds:
         kinds.discard("bound")
         kinds.add("bound" if kinds <= {"int", "bound"} else "int")
-    for kind in ("tensor", "dtype", "device", "bound", "int", "sequence"):
+    for kind in ("tensor", "dtype", "device", "index", "bound", "int", "sequence"):
         if kind in kinds:
             return kind
     return None
@@ -531,8 +553,12 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
     if kind == "device" or (kind is None and not attrs and re.fullmatch(r"(\w+_)?device",
                                                                           leaf)):
         return "DEVICE"
+    if re.fullmatch(r"(\w+_)?device", leaf) and attrs <= {"index", "type"}:
+        return "torch.device(DEVICE, 0)"  # its index or type read: a device, not a name
     if kind == "tensor" and trace is not None:
         return _tensor(key, trace, fn)
+    if kind == "index":
+        return "0"
     if kind == "bound":  # an upper bound holds any example's n items
         return _int(key) if _int(key) != "n" else "64"
     if kind == "int" and "." not in key and trace is not None and not _INTISH.search(leaf):
