@@ -7,7 +7,11 @@ sites in any file of the package (a literal is passed as it is; a lambda, a
 list or an iterator keeps its kind), the parameter's annotation, and last how
 the function itself uses the parameter (called, iterated, its attributes
 read: an object with those attributes). A parameter with a default that no
-caller overrides keeps its default. The scan's names (tensors, host and
+caller overrides keeps its default. Uses are read across the class's methods
+and through the locals that hold a value (``kind_of_use``): a tensor's method
+makes a tensor, arithmetic or an index a number, a factory's ``dtype=`` a
+dtype; an engine's state then has the types its code needs, not objects that
+break at the first comparison. The scan's names (tensors, host and
 pinned memory, streams, events) decide a tensor's device and a stream's kind.
 """
 
