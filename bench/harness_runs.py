@@ -161,8 +161,12 @@ def _first(text: str, outcome: str) -> str:
         m = re.search(r"(lifetime|unordered|race|value)[^\n]*", text.split("StreamfuzzError",
                                                                           1)[1])
         return m.group(0)[:200] if m else ""
-    errors = [ln for ln in text.splitlines() if re.match(r"E\s+\w+(Error|Exception)\b", ln)]
-    errors = errors or [ln for ln in text.splitlines() if ln.startswith("E ")]
+    # pytest's ``E   TypeError: ...`` lines, else hypothesis's grouped ``|   TypeError: ...``
+    # (several distinct errors: the first), else any ``E`` line, else the last line.
+    errors = [ln for ln in text.splitlines() if re.match(r"E\s+[\w.]+(Error|Exception)\b", ln)]
+    grouped = [ln.strip(" |") for ln in text.splitlines()
+               if re.match(r"\s*\|\s+[\w.]+(Error|Exception|Skipped)\b", ln)]
+    errors = errors or grouped[:1] or [ln for ln in text.splitlines() if ln.startswith("E ")]
     return (errors[-1] if errors else text.strip().splitlines()[-1])[:200]
 
 

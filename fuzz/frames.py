@@ -56,7 +56,9 @@ _SKIP_PATHS = frozenset(
     p for f in (Path(contextlib.__file__), Path(threading.__file__), _FUZZ / "streams.py",
                 _FUZZ / "protocol" / "runner.py", *_API.glob("*.py"),
                 # The wrappers a user's call goes through: a finding quotes the call.
-                _FUZZ / "collectives.py", _FUZZ / "annotations.py")
+                _FUZZ / "collectives.py", _FUZZ / "annotations.py",
+                # A stood-in extension call: the package line that called it is the site.
+                _FUZZ / "scan" / "standins.py")
     for p in (str(f), str(Path(f).resolve())))
 # A mode's hook is the harness watching an op, never the code that issued it.
 _MODE_HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})

@@ -76,17 +76,22 @@ class Writer:
         from streamfuzz.fuzz.scan.report import write
 
         pkg, fn = self._package_of(file, line)
-        trace = pkg.walk(fn)
-        findings = hazards.judge(trace)
+        findings = hazards.judge(pkg.walk(fn))
         if record is not None:
             from streamfuzz.fuzz.scan import harness_recorded
 
             call = harness_recorded.sketch_for(*record, self.source, fn.file, fn)
             code = harness_recorded.render(self.source, fn.file, fn, findings, call, record[1])
         else:
-            args = harness_args.decide(pkg, self.sites, fn, trace)
-            attrs = _object_attributes(pkg, fn, trace) if fn.cls is not None else {}
-            code = render(self.source.spec, fn.file, fn, findings, args, attrs)
+            # A closure is reached only through the function that defines it: the
+            # harness calls that one, as the package does, and the closure runs inside.
+            outer = _enclosing(pkg, fn)
+            called = outer or fn
+            trace = pkg.walk(called)
+            args = harness_args.decide(pkg, self.sites, called, trace)
+            attrs = _object_attributes(pkg, called, trace) if called.cls is not None else {}
+            code = render(self.source.spec, called.file, called, findings, args, attrs,
+                          closure=fn if outer is not None else None)
         path = out or Path(f"test_streamfuzz_{_ident(fn.qualname)}.py")
         write(path, code)
         return path
@@ -120,6 +125,15 @@ def _ident(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", text)
 
 
+def _enclosing(pkg: Package, fn: Function) -> Function | None:
+    """The outermost function ``fn`` is nested in (a method or a module's function), or
+    None where ``fn`` is not a closure."""
+    outer = [f for f in pkg.functions if f.file == fn.file and f is not fn and
+             fn.qualname.startswith(f.qualname + ".") and
+             f.node.lineno < fn.node.lineno <= (f.node.end_lineno or f.node.lineno)]
+    return min(outer, key=lambda f: f.node.lineno) if outer else None
+
+
 def _function_at(pkg: Package, file: str, line: int) -> Function:
     inside = [f for f in pkg.functions if f.file == file and
               f.node.lineno <= line <= (f.node.end_lineno or f.node.lineno)]
@@ -149,6 +163,7 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
                 None)
     made: dict[str, ast.expr] = {}
+    annotated: dict[str, str] = {}
     if init is not None:
         for node in ast.walk(init):
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -156,6 +171,8 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
                             t.value.id == "self":
                         made.setdefault(t.attr, node.value)
+                        if isinstance(node, ast.AnnAssign):
+                            annotated.setdefault(t.attr, ast.unparse(node.annotation))
     read = set()
     # The class's methods, and the module's functions (a decorator's wrapper takes a lock
     # of the object it wraps).
@@ -171,12 +188,34 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
         key = f"self.{a}"
         assigned = made.get(a)
         if assigned is not None and _constructed(assigned):  # the package's object: by its use
-            out[a] = harness_args.use_of(key, fn, trace)
+            out[a] = harness_args.use_of(key, fn, trace, scopes=(cls,))
             continue
+        # A container the class fills later (``self.bufs: list[Tensor] = []``, appended
+        # to per layer) holds what its annotation says, so an index into it is in range.
+        filled = harness_args.annotated_container(annotated.get(a, ""), key, trace, fn)
+        if filled is not None:
+            out[a] = filled
+            continue
+        if _initial(assigned) == "[]":
+            filled = harness_args.indexed_items(key, trace, fn, (cls,))
+            if filled is not None:
+                out[a] = filled
+                continue
         value = _initial(assigned) if key not in (
             trace.tensors | trace.streams | trace.events | trace.host | trace.pinned) else None
-        out[a] = value or harness_args.attribute_value(key, trace, fn)
+        out[a] = value or harness_args.attribute_value(key, trace, fn, scopes=(cls,),
+                                                       dtype=_stated_dtype(assigned))
     return out
+
+
+def _stated_dtype(value: ast.expr | None) -> str:
+    """``torch.empty(size, dtype=torch.uint8)``: the dtype a factory states, else ''."""
+    if not isinstance(value, ast.Call):
+        return ""
+    for k in value.keywords:
+        if k.arg == "dtype" and re.fullmatch(r"torch\.\w+", ast.unparse(k.value)):
+            return ast.unparse(k.value)
+    return ""
 
 
 def _constructed(value: ast.expr) -> bool:
@@ -201,6 +240,17 @@ def _initial(value: ast.expr | None) -> str | None:
         return text
     if isinstance(value, ast.Constant) or text in ("[]", "{}", "set()", "()"):
         return text
+    if isinstance(value, ast.ListComp) and len(value.generators) == 1 and re.fullmatch(
+            r"range\(.*\)", ast.unparse(value.generators[0].iter)):  # [Event() for _ in range(k)]
+        item = _initial(value.elt)
+        count = ast.unparse(value.generators[0].iter)
+        if not re.fullmatch(r"range\(\d+\)", count):
+            count = "range(4)"  # a depth the package reads from its config
+        if item is not None:
+            return f"[{item} for _ in {count}]"
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult) and isinstance(
+            value.left, ast.List) and _initial(value.left) is not None:  # [0] * depth
+        return f"{ast.unparse(value.left)} * 4"
     if re.search(r"\bcurrent_stream\(\)$", text):
         return harness_args.CURRENT
     if re.search(r"\bStream\(", text):
@@ -261,12 +311,17 @@ def _consume(value):
 
 
 def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
-           args: harness_args.Arguments, attrs: dict[str, str]) -> str:
-    """The harness source."""
+           args: harness_args.Arguments, attrs: dict[str, str],
+           closure: Function | None = None) -> str:
+    """The harness source; ``closure``: the function of the findings, defined inside
+    ``fn``, which the harness calls."""
     findings = sorted(findings, key=lambda f: (-f.score, f.line))
-    name = _ident(fn.qualname)
+    name = _ident((closure or fn).qualname)
+    head = f"{closure.qualname} ({file}:{closure.node.lineno}), a closure: the harness " \
+        f"calls {fn.qualname}, which defines and calls it" if closure else \
+        f"{fn.qualname} ({file}:{fn.node.lineno})"
     lines = [
-        f'"""streamfuzz harness for {fn.qualname} ({file}:{fn.node.lineno}).',
+        f'"""streamfuzz harness for {head}.',
         "",
         "Written by `python -m streamfuzz scan --harness`. Run it with",
         "`pytest THIS_FILE --streamfuzz-device cpu` (simulated CUDA streams, no GPU) or",
@@ -276,6 +331,7 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
         "import os",
         "import threading  # noqa: F401 - where the class keeps a lock",
         "",
+        *(["import numpy as np"] if any("np." in v for v in args.values.values()) else []),
         "import torch",
         "from hypothesis import given, settings",
         "from hypothesis import strategies as st",
@@ -327,16 +383,23 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
               "    with streamfuzz.checked():"]
     body: list[str] = []
     if fn.cls is not None:
-        body += ["obj = _object(n)"]
+        body += ["obj = _object(n)",
+                 "torch.cuda.synchronize()  # an engine builds it at start-up, long before a "
+                 "step"]
     if "side" in args.contexts:
         body += ["context = torch.cuda.Stream()  # every caller calls it under a stream "
                  "context",
                  "context.wait_stream(torch.cuda.current_stream())"]
+    sides = [k for k, v in args.values.items() if v == harness_args.SIDE]
+    if sides:  # an engine makes its streams once: both calls get the same one
+        body += ["streams = {" + ", ".join(f"{k!r}: torch.cuda.Stream()" for k in sides) + "}"]
     body += ["# Two calls in a row, as the engine's steps make them; the caller drops its",
              "# references after each.",
              "for _step in range(2):"]
     call = f"{target}(**args)"
     body += ["    args = _arguments(n)"]
+    if sides:
+        body += ["    args.update(streams)"]
     body += [f"    args[{k!r}].wait_stream(torch.cuda.current_stream())  # as every caller "
              "does first" for k in args.waits]
     if "side" in args.contexts:

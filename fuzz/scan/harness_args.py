@@ -7,7 +7,11 @@ sites in any file of the package (a literal is passed as it is; a lambda, a
 list or an iterator keeps its kind), the parameter's annotation, and last how
 the function itself uses the parameter (called, iterated, its attributes
 read: an object with those attributes). A parameter with a default that no
-caller overrides keeps its default. The scan's names (tensors, host and
+caller overrides keeps its default. Uses are read across the class's methods
+and through the locals that hold a value (``kind_of_use``): a tensor's method
+makes a tensor, arithmetic or an index a number, a factory's ``dtype=`` a
+dtype; an engine's state then has the types its code needs, not objects that
+break at the first comparison. The scan's names (tensors, host and
 pinned memory, streams, events) decide a tensor's device and a stream's kind.
 """
 
@@ -19,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from streamfuzz.fuzz.scan import callers
-from streamfuzz.fuzz.scan.names import INDEXISH, STREAMISH
+from streamfuzz.fuzz.scan.names import EVENTISH, INDEXISH, STREAMISH
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import SourceFile
@@ -168,6 +172,9 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
     if literal is not None:
         return literal, "the callers' literal"
     shape = _passed_shape(passed)
+    array = _numpy(ann, name, fn)
+    if array is not None:
+        return array, f"a NumPy array (its annotation, {ann})"
     if name in trace.streams or "Stream" in ann:
         return SIDE, "a stream the callers make apart from the current one"
     if name in trace.events or "Event" in ann:
@@ -181,20 +188,38 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         listed = shape == "list" or re.match(r"(list|List|Sequence|tuple|Tuple)\[", ann)
         tensor = _tensor(name, trace, fn)
         return (f"[{tensor}, {tensor}]" if listed else tensor), "a tensor (the scan's)"
+    used = {n.attr for n in ast.walk(fn.node) if isinstance(n, ast.Attribute) and
+            _text(n.value) == name}
+    if used and used <= _TENSOR_USES and kind_of_use({name}, [fn.node]) == "tensor":
+        # Its own use outweighs what a call of the same name elsewhere passes.
+        return _tensor(name, trace, fn), "a tensor (the function's use of it)"
     if shape is not None:
         return {"lambda": _CALLABLE, "list": "[]", "dict": "{}", "iter": "iter([])"}[shape], \
             f"the callers pass a {shape}"
     return _by_use(name, trace, fn)
 
 
+def _numpy(ann: str, name: str, fn: Function) -> str | None:
+    """A host array where the annotation says NumPy (``np.ndarray``, ``npt.NDArray[np.int32]``):
+    its dtype where stated, else int32 (a mask or an index, the common host arrays)."""
+    if not re.match(r"(np|numpy|npt|numpy\.typing)\.(ndarray|NDArray)\b|NDArray\b", ann):
+        return None
+    dtype = re.search(r"\b(?:np|numpy)\.(u?int\d+|float\d+|bool_)\b", ann)
+    ndim = _ndim(name, fn.text)
+    shape = f"(n, {', '.join(['4'] * (ndim - 1))})" if ndim > 1 else "n"
+    return f"np.zeros({shape}, dtype=np.{dtype.group(1) if dtype else 'int32'})"
+
+
 def _int(name: str) -> str:
     """An int by its name: a rank or an offset is 0, a size or capacity is large
     (a slot must hold what is written), anything else the example's size."""
     leaf = name.rsplit(".", 1)[-1].lower()
-    if re.search(r"rank|^src$|^dst$|root|offset|start|begin|^idx|index", leaf):
+    if re.search(r"rank|^src$|^dst$|root|offset|start|begin|^idx|index|(^|_)id$", leaf):
         return "0"
     if re.search(r"size|capacity|bytes|limit|max", leaf):
         return "1 << 20"
+    if re.search(r"len$|length", leaf):  # holds any example's n tokens
+        return "64"
     return "n"
 
 
@@ -259,6 +284,16 @@ def _annotated(ann: str, tensor: str = "None") -> str | None:
     return None
 
 
+def annotated_container(ann: str, key: str, trace: Trace, fn: Function) -> str | None:
+    """A list or tuple of items that its annotation names (``list[torch.Tensor]``,
+    ``list[int]``), two of them; None for any other annotation or an empty one."""
+    ann = _unwrap(ann)
+    if not re.match(r"(typing\.)?(list|List|Sequence|tuple|Tuple)\[", ann):
+        return None
+    value = _annotated(ann, _tensor(key, trace, fn))
+    return value if value not in (None, "[]", "()") else None
+
+
 def _args(inner: str) -> list[str]:
     """The top-level arguments of a subscript's text: ``str, tuple[int, int]``."""
     out, depth, cur = [], 0, ""
@@ -273,32 +308,123 @@ def _args(inner: str) -> list[str]:
     return [*out, cur.strip()] if cur.strip() else out
 
 
-def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n") -> str:
-    text = fn.text
+def _ndim(key: str, text: str) -> int:
+    """How many dimensions the function's use of ``key`` needs: the names its shape is
+    unpacked into (``rows, _, hidden = x.shape``), else 2 where it reads a second
+    dimension, else 1."""
     leaf = re.escape(key)
-    two_d = re.search(rf"\b{leaf}(\.shape\[1\]|\.size\(1\)|\[:, |\.stride\(1\)|\.shape\[-1\])",
-                      text)
-    shape = f"({scalar}, 4)" if two_d else scalar
+    unpacked = re.search(rf"^\s*\(?((?:\w+\s*,\s*)+\w+)\)?\s*=\s*{leaf}\.shape\s*$", text,
+                         re.M)
+    if unpacked:
+        return len(unpacked.group(1).split(","))
+    stated = re.search(rf"len\(\s*{leaf}\.shape\s*\)\s*==\s*(\d)|\b{leaf}\.(?:dim\(\)|ndim)"
+                       rf"\s*==\s*(\d)", text)  # ``assert len(w.shape) == 3``
+    if stated:
+        return int(stated.group(1) or stated.group(2))
+    if re.search(rf"\b{leaf}(\.shape\[1\]|\.size\(1\)|\[:, |\.stride\(1\)|\.shape\[-1\])",
+                 text):
+        return 2
+    return 1
+
+
+def _tensor(key: str, trace: Trace, fn: Function, scalar: str = "n", dtype: str = "") -> str:
+    """A tensor for ``key``; ``dtype``: the one the package makes it with, where stated
+    (a byte pool, ``torch.uint8``, holds any slot's bytes: 1 MiB)."""
+    if dtype:
+        size = "1 << 20" if dtype == "torch.uint8" else scalar
+        place = "pin_memory=True" if key in trace.pinned else "" if key in trace.host else \
+            "device=DEVICE"
+        return f"torch.zeros({size}, dtype={dtype}{', ' + place if place else ''})"
+    ndim = _ndim(key, fn.text)
+    shape = f"({scalar}, {', '.join(['4'] * (ndim - 1))})" if ndim > 1 else scalar
+    if _LENGTHS.search(key.rsplit(".", 1)[-1]) and ndim == 1:  # one token per request
+        return f"torch.ones({scalar}, device=DEVICE, dtype=torch.int64)"
     if key in trace.pinned:
         return f"torch.zeros({shape}, pin_memory=True)"
     if key in trace.host:
         return f"torch.zeros({shape})"
-    if INDEXISH.search(key.rsplit(".", 1)[-1]) and not two_d:
+    if INDEXISH.search(key.rsplit(".", 1)[-1]) and ndim == 1:
         return f"torch.randperm({scalar}, device=DEVICE)"
-    return f"torch.arange({scalar} * {4 if two_d else 1}, device=DEVICE, " \
-           f"dtype=torch.float32).view({shape})" if two_d else \
-        f"torch.arange({scalar}, device=DEVICE, dtype=torch.float32)"
+    if ndim == 1:
+        return f"torch.arange({scalar}, device=DEVICE, dtype=torch.float32)"
+    return f"torch.arange({scalar} * {4 ** (ndim - 1)}, device=DEVICE, " \
+           f"dtype=torch.float32).view({shape})"
 
 
-def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0) -> str:
-    """What ``self.x`` (or ``param.x``) is set to: the scan's kind of it, else an object."""
+def _aliases(key: str, scopes: Iterable[ast.AST]) -> set[str]:
+    """``key`` and the locals that hold it: ``attn = self.attn`` then ``streams =
+    attn.aux_stream_list`` make ``streams`` an alias of ``self.attn.aux_stream_list``."""
+    pairs = []
+    for scope in scopes:
+        for n in ast.walk(scope):
+            if not isinstance(n, ast.Assign) or len(n.targets) != 1:
+                continue
+            t, v = n.targets[0], n.value
+            if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) and len(t.elts) == len(
+                    v.elts):  # ``indexer, compressor = attn.indexer, attn.compressor``
+                pairs += [(_text(a), _text(b)) for a, b in zip(t.elts, v.elts)]
+            elif isinstance(t, ast.Name):
+                pairs += [(t.id, _text(x)) for x in (
+                    [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v])]
+    same = {key}
+    for _ in range(3):
+        for target, value in pairs:
+            for known in list(same):
+                if value == known:
+                    same.add(target)
+                elif known.startswith(value + "."):
+                    same.add(target + known[len(value):])
+    return same
+
+
+_EVENT_USES = frozenset(("record", "synchronize", "wait", "query", "elapsed_time"))
+
+
+def indexed_items(key: str, trace: Trace, fn: Function, scopes: tuple[ast.AST, ...]) -> str | None:
+    """A list that the class fills later and indexes (``self.done[slot].record()``): four
+    items of the kind their use says (events, tensors); None where it is not indexed."""
+    uses = {n.attr for scope in (fn.node, *scopes) for n in ast.walk(scope)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Subscript)
+            and _text(n.value.value) in _aliases(key, (fn.node, *scopes))}
+    if uses and uses <= _EVENT_USES:
+        return "[_recorded_event() for _ in range(4)]"
+    if uses and uses <= _TENSOR_USES:
+        return f"[{_tensor(key, trace, fn)} for _ in range(4)]"
+    return None
+
+
+def _unpacked_into(key: str, scopes: Iterable[ast.AST]) -> list[str]:
+    """The names ``key`` is unpacked into somewhere (``a, b = self._events``); []."""
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                    node.targets[0], ast.Tuple) and _text(node.value) == key:
+                return [_text(t) for t in node.targets[0].elts]
+    return []
+
+
+def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0,
+                    scopes: tuple[ast.AST, ...] = (), dtype: str = "") -> str:
+    """What ``self.x`` (or ``param.x``) is set to: the scan's kind of it, else by its
+    use in ``fn`` and ``scopes`` (the other methods of its class). Where it is
+    unpacked, a tuple of as many, each of that kind or by its own name's use."""
+    parts = _unpacked_into(key, (fn.node, *scopes)) if depth < 2 else []
+    if parts:
+        kind = {**dict.fromkeys(trace.streams, SIDE), **dict.fromkeys(
+            trace.events, "_recorded_event()")}.get(key)
+        items = [kind or ("None" if p == "_" else attribute_value(
+            p, trace, fn, depth + 1, scopes)) for p in parts]
+        return f"({', '.join(items)},)"
+    same = _aliases(key, (fn.node, *scopes))
+    indexed = any(isinstance(n, ast.Subscript) and _text(n.value) in same
+                  for scope in (fn.node, *scopes) for n in ast.walk(scope))
     if key in trace.streams:
-        return SIDE
+        return f"[{SIDE} for _ in range(4)]" if indexed else SIDE
     if key in trace.events:
-        return "_recorded_event()"
+        return "[_recorded_event() for _ in range(4)]" if indexed else "_recorded_event()"
     if key in trace.tensors or key in trace.pinned or key in trace.host:
-        return _tensor(key, trace, fn)
-    return use_of(key, fn, trace, depth)
+        return _tensor(key, trace, fn, dtype=dtype)
+    return use_of(key, fn, trace, depth, scopes)
 
 
 def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
@@ -307,41 +433,165 @@ def _by_use(name: str, trace: Trace, fn: Function) -> tuple[str, str]:
         "an object (the function's use says no more)"
 
 
-def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0) -> str:
-    """A value for ``key`` from how ``fn`` uses it (or a local it is copied to):
-    called, iterated, or an object with the attributes it reads."""
-    names = {key} | {t.id for n in ast.walk(fn.node) if isinstance(n, ast.Assign)
-                     and _text(n.value) == key for t in n.targets if isinstance(t, ast.Name)}
-    calls, iters, attrs, numbers = False, False, set(), set()
-    for node in ast.walk(fn.node):
+# What only a tensor has: a use of one of these on a value makes it a tensor.
+_TENSOR_USES = frozenset((
+    "to", "contiguous", "shape", "numel", "unsqueeze", "squeeze", "view", "reshape",
+    "item", "sum", "dim", "stride", "copy_", "fill_", "zero_", "index_select",
+    "index_fill_", "narrow", "split", "flatten", "cumsum", "data_ptr", "element_size",
+    "nbytes", "is_cuda", "record_stream", "expand", "permute", "tolist", "long", "int",
+    "float", "cpu", "cuda", "clone", "untyped_storage", "device", "dtype", "is_contiguous"))
+_ARITH = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div, ast.Mod, ast.Pow,
+          ast.LShift, ast.RShift)
+
+
+def _operands(node: ast.expr) -> Iterable[ast.expr]:
+    """``node`` and what it computes from without a call or an index: the values a
+    method of ``node`` is applied to."""
+    yield node
+    if isinstance(node, ast.BinOp):  # ``(x - 1).to(...)``: x is the tensor; not ``a * b``
+        if isinstance(node.right, ast.Constant):
+            yield from _operands(node.left)
+        elif isinstance(node.left, ast.Constant):
+            yield from _operands(node.right)
+    elif isinstance(node, ast.UnaryOp):
+        yield from _operands(node.operand)
+
+
+def kind_of_use(names: set[str], scopes: Iterable[ast.AST]) -> str | None:
+    """What the uses of ``names`` say a value is: 'tensor' (a tensor's method or
+    attribute is used on it, alone or in arithmetic), 'int' (arithmetic, an
+    order comparison, ``range()``, an index or slice bound), 'dtype' or 'device'
+    (passed as a tensor factory's ``dtype=``/``device=``); None where none says."""
+    kinds: set[str] = set()
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Attribute) and node.attr in _TENSOR_USES and any(
+                    _text(x) in names for x in _operands(node.value)):
+                kinds.add("tensor")
+            elif isinstance(node, ast.keyword) and node.arg in ("dtype", "device") and \
+                    _text(node.value) in names:
+                kinds.add(node.arg)
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, _ARITH) and (
+                    _text(node.left) in names or _text(node.right) in names):
+                kinds.add("int")
+            elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(
+                    node.ops[0], (ast.Gt, ast.GtE, ast.Lt, ast.LtE)) and _text(
+                    node.comparators[0] if isinstance(node.ops[0], (ast.Gt, ast.GtE))
+                    else node.left) in names:
+                kinds.add("bound")  # ``len(x) > self.entries``: a capacity
+            elif isinstance(node, ast.Compare) and not any(
+                    isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn, ast.Eq, ast.NotEq))
+                    for op in node.ops) and any(_text(x) in names for x in
+                                               [node.left, *node.comparators]):
+                kinds.add("int")
+            elif isinstance(node, ast.Call) and _text(node.func) == "range" and any(
+                    _text(a) in names for a in node.args):
+                kinds.add("int")
+            elif isinstance(node, ast.Slice) and any(
+                    x is not None and _text(x) in names for x in (node.lower, node.upper)):
+                kinds.add("int")
+            elif isinstance(node, ast.Call) and _factory(node) and any(
+                    _text(x) in names for a in node.args for x in (
+                        a.elts if isinstance(a, (ast.Tuple, ast.List)) else [a])):
+                kinds.add("int")  # a size
+            elif isinstance(node, ast.Subscript) and _text(node.value) in names:
+                kinds.add("sequence")
+            elif isinstance(node, ast.Subscript) and _text(node.slice) in names:
+                kinds.add("index")  # ``done[slot]``: the first slot
+    if "bound" in kinds:
+        kinds.discard("bound")
+        kinds.add("bound" if kinds <= {"int", "bound"} else "int")
+    for kind in ("tensor", "dtype", "device", "index", "bound", "int", "sequence"):
+        if kind in kinds:
+            return kind
+    return None
+
+
+# Per-request lengths (``seq_lens``, ``extend_seq_lens_cpu``): one each, so that their
+# sum is the batch's row count, as every package's layout assumes.
+_LENGTHS = re.compile(r"lens(_cpu)?$|lengths(_cpu)?$")
+# Names of numbers, not tensors, where a parameter is only used in arithmetic.
+_INTISH = re.compile(r"(^|_)(n|num|count|size|len|length|rank|idx|index|offset|id|step|"
+                     r"start|end|stride|width|height|dim|bytes|capacity)s?($|_)|^(i|j)$")
+_FACTORIES = frozenset(("empty", "zeros", "ones", "full", "rand", "randn", "randint",
+                        "arange", "view", "reshape", "expand", "new_empty", "new_zeros",
+                        "new_full", "narrow", "split", "repeat"))
+
+
+def _factory(call: ast.Call) -> bool:
+    """A tensor factory or shape method: its positional integers are sizes."""
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(
+        call.func, "id", "")
+    return name in _FACTORIES and (not isinstance(call.func, ast.Attribute) or _text(
+        call.func.value) in ("torch",) or name not in ("empty", "zeros", "ones", "full",
+                                                        "rand", "randn", "randint", "arange"))
+
+
+def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
+           scopes: tuple[ast.AST, ...] = ()) -> str:
+    """A value for ``key`` from how ``fn`` (and ``scopes``: its class's other methods)
+    use it (or a local it is copied to): a tensor, a number, a dtype or a device
+    by ``kind_of_use``; called, iterated, or an object with the attributes it
+    reads."""
+    where = (fn.node, *scopes)
+    names = _aliases(key, (fn.node,))
+    calls, iters, attrs = False, False, set()
+    for node in (n for scope in where for n in ast.walk(scope)):
         if isinstance(node, ast.Call) and _text(node.func) in names:
             calls = True
-        if isinstance(node, (ast.For, ast.comprehension)) and _text(node.iter) in names:
+        if isinstance(node, (ast.For, ast.comprehension)) and (_text(node.iter) in names or (
+                isinstance(node.iter, ast.Call) and _text(node.iter.func) in (
+                    "enumerate", "zip", "list", "sorted", "reversed", "iter") and
+                any(_text(a) in names for a in node.iter.args))):
             iters = True
         if isinstance(node, ast.Attribute) and _text(node.value) in names:
             attrs.add(node.attr)
-        if isinstance(node, (ast.BinOp, ast.Compare)):  # an attribute used as a number
-            for side in ([node.left, node.right] if isinstance(node, ast.BinOp)
-                         else [node.left, *node.comparators]):
-                if isinstance(side, ast.Attribute) and _text(side.value) in names:
-                    numbers.add(side.attr)
     if calls:
         return _CALLABLE
     if iters:
         return "[]"
+    kind = kind_of_use(names, where) if not (attrs - _TENSOR_USES) else None
+    leaf = key.rsplit(".", 1)[-1]
+    if kind == "dtype" or (kind is None and not attrs and re.search(r"dtype$", leaf)):
+        return "torch.float32"
+    if kind == "device" or (kind is None and not attrs and re.fullmatch(r"(\w+_)?device",
+                                                                          leaf)):
+        return "DEVICE"
+    if re.fullmatch(r"(\w+_)?device", leaf) and attrs <= {"index", "type"}:
+        return "torch.device(DEVICE, 0)"  # its index or type read: a device, not a name
+    if kind == "tensor" and trace is not None:
+        return _tensor(key, trace, fn)
+    if kind == "index":
+        return "0"
+    if kind == "bound":  # an upper bound holds any example's n items
+        return _int(key) if _int(key) != "n" else "64"
+    if kind == "int" and "." not in key and trace is not None and not _INTISH.search(leaf):
+        return _tensor(key, trace, fn)  # a bare parameter in arithmetic: a tensor as often
+    if kind == "int":
+        return _int(key)
+    if kind == "sequence":  # by its name: events, streams, lengths, else numbers
+        if EVENTISH.search(leaf):
+            return "[_recorded_event() for _ in range(4)]"
+        if STREAMISH.search(leaf):
+            return f"[{SIDE} for _ in range(4)]"
+        return "[1] * n" if _LENGTHS.search(leaf) else f"[{_int(key)}, {_int(key)}]"
     if attrs and trace is not None and depth < 2:
         fields = []
         for a in sorted(attrs):
             if any(_is_method_call(fn, name, a) for name in names):
-                fields.append(f"{a}={_CALLABLE}")
-                continue
-            if a in numbers:
-                fields.append(f"{a}={_int(a)}")
+                chained = sorted({n.attr for n in ast.walk(fn.node) if isinstance(
+                    n, ast.Attribute) and isinstance(n.value, ast.Call) and _text(
+                    n.value.func) in {f"{name}.{a}" for name in names}})
+                if chained:  # ``ring.submit().wait(...)``: a handle whose methods give results
+                    handle = ", ".join(f"{c}=lambda *args, **kwargs: []" for c in chained)
+                    fields.append(f"{a}=lambda *args, **kwargs: _Object({handle})")
+                else:
+                    fields.append(f"{a}=_first_tensor")  # what it is given, as a layer returns
                 continue
             sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
                 trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
                 f"{key}.{a}")
-            fields.append(f"{a}={attribute_value(sub, trace, fn, depth + 1)}")
+            fields.append(f"{a}={attribute_value(sub, trace, fn, depth + 1, scopes)}")
         return f"_Object({', '.join(fields)})"
     return "_Object()"
 

@@ -31,6 +31,10 @@ from typing import Any
 
 from streamfuzz.fuzz.scan.sources import ScanInputError, Source, open_source
 
+PLATFORMS = ("npu", "xpu", "musa", "mlu", "hpu")
+"""``torch.<name>`` device modules with CUDA's stream API that a package's files see
+as ``torch.cuda`` (the simulated device, or the real one)."""
+
 DEPTH = 2
 """How many files away from the function's own a package import is still loaded
 for real: its callees' files, and theirs; further ones are stood in."""
@@ -58,6 +62,7 @@ class _StandInType(type):
         if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(
                 args[0], _StandInType):
             return args[0]  # a stood-in decorator
+        _reads_tensors(cls.__qualname__, args, kwargs)
         return super().__call__()
 
 
@@ -72,6 +77,7 @@ class _StandInBase:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) == 1 and not kwargs and callable(args[0]):
             return args[0]
+        _reads_tensors(f"{type(self).__qualname__}()", args, kwargs)
         return _stand_in(f"{type(self).__qualname__}()()", self._registry)()
 
     def __enter__(self) -> Any:
@@ -82,6 +88,56 @@ class _StandInBase:
 
     def __bool__(self) -> bool:
         return False
+
+
+def _tensors_in(values: Any, depth: int = 0) -> list[Any]:
+    torch = sys.modules["torch"]
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)) and depth < 2:
+            out.extend(_tensors_in(v, depth + 1))
+    return out
+
+
+def _reads_tensors(name: str, args: Any, kwargs: Any) -> None:
+    """A stood-in call given tensors: an extension's kernel, seen as one that reads them
+    on the current stream (its writes are not known, so not claimed)."""
+    if "torch" not in sys.modules:
+        return
+    from streamfuzz.fuzz import streams
+
+    if streams.running() is None and "streamfuzz.fuzz.oracles.lifetime_cuda" not in sys.modules:
+        return
+    tensors = _tensors_in([*args, *kwargs.values()])
+    if tensors:
+        from streamfuzz.fuzz.annotations import describe
+
+        describe(tensors, [], f"stood-in {name}")
+
+
+class _PlatformTorch(types.ModuleType):
+    """``torch`` as a package's files see it: every platform's device module
+    (``PLATFORMS``) is ``torch.cuda``."""
+
+    def __getattr__(self, attr: str) -> Any:
+        import torch
+
+        if attr in PLATFORMS:
+            return torch.cuda
+        if attr == "get_device_module":  # the accelerator's module: the simulated one
+            return lambda device=None: torch.cuda
+        return getattr(torch, attr)
+
+
+def _platform_torch() -> types.ModuleType:
+    import torch
+
+    proxy = _PlatformTorch("torch", torch.__doc__)
+    proxy.__file__ = torch.__file__
+    proxy.__path__ = list(torch.__path__)
+    return proxy
 
 
 def _stand_in(name: str, registry: list[str]) -> type:
@@ -190,7 +246,7 @@ class _Loader:
         self.modules[mod] = module
         sys.modules[module.__name__] = module
         try:
-            skipped = _run_statements(text, filename, module.__dict__)
+            skipped = _run_statements(text, filename, module.__dict__, self.stood)
         except SyntaxError as exc:  # a file that does not parse is stood in
             if level == 0:
                 raise ScanInputError(f"{path}: {exc}") from None
@@ -208,6 +264,8 @@ class _Loader:
             absolute = _absolute(mod, globals, level)
             if absolute is not None and absolute.split(".")[0] in self.tops:
                 return self._package_import(absolute, fromlist, level_of_file + 1)
+            if level == 0 and (mod == "torch" or mod.startswith("torch.")):
+                return self._torch(mod, fromlist)
             if level == 0:
                 try:
                     return _builtins.__import__(mod, globals, locals, fromlist, level)
@@ -215,6 +273,29 @@ class _Loader:
                     pass
             return _module_stand_in("." * level + mod, fromlist, self.stood)
         return _import
+
+    def _torch(self, mod: str, fromlist: Any) -> Any:
+        """``import torch...``: the real modules, seen through ``_PlatformTorch``, where a
+        platform's device module is ``torch.cuda``."""
+        parts = mod.split(".")
+        if len(parts) > 1 and parts[1] in PLATFORMS:
+            import torch
+
+            if fromlist:
+                return torch.cuda if len(parts) == 2 else _module_stand_in(mod, fromlist,
+                                                                           self.stood)
+            return self._torch_proxy()
+        module = _builtins.__import__(mod, None, None, fromlist, 0)
+        if fromlist and mod != "torch":
+            return module
+        return self._torch_proxy()
+
+    _proxy: types.ModuleType | None = None
+
+    def _torch_proxy(self) -> types.ModuleType:
+        if self._proxy is None:
+            self._proxy = _platform_torch()
+        return self._proxy
 
     def _package_import(self, absolute: str, fromlist: Any, level: int) -> Any:
         """``import absolute`` (or ``from absolute import ...``) inside the package."""
@@ -279,10 +360,12 @@ class _Loader:
             setattr(self.modules[parent], attr, self.modules[mod])
 
 
-def _run_statements(text: str, filename: str, namespace: dict[str, Any]) -> list[tuple[int, str]]:
+def _run_statements(text: str, filename: str, namespace: dict[str, Any],
+                    stood: list[str]) -> list[tuple[int, str]]:
     """Run a file's top-level statements one by one; one that raises is skipped (a
     module-level line that needs the real machine, such as a CUDA_HOME path, must
-    not keep the functions below it from being defined). The skipped: (line, why)."""
+    not keep the functions below it from being defined), and each name it would
+    have bound and did not is a stand-in. The skipped: (line, why)."""
     tree = ast.parse(text, filename)
     flags = 0
     for stmt in tree.body:
@@ -298,7 +381,29 @@ def _run_statements(text: str, filename: str, namespace: dict[str, Any]) -> list
             exec(code, namespace)  # noqa: S102
         except Exception as exc:  # noqa: BLE001 - the statement is skipped, said in stood_in
             skipped.append((stmt.lineno, f"{type(exc).__name__}: {exc}".splitlines()[0][:120]))
+            for name in _bound_names(stmt):
+                if name not in namespace:
+                    namespace[name] = _stand_in(name, stood)
     return skipped
+
+
+def _bound_names(stmt: ast.stmt) -> list[str]:
+    """The module-level names a statement binds (not those inside its functions)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    out: list[str] = []
+    todo: list[ast.AST] = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out += [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.append(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append(node.name)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
 
 
 def _absolute(mod: str, globals: Any, level: int) -> str | None:
