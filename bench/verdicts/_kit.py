@@ -62,3 +62,18 @@ class Obj:
 
     def __init__(self, **attrs: Any) -> None:
         self.__dict__.update(attrs)
+
+
+class _XpuAsCuda:
+    """``torch`` with ``torch.xpu`` answered by ``torch.cuda``: XPU code on the checked streams."""
+
+    def __init__(self, torch_module: Any) -> None:
+        self._torch = torch_module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, "cuda" if name == "xpu" else name)
+
+
+def xpu_as_cuda(module: Any) -> None:
+    """Run a module's ``torch.xpu`` streams and events as the checked CUDA ones."""
+    module.torch = _XpuAsCuda(module.torch)
