@@ -64,16 +64,17 @@ class Obj:
         self.__dict__.update(attrs)
 
 
-class _XpuAsCuda:
-    """``torch`` with ``torch.xpu`` answered by ``torch.cuda``: XPU code on the checked streams."""
+class _AsCuda:
+    """``torch`` with ``torch.<device>`` answered by ``torch.cuda``."""
 
-    def __init__(self, torch_module: Any) -> None:
+    def __init__(self, torch_module: Any, device: str) -> None:
         self._torch = torch_module
+        self._device = device
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._torch, "cuda" if name == "xpu" else name)
+        return getattr(self._torch, "cuda" if name == self._device else name)
 
 
-def xpu_as_cuda(module: Any) -> None:
-    """Run a module's ``torch.xpu`` streams and events as the checked CUDA ones."""
-    module.torch = _XpuAsCuda(module.torch)
+def as_cuda(module: Any, device: str) -> None:
+    """Run a module's ``torch.xpu`` (or ``torch.musa``) streams and events as the checked CUDA ones."""
+    module.torch = _AsCuda(module.torch, device)

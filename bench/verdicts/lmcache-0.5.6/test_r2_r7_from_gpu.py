@@ -12,7 +12,7 @@ Hand edits: the C kernel ``device_ops.multi_layer_kv_transfer`` is described
 by its reads (every layer's cache, the pointers, the slots) and writes (the
 memory object); ``_initialize_pointers`` returns a pointer tensor (the real one
 reads the cache layout through C helpers); rank 7's ``torch.xpu`` runs as
-``torch.cuda`` (``_kit.xpu_as_cuda``).
+``torch.cuda`` (``_kit.as_cuda``).
 """
 
 import pytest
@@ -32,7 +32,7 @@ def _connector(case):
     file, name, xpu = CASES[case]
     module = _kit.release("lmcache-0.5.6", file).module
     if xpu:
-        _kit.xpu_as_cuda(module)
+        _kit.as_cuda(module, "xpu")
     conn_box = []
 
     def transfer(mem, pointers, slots, *args, **kwargs):

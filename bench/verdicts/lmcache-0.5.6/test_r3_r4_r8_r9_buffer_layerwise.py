@@ -53,7 +53,7 @@ def _module(case, fixed):
         loaded = _kit.release(REL, file)
     module = loaded.module
     if dev == "torch.xpu":
-        _kit.xpu_as_cuda(module)
+        _kit.as_cuda(module, "xpu")
     module.device_ops = _kit.Obj(single_layer_kv_transfer=_transfer)
     module.lmcache_native = _kit.Obj(TransferDirection=_kit.Obj(H2D="H2D", D2H="D2H"))
     return module
