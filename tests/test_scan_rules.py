@@ -1209,6 +1209,41 @@ RULES: dict[str, Rule] = {
             noise.record_stream(torch.cuda.current_stream())
             return probs.div_(noise).argmax(dim=-1)
         ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
+    "an-argument-named-for-an-event-that-is-none": Rule('''
+        import torch
+
+        class Backend:
+            def launch(self, src, dst, ready_event=None):
+                if ready_event is not None:
+                    self.stream.wait_event(ready_event)
+                with torch.cuda.stream(self.stream):
+                    dst.copy_(src, non_blocking=True)
+
+        class Worker:
+            def load(self):
+                self.backend.launch(self.cpu, self.gpu)
+
+            def store(self):
+                self.done.record(torch.cuda.current_stream())
+                self.backend.launch(self.gpu, self.cpu, ready_event=self.done)
+        ''', '''
+        import torch
+
+        class Backend:
+            def launch(self, src, dst, event_backend=None):
+                if event_backend is None:
+                    event_backend = default_backend()
+                self.stream.wait_event(event_backend.import_event(self.handle))
+                with torch.cuda.stream(self.stream):
+                    dst.copy_(src, non_blocking=True)
+
+        class Worker:
+            def load(self):
+                self.backend.launch(self.cpu, self.gpu)
+
+            def store(self):
+                self.backend.launch(self.gpu, self.cpu, event_backend=self.ipc)
+        ''', Hazard.UNORDERED, "Worker.load"),
 }
 
 

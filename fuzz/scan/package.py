@@ -35,7 +35,10 @@ from streamfuzz.fuzz.scan.sources import SourceFile
 from streamfuzz.fuzz.scan.streams_ast import Walker
 
 _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
-_OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
+# An ordering argument is named for what it is: its last word an event, a fence or a
+# wait (``wait_event``, ``ready_events``, ``fence``), or it starts with a wait
+# (``wait_for``); ``event_backend`` or ``expected_event_type`` name something else.
+_OPTIONAL_WAIT = re.compile(r"(^|_)(wait|waits|fence|fences|event|events)$|^wait(_|$)", re.I)
 _MAKES_STREAM = {"Stream": "stream", "ExternalStream": "stream", "Event": "event"}
 _DEPTH = 4  # how deep callee effects are followed
 _MAX_EFFECTS = 24  # uses of a callee's parameters lent to its callers, at most
@@ -368,6 +371,8 @@ class Package:
                     continue
                 if not _OPTIONAL_WAIT.search(p.arg) or "stream" in p.arg.lower():
                     continue
+                if is_scalar_annotation(p.annotation):
+                    continue  # ``x: str = None``: a value, not an event to wait on
                 if not _STREAM_TEXT.search(fn.text):
                     continue
                 if not _reaches_wait(fn.node, p.arg) or self._none_is_ordered(fn, p.arg, 0):
