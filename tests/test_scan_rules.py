@@ -1244,6 +1244,53 @@ RULES: dict[str, Rule] = {
             def store(self):
                 self.backend.launch(self.gpu, self.cpu, event_backend=self.ipc)
         ''', Hazard.UNORDERED, "Worker.load"),
+    "a-wait-in-both-branches-of-the-callees-closure": Rule('''
+        import torch
+
+        class Stash:
+            def stash(self, tensors, sync_event=None, delay=False):
+                if delay and sync_event is None:
+                    sync_event = torch.cuda.Event()
+                    sync_event.record(torch.cuda.current_stream())
+
+                def execute():
+                    if sync_event is not None:
+                        self.d2h.wait_event(sync_event)
+                    with torch.cuda.stream(self.d2h):
+                        for t in tensors:
+                            self.host.copy_(t, non_blocking=True)
+                return execute
+
+            def embeddings(self, tensors):
+                return self.stash(tensors)
+
+            def optimizer(self, tensors, sync_event):
+                return self.stash(tensors, sync_event=sync_event)
+        ''', '''
+        import torch
+
+        class Stash:
+            def stash(self, tensors, sync_event=None, delay=False):
+                if delay and sync_event is None:
+                    sync_event = torch.cuda.Event()
+                    sync_event.record(torch.cuda.current_stream())
+
+                def execute():
+                    if sync_event is not None:
+                        self.d2h.wait_event(sync_event)
+                    else:
+                        self.d2h.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(self.d2h):
+                        for t in tensors:
+                            self.host.copy_(t, non_blocking=True)
+                return execute
+
+            def embeddings(self, tensors):
+                return self.stash(tensors)
+
+            def optimizer(self, tensors, sync_event):
+                return self.stash(tensors, sync_event=sync_event)
+        ''', Hazard.UNORDERED, "Stash.embeddings"),
 }
 
 

@@ -384,8 +384,9 @@ class Package:
 
     def _none_is_ordered(self, fn: Function, param: str, depth: int) -> bool:
         """Without ``param`` the function still orders its work: an ``if`` on it
-        waits in both branches, or it hands ``param`` to a callee that does."""
-        for node in _own_nodes(fn.node):
+        waits in both branches (in the function or in a closure of it that runs the
+        work later), or it hands ``param`` to a callee that does."""
+        for node in [*_own_nodes(fn.node), *_closure_nodes(fn.node, param)]:
             if isinstance(node, ast.If) and any(
                     isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.test)):
                 if _waits(node.body) and _waits(node.orelse):
@@ -499,8 +500,9 @@ def _receiver(fn: Function) -> str | None:
 
 
 def _reaches_wait(fn: ast.AST, param: str) -> bool:
-    """``param`` is waited on, or handed on (to a call, a queue, a field)."""
-    for node in _own_nodes(fn):
+    """``param`` is waited on, or handed on (to a call, a queue, a field), here or in
+    a closure that runs later."""
+    for node in [*_own_nodes(fn), *_closure_nodes(fn, param)]:
         if isinstance(node, ast.Call):
             for a in [*node.args, *(k.value for k in node.keywords)]:
                 if any(isinstance(n, ast.Name) and n.id == param for n in ast.walk(a)):
@@ -511,6 +513,20 @@ def _reaches_wait(fn: ast.AST, param: str) -> bool:
                 isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.value)):
             return True
     return False
+
+
+def _closure_nodes(fn: ast.AST, param: str) -> Iterator[ast.AST]:
+    """The nodes of the functions nested in ``fn`` that see its ``param`` (those
+    with a parameter of that name have their own)."""
+    for node in ast.iter_child_nodes(fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            if param in {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]}:
+                continue
+            yield from _own_nodes(node)
+            yield from _closure_nodes(node, param)
+        elif not isinstance(node, ast.ClassDef):
+            yield from _closure_nodes(node, param)
 
 
 def _waits(body: list[ast.stmt]) -> bool:
