@@ -1291,6 +1291,66 @@ RULES: dict[str, Rule] = {
             def optimizer(self, tensors, sync_event):
                 return self.stash(tensors, sync_event=sync_event)
         ''', Hazard.UNORDERED, "Stash.embeddings"),
+    "an-ordering-argument-only-another-thread-passes": Rule('''
+        from typing import Optional
+
+        import torch
+
+        class Restore:
+            def stash(self):
+                def restore(sync_event=None):
+                    if sync_event is not None:
+                        self.h2d.wait_event(sync_event)
+                    with torch.cuda.stream(self.h2d):
+                        self.weights.copy_(self.host, non_blocking=True)
+                self.callbacks.append(restore)
+
+            def restore_all(self, sync_event: Optional[torch.cuda.Event] = None):
+                while self.callbacks:
+                    self.callbacks.pop()(sync_event)
+
+            def restore_now(self):
+                self.restore_all()
+
+            def restore_threaded(self):
+                sync_event = torch.cuda.Event()
+                sync_event.record(torch.cuda.current_stream())
+
+                def _work():
+                    self.restore_all(sync_event=sync_event)
+                _work()
+        ''', '''
+        from typing import Optional
+
+        import torch
+
+        class Restore:
+            def stash(self):
+                def restore(sync_event=None):
+                    if sync_event is not None:
+                        self.h2d.wait_event(sync_event)
+                    else:
+                        self.h2d.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(self.h2d):
+                        self.weights.copy_(self.host, non_blocking=True)
+                self.callbacks.append(restore)
+
+            def restore_all(self, sync_event: Optional[torch.cuda.Event] = None):
+                while self.callbacks:
+                    self.callbacks.pop()(sync_event)
+
+            def restore_now(self):
+                self.restore_all()
+
+            def restore_threaded(self):
+                sync_event = torch.cuda.Event()
+                sync_event.record(torch.cuda.current_stream())
+
+                def _work():
+                    self.restore_all(sync_event=sync_event)
+                return self.pool_submit(_work)
+        ''',
+        Hazard.UNORDERED, "Restore.restore_now"),
 }
 
 

@@ -654,7 +654,7 @@ def _thread_target(call: ast.Call) -> str | None:
     target: ast.expr | None = None
     if name in ("Thread", "Process"):
         target = next((k.value for k in call.keywords if k.arg == "target"), None)
-    elif name in ("submit", "start_new_thread") and call.args:
+    elif (name in ("submit", "start_new_thread") or name.endswith("_submit")) and call.args:
         target = call.args[0]
     elif name == "run_in_executor" and len(call.args) > 1:
         target = call.args[1]
