@@ -1351,6 +1351,26 @@ RULES: dict[str, Rule] = {
                 return self.pool_submit(_work)
         ''',
         Hazard.UNORDERED, "Restore.restore_now"),
+    "an-event-a-call-makes-on-a-side-stream-is-no-tensor": Rule('''
+        import torch
+
+        def retrieve(backend, ctx, device):
+            ctx.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(ctx.stream):
+                scratch = backend.create_buffer(device)
+                backend.record_event(scratch, ctx.stream)
+            return backend.export_event(scratch, device)
+        ''', '''
+        import torch
+
+        def retrieve(backend, ctx, device):
+            ctx.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(ctx.stream):
+                event = backend.create_event(device)
+                backend.record_event(event, ctx.stream)
+            return backend.export_event(event, device)
+        ''',
+        Hazard.LIFETIME, "retrieve", "scratch"),
 }
 
 
