@@ -76,5 +76,5 @@ class _AsCuda:
 
 
 def as_cuda(module: Any, device: str) -> None:
-    """Run a module's ``torch.xpu`` (or ``torch.musa``) streams and events as the checked CUDA ones."""
+    """Run a module's ``torch.xpu`` (``torch.musa``) streams and events as the checked CUDA ones."""
     module.torch = _AsCuda(module.torch, device)

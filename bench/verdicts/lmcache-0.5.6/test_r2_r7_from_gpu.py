@@ -81,6 +81,7 @@ def test_as_the_vllm_adapter_calls_it_clean(case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_without_the_callers_blocking_copy_flagged(case):
-    with pytest.raises(streamfuzz.StreamfuzzError, match=r"reads it \(multi_layer_kv_transfer\) unordered with main's write \(aten.add_"):
+    read = r"reads it \(multi_layer_kv_transfer\) unordered with main's write \(aten.add_"
+    with pytest.raises(streamfuzz.StreamfuzzError, match=read):
         with streamfuzz.checked():
             _step(case, device_slot_mapping=True)

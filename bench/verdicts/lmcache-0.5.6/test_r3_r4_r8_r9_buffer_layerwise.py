@@ -47,8 +47,8 @@ def _transfer(mem, kv, slots, direction, fmt, token_major=False):
 def _module(case, fixed):
     file, _, dev = CASES[case]
     if fixed:
-        loaded = _kit.twin(REL, file, ZEROS,
-                           ZEROS + f"            self.load_stream.wait_stream({dev}.current_stream())\n")
+        wait = f"            self.load_stream.wait_stream({dev}.current_stream())\n"
+        loaded = _kit.twin(REL, file, ZEROS, ZEROS + wait)
     else:
         loaded = _kit.release(REL, file)
     module = loaded.module

@@ -30,9 +30,10 @@ CASES = {  # file, class, device module, the line the fix follows
                 "xpu", "        current_stream = torch.xpu.current_stream()\n\n"
                 "        for layer_id in range(self.num_layers):\n"
                 "            memory_objs_layer = yield\n            if sync:"),
-    "r6-musa": ("lmcache/v1/gpu_connector/musa_connectors.py", "VLLMPagedMemLayerwiseMUSAConnector",
-                "musa", "        current_stream = torch.musa.current_stream()  # type: ignore[attr-defined]\n"
-                "\n        try:\n"),
+    "r6-musa": ("lmcache/v1/gpu_connector/musa_connectors.py",
+                "VLLMPagedMemLayerwiseMUSAConnector",
+                "musa", "        current_stream = torch.musa.current_stream()"
+                "  # type: ignore[attr-defined]\n\n        try:\n"),
 }
 LAYERS, TOKENS, HIDDEN = 3, 16, 8
 

@@ -1,4 +1,4 @@
-"""torchrec 1.9.2, rank 7 after the rule fixes: ``EvalPipelineCPUSparse._inplace_copy_to_gpu`` (l.519).
+"""torchrec 1.9.2, rank 7 after the rules: ``EvalPipelineCPUSparse._inplace_copy_to_gpu`` (l.519).
 
 The memcpy stream's wait is ``self._memcpy_stream.wait_stream(<device>.current_stream())``
 taken *inside* ``self._stream_context(self._memcpy_stream)``: there the current

@@ -38,11 +38,11 @@ def _batch_class(base):
 
 def _step():
     module = _kit.release(REL, FILE).module
-    _Batch = _batch_class(module.Pipelineable)
+    batch_class = _batch_class(module.Pipelineable)
     mixin = module.AsyncInplaceCopyMixin()
     device = torch.ones(1, device="cuda").device
     mixin._setup_async_inplace_copy(True, torch.device("cuda"))
-    host = _Batch(torch.arange(64, dtype=torch.float32).pin_memory())  # the data loader's
+    host = batch_class(torch.arange(64, dtype=torch.float32).pin_memory())  # the data loader's
     future = mixin._submit_inplace_copy(host, device, torch.cuda.Stream())
     on_device = future.result()
     out = on_device.dense.sum()  # the training stream consumes the batch

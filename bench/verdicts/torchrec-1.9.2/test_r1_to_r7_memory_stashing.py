@@ -30,7 +30,6 @@ registers the callback as ``stash_embedding_weights`` does (its collection of
 a module's tensors needs sharded modules).
 """
 
-import pytest
 import torch
 
 import streamfuzz

@@ -19,7 +19,6 @@ Hand edits: the module, its context and the input dist's awaitable are small
 objects with the attributes the functions read; the KJT is a tensor.
 """
 
-import pytest
 import torch
 
 import streamfuzz
