@@ -8,10 +8,13 @@ nothing. The GPU buffers are allocated on the training stream
 stream's earlier work on the same blocks. The fixed twin takes the current
 stream before entering the context.
 
-Driven as the pipeline's stage 2 calls it: the previous step's output, read on
-the training stream and dropped, leaves its block to the next allocation of
-that stream; the buffer the function allocates gets it, and the memcpy stream
-writes it. The release is flagged; the twin is clean.
+Driven as the pipeline's stage 2 calls it from ``fill_pipeline`` and, with
+``pipeline_depth == 1``, from each step's ``_sparse_forward`` (with depth 2,
+``progress`` makes the memcpy stream wait for the current stream before the
+call, which covers it): the previous step's output, read on the training
+stream and dropped, leaves its block to the next allocation of that stream;
+the buffer the function allocates gets it, and the memcpy stream writes it.
+The release is flagged; the twin is clean.
 
 Hand edits: ``KeyedTensor`` and ``LazyNoWait`` are small classes with what the
 function reads (the real ones need fbgemm), values on pinned host memory; the
