@@ -1209,6 +1209,168 @@ RULES: dict[str, Rule] = {
             noise.record_stream(torch.cuda.current_stream())
             return probs.div_(noise).argmax(dim=-1)
         ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
+    "an-argument-named-for-an-event-that-is-none": Rule('''
+        import torch
+
+        class Backend:
+            def launch(self, src, dst, ready_event=None):
+                if ready_event is not None:
+                    self.stream.wait_event(ready_event)
+                with torch.cuda.stream(self.stream):
+                    dst.copy_(src, non_blocking=True)
+
+        class Worker:
+            def load(self):
+                self.backend.launch(self.cpu, self.gpu)
+
+            def store(self):
+                self.done.record(torch.cuda.current_stream())
+                self.backend.launch(self.gpu, self.cpu, ready_event=self.done)
+        ''', '''
+        import torch
+
+        class Backend:
+            def launch(self, src, dst, event_backend=None):
+                if event_backend is None:
+                    event_backend = default_backend()
+                self.stream.wait_event(event_backend.import_event(self.handle))
+                with torch.cuda.stream(self.stream):
+                    dst.copy_(src, non_blocking=True)
+
+        class Worker:
+            def load(self):
+                self.backend.launch(self.cpu, self.gpu)
+
+            def store(self):
+                self.backend.launch(self.gpu, self.cpu, event_backend=self.ipc)
+        ''', Hazard.UNORDERED, "Worker.load"),
+    "a-wait-in-both-branches-of-the-callees-closure": Rule('''
+        import torch
+
+        class Stash:
+            def stash(self, tensors, sync_event=None, delay=False):
+                if delay and sync_event is None:
+                    sync_event = torch.cuda.Event()
+                    sync_event.record(torch.cuda.current_stream())
+
+                def execute():
+                    if sync_event is not None:
+                        self.d2h.wait_event(sync_event)
+                    with torch.cuda.stream(self.d2h):
+                        for t in tensors:
+                            self.host.copy_(t, non_blocking=True)
+                return execute
+
+            def embeddings(self, tensors):
+                return self.stash(tensors)
+
+            def optimizer(self, tensors, sync_event):
+                return self.stash(tensors, sync_event=sync_event)
+        ''', '''
+        import torch
+
+        class Stash:
+            def stash(self, tensors, sync_event=None, delay=False):
+                if delay and sync_event is None:
+                    sync_event = torch.cuda.Event()
+                    sync_event.record(torch.cuda.current_stream())
+
+                def execute():
+                    if sync_event is not None:
+                        self.d2h.wait_event(sync_event)
+                    else:
+                        self.d2h.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(self.d2h):
+                        for t in tensors:
+                            self.host.copy_(t, non_blocking=True)
+                return execute
+
+            def embeddings(self, tensors):
+                return self.stash(tensors)
+
+            def optimizer(self, tensors, sync_event):
+                return self.stash(tensors, sync_event=sync_event)
+        ''', Hazard.UNORDERED, "Stash.embeddings"),
+    "an-ordering-argument-only-another-thread-passes": Rule('''
+        from typing import Optional
+
+        import torch
+
+        class Restore:
+            def stash(self):
+                def restore(sync_event=None):
+                    if sync_event is not None:
+                        self.h2d.wait_event(sync_event)
+                    with torch.cuda.stream(self.h2d):
+                        self.weights.copy_(self.host, non_blocking=True)
+                self.callbacks.append(restore)
+
+            def restore_all(self, sync_event: Optional[torch.cuda.Event] = None):
+                while self.callbacks:
+                    self.callbacks.pop()(sync_event)
+
+            def restore_now(self):
+                self.restore_all()
+
+            def restore_threaded(self):
+                sync_event = torch.cuda.Event()
+                sync_event.record(torch.cuda.current_stream())
+
+                def _work():
+                    self.restore_all(sync_event=sync_event)
+                _work()
+        ''', '''
+        from typing import Optional
+
+        import torch
+
+        class Restore:
+            def stash(self):
+                def restore(sync_event=None):
+                    if sync_event is not None:
+                        self.h2d.wait_event(sync_event)
+                    else:
+                        self.h2d.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(self.h2d):
+                        self.weights.copy_(self.host, non_blocking=True)
+                self.callbacks.append(restore)
+
+            def restore_all(self, sync_event: Optional[torch.cuda.Event] = None):
+                while self.callbacks:
+                    self.callbacks.pop()(sync_event)
+
+            def restore_now(self):
+                self.restore_all()
+
+            def restore_threaded(self):
+                sync_event = torch.cuda.Event()
+                sync_event.record(torch.cuda.current_stream())
+
+                def _work():
+                    self.restore_all(sync_event=sync_event)
+                return self.pool_submit(_work)
+        ''',
+        Hazard.UNORDERED, "Restore.restore_now"),
+    "an-event-a-call-makes-on-a-side-stream-is-no-tensor": Rule('''
+        import torch
+
+        def retrieve(backend, ctx, device):
+            ctx.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(ctx.stream):
+                scratch = backend.create_buffer(device)
+                backend.record_event(scratch, ctx.stream)
+            return backend.export_event(scratch, device)
+        ''', '''
+        import torch
+
+        def retrieve(backend, ctx, device):
+            ctx.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(ctx.stream):
+                event = backend.create_event(device)
+                backend.record_event(event, ctx.stream)
+            return backend.export_event(event, device)
+        ''',
+        Hazard.LIFETIME, "retrieve", "scratch"),
 }
 
 

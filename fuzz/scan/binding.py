@@ -11,6 +11,7 @@ import ast
 
 from streamfuzz.fuzz.scan.names import (
     CONTAINER_ANN,
+    EVENTISH,
     HOSTISH,
     SPLITS,
     STREAMISH,
@@ -210,8 +211,11 @@ class Binding(Namer):
             self.t.hosted.add(made or name)
         if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
                 vk is None:
-            made = self.fresh(value)  # what a call returns on a side stream is made there
-            self.t.maybe.add(made)
+            if EVENTISH.search(callee_name(value)) or EVENTISH.search(name.rsplit(".", 1)[-1]):
+                self.t.events.add(name)  # event = backend.create_event(dev): no tensor
+            else:
+                made = self.fresh(value)  # what a call returns on a side stream is made there
+                self.t.maybe.add(made)
         if made:
             self.alias[name] = made
             if made.startswith("<tmp@"):

@@ -35,7 +35,10 @@ from streamfuzz.fuzz.scan.sources import SourceFile
 from streamfuzz.fuzz.scan.streams_ast import Walker
 
 _CACHE_DECORATORS = {"lru_cache", "cache", "cached_property", "cached"}
-_OPTIONAL_WAIT = re.compile(r"wait|fence|event", re.I)
+# An ordering argument is named for what it is: its last word an event, a fence or a
+# wait (``wait_event``, ``ready_events``, ``fence``), or it starts with a wait
+# (``wait_for``); ``event_backend`` or ``expected_event_type`` name something else.
+_OPTIONAL_WAIT = re.compile(r"(^|_)(wait|waits|fence|fences|event|events)$|^wait(_|$)", re.I)
 _MAKES_STREAM = {"Stream": "stream", "ExternalStream": "stream", "Event": "event"}
 _DEPTH = 4  # how deep callee effects are followed
 _MAX_EFFECTS = 24  # uses of a callee's parameters lent to its callers, at most
@@ -368,6 +371,8 @@ class Package:
                     continue
                 if not _OPTIONAL_WAIT.search(p.arg) or "stream" in p.arg.lower():
                     continue
+                if is_scalar_annotation(p.annotation):
+                    continue  # ``x: str = None``: a value, not an event to wait on
                 if not _STREAM_TEXT.search(fn.text):
                     continue
                 if not _reaches_wait(fn.node, p.arg) or self._none_is_ordered(fn, p.arg, 0):
@@ -379,8 +384,9 @@ class Package:
 
     def _none_is_ordered(self, fn: Function, param: str, depth: int) -> bool:
         """Without ``param`` the function still orders its work: an ``if`` on it
-        waits in both branches, or it hands ``param`` to a callee that does."""
-        for node in _own_nodes(fn.node):
+        waits in both branches (in the function or in a closure of it that runs the
+        work later), or it hands ``param`` to a callee that does."""
+        for node in [*_own_nodes(fn.node), *_closure_nodes(fn.node, param)]:
             if isinstance(node, ast.If) and any(
                     isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.test)):
                 if _waits(node.body) and _waits(node.orelse):
@@ -494,8 +500,9 @@ def _receiver(fn: Function) -> str | None:
 
 
 def _reaches_wait(fn: ast.AST, param: str) -> bool:
-    """``param`` is waited on, or handed on (to a call, a queue, a field)."""
-    for node in _own_nodes(fn):
+    """``param`` is waited on, or handed on (to a call, a queue, a field), here or in
+    a closure that runs later."""
+    for node in [*_own_nodes(fn), *_closure_nodes(fn, param)]:
         if isinstance(node, ast.Call):
             for a in [*node.args, *(k.value for k in node.keywords)]:
                 if any(isinstance(n, ast.Name) and n.id == param for n in ast.walk(a)):
@@ -506,6 +513,20 @@ def _reaches_wait(fn: ast.AST, param: str) -> bool:
                 isinstance(n, ast.Name) and n.id == param for n in ast.walk(node.value)):
             return True
     return False
+
+
+def _closure_nodes(fn: ast.AST, param: str) -> Iterator[ast.AST]:
+    """The nodes of the functions nested in ``fn`` that see its ``param`` (those
+    with a parameter of that name have their own)."""
+    for node in ast.iter_child_nodes(fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            if param in {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]}:
+                continue
+            yield from _own_nodes(node)
+            yield from _closure_nodes(node, param)
+        elif not isinstance(node, ast.ClassDef):
+            yield from _closure_nodes(node, param)
 
 
 def _waits(body: list[ast.stmt]) -> bool:
@@ -633,7 +654,7 @@ def _thread_target(call: ast.Call) -> str | None:
     target: ast.expr | None = None
     if name in ("Thread", "Process"):
         target = next((k.value for k in call.keywords if k.arg == "target"), None)
-    elif name in ("submit", "start_new_thread") and call.args:
+    elif (name in ("submit", "start_new_thread") or name.endswith("_submit")) and call.args:
         target = call.args[0]
     elif name == "run_in_executor" and len(call.args) > 1:
         target = call.args[1]

@@ -52,7 +52,13 @@ def sibling_omissions(pkg: Package) -> Iterator[Finding]:
             if not passing or not omitting:
                 continue
             ref_fn, ref = passing[0]
+            # passed only by work another thread runs: there it carries the submitter's
+            # stream to a thread whose current stream is another; it says nothing of a
+            # call on the caller's own thread
+            threaded = all(_on_thread(pkg, f) for f, _ in passing)
             for fn, c in omitting:
+                if threaded and not _on_thread(pkg, fn):
+                    continue
                 factors = ["sibling-passes"]
                 if TEST_PATH.search(fn.file):
                     factors.append("test-code")
@@ -66,6 +72,10 @@ def sibling_omissions(pkg: Package) -> Iterator[Finding]:
                     f"passes to order {name}'s stream work after the caller's",
                     tuple(factors), extra={"callee": f"{callee.file}:{callee.node.lineno}"}
                 ).scored()
+
+
+def _on_thread(pkg: Package, fn: Function) -> bool:
+    return (fn.file, fn.name) in pkg.thread_targets
 
 
 def _passes(call: ast.Call, param: str, pos: int) -> bool:

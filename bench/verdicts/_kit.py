@@ -1,0 +1,80 @@
+"""What the verdict harnesses share: the release, its fixed twin, and C kernels described.
+
+A verdict harness loads the release's own file at run time (never a copy in
+this repository). Its fixed twin is the same release with one minimal edit
+applied to a copy of that file's text, loaded the same way, so that the twin
+differs from the release by that edit only.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import streamfuzz
+from streamfuzz.standins import Loaded, load
+
+_CACHE = Path(os.environ.get("STREAMFUZZ_SCAN_WHEELS",
+                             Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                             / "streamfuzz" / "scan"))
+
+
+def wheel(prefix: str) -> str:
+    """The wheel named ``prefix*`` in the download cache (``pip download NAME==X --no-deps``)."""
+    found = sorted(_CACHE.glob(prefix + "*.whl"))
+    if not found:
+        raise SystemExit(f"no {prefix}*.whl in {_CACHE}: pip download the release there")
+    return str(found[0])
+
+
+def release(prefix: str, file: str) -> Loaded:
+    """``file`` of the release, run as a module, unchanged."""
+    return load(wheel(prefix), file)
+
+
+def twin(prefix: str, file: str, old: str, new: str) -> Loaded:
+    """``file`` of the release with ``old`` replaced by ``new`` once: the fixed twin."""
+    root = Path(tempfile.mkdtemp(prefix="twin-"))
+    with zipfile.ZipFile(wheel(prefix)) as zf:
+        for name in zf.namelist():
+            if name.endswith(".py"):
+                zf.extract(name, root)
+    path = root / file
+    text = path.read_text()
+    if text.count(old) != 1:
+        raise AssertionError(f"the fix's anchor is not once in {file}: {old!r}")
+    path.write_text(text.replace(old, new))
+    return load(str(root), file)
+
+
+def kernel(reads: list[Any], writes: list[Any], label: str) -> None:
+    """A C kernel of the package, described by what it reads and writes on the current stream."""
+    with streamfuzz.opaque(reads=[t for t in reads if t is not None],
+                           writes=[t for t in writes if t is not None], label=label):
+        pass
+
+
+class Obj:
+    """A duck-typed object: the attributes the engine's code reads."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+class _AsCuda:
+    """``torch`` with ``torch.<device>`` answered by ``torch.cuda``."""
+
+    def __init__(self, torch_module: Any, device: str) -> None:
+        self._torch = torch_module
+        self._device = device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, "cuda" if name == self._device else name)
+
+
+def as_cuda(module: Any, device: str) -> None:
+    """Run a module's ``torch.xpu`` (``torch.musa``) streams and events as the checked CUDA ones."""
+    module.torch = _AsCuda(module.torch, device)
