@@ -1209,6 +1209,35 @@ RULES: dict[str, Rule] = {
             noise.record_stream(torch.cuda.current_stream())
             return probs.div_(noise).argmax(dim=-1)
         ''', Hazard.LIFETIME, "noisy_argmax", "noise"),
+    # a gradient hook's side stream told to wait for the default stream: the caller's
+    # current stream (autograd's, a loop's own) may be another one
+    "a-wait-on-the-default-stream-orders-not-the-callers": Rule('''
+        import torch
+
+        class Bucket:
+            def __init__(self):
+                self.reduce_stream = torch.cuda.Stream()
+                self.flat = torch.empty(1 << 20, device="cuda")
+
+            def add_grad(self, grad):
+                self.reduce_stream.wait_stream(torch.cuda.default_stream())
+                with torch.cuda.stream(self.reduce_stream):
+                    self.flat[: grad.numel()].copy_(grad.view(-1))
+                grad.record_stream(self.reduce_stream)
+        ''', '''
+        import torch
+
+        class Bucket:
+            def __init__(self):
+                self.reduce_stream = torch.cuda.Stream()
+                self.flat = torch.empty(1 << 20, device="cuda")
+
+            def add_grad(self, grad):
+                self.reduce_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.reduce_stream):
+                    self.flat[: grad.numel()].copy_(grad.view(-1))
+                grad.record_stream(self.reduce_stream)
+        ''', Hazard.UNORDERED, "Bucket.add_grad", "grad"),
 }
 
 

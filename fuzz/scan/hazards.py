@@ -21,6 +21,7 @@ from streamfuzz.fuzz.scan.ops import (
     ANY,
     COPY_SOURCE,
     CURRENT,
+    DEFAULT,
     REBOUND,
     SUBMITTER,
     THREAD,
@@ -152,7 +153,7 @@ class Finding:
 
 
 def _show(stream: str) -> str:
-    return {CURRENT: "current stream", THREAD: "thread's current stream",
+    return {CURRENT: "current stream", THREAD: "thread's current stream", DEFAULT: "default stream",
             SUBMITTER: "submitter's stream"}.get(stream, stream)
 
 
@@ -245,7 +246,7 @@ class _Judge(Handoffs):
                 o.other == ANY or covers(o.other, a)):
             return "yes"
         if o.kind is K.WAIT and o.stream == b and a in (CURRENT, SUBMITTER) and \
-                o.other not in self.t.entered:
+                o.other not in self.t.entered and o.other != DEFAULT:
             return "yes"  # a stream this function never enters: taken as its caller's
         if o.kind is K.WAIT and o.stream == ANY:
             return "yes"
