@@ -344,7 +344,7 @@ class Calls(Namer):
             if eff.what == "wait":
                 self.emit(K.WAIT, line, stream=ANY, other=ANY)
             elif eff.what == "sync":
-                self.emit(K.HOST_SYNC, line, key="")
+                self.emit(K.HOST_SYNC, line, key="", flag=eff.flag)
             else:
                 k = self.key(ast.parse(eff.param, mode="eval").body) if eff.param else None
                 if not k:
