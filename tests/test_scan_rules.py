@@ -1238,6 +1238,99 @@ RULES: dict[str, Rule] = {
                     self.flat[: grad.numel()].copy_(grad.view(-1))
                 grad.record_stream(self.reduce_stream)
         ''', Hazard.UNORDERED, "Bucket.add_grad", "grad"),
+    # a step's non_blocking device-to-host copy into the object, read by the host in the
+    # next step's method with no sync (async scheduling avoids syncs on purpose); the
+    # NumPy view kept beside the pinned tensor is the same memory
+    "a-d2h-copy-read-by-another-method": Rule('''
+        import torch
+
+        class Runner:
+            def __init__(self):
+                self.accepted_cpu = torch.empty(64, dtype=torch.int32, pin_memory=True)
+                self.accepted_np = self.accepted_cpu.numpy()
+                self.accepted = torch.zeros(64, dtype=torch.int32, device="cuda")
+
+            def after_step(self, n):
+                self.accepted[:n] = 1
+                self.accepted_cpu[:n].copy_(self.accepted[:n], non_blocking=True)
+
+            def build_metadata(self, n):
+                counts = self.accepted_np[:n]
+                return int(counts.max())
+        ''', '''
+        import torch
+
+        class Runner:
+            def __init__(self):
+                self.accepted_cpu = torch.empty(64, dtype=torch.int32, pin_memory=True)
+                self.accepted_np = self.accepted_cpu.numpy()
+                self.accepted = torch.zeros(64, dtype=torch.int32, device="cuda")
+                self.copied = torch.cuda.Event()
+
+            def after_step(self, n):
+                self.accepted[:n] = 1
+                self.accepted_cpu[:n].copy_(self.accepted[:n], non_blocking=True)
+                self.copied.record()
+
+            def build_metadata(self, n):
+                self.copied.synchronize()
+                counts = self.accepted_np[:n]
+                return int(counts.max())
+        ''', Hazard.UNSYNCED_D2H, "Runner.build_metadata", "self.accepted_cpu"),
+    # the caller syncs an event a helper recorded during the last step's input prep,
+    # before the copy was queued: that sync does not cover the copy (a device sync does)
+    "a-d2h-copy-and-a-helpers-earlier-event": Rule('''
+        import contextlib
+        import torch
+
+        class Runner:
+            def __init__(self):
+                self.accepted_cpu = torch.empty(64, dtype=torch.int32, pin_memory=True)
+                self.accepted = torch.zeros(64, dtype=torch.int32, device="cuda")
+                self.prep_done = torch.cuda.Event()
+
+            @contextlib.contextmanager
+            def prep(self):
+                self.prep_done.synchronize()
+                yield
+                self.prep_done.record()
+
+            def step(self, n):
+                with self.prep():
+                    meta = self.build_metadata(n)
+                self.accepted[:n] = 1
+                self.accepted_cpu[:n].copy_(self.accepted[:n], non_blocking=True)
+                return meta
+
+            def build_metadata(self, n):
+                return self.accepted_cpu[:n].tolist()
+        ''', '''
+        import contextlib
+        import torch
+
+        class Runner:
+            def __init__(self):
+                self.accepted_cpu = torch.empty(64, dtype=torch.int32, pin_memory=True)
+                self.accepted = torch.zeros(64, dtype=torch.int32, device="cuda")
+                self.prep_done = torch.cuda.Event()
+
+            @contextlib.contextmanager
+            def prep(self):
+                self.prep_done.synchronize()
+                yield
+                self.prep_done.record()
+
+            def step(self, n):
+                torch.cuda.current_stream().synchronize()
+                with self.prep():
+                    meta = self.build_metadata(n)
+                self.accepted[:n] = 1
+                self.accepted_cpu[:n].copy_(self.accepted[:n], non_blocking=True)
+                return meta
+
+            def build_metadata(self, n):
+                return self.accepted_cpu[:n].tolist()
+        ''', Hazard.UNSYNCED_D2H, "Runner.build_metadata", "self.accepted_cpu"),
 }
 
 
