@@ -1577,3 +1577,33 @@ def test_events_recorded_only_to_time_work_are_no_owner_unseen_handoff(tmp_path)
     _write(tree, "cache.py", _LOADER)
     found = [f.function for f in _scan(tree) if "owner-unseen" in f.factors]
     assert found == ["Controller.start_loading"]  # the ordering event, not the timers
+
+
+def test_the_callers_stream_waiting_first_lowers_a_caller_owned_tensor(tmp_path):
+    """A side stream reads the caller's buffer and nothing after orders the caller's
+    stream: reported. Where the caller's stream first waits for the side stream (a
+    double buffer handed back and forth: the previous call's read is ordered before
+    the caller refills it), the same finding is lowered by the entry barrier."""
+    bad = ('''
+        import torch
+
+        class Reducer:
+            def __init__(self):
+                self.reduce_stream = torch.cuda.Stream()
+
+            def average(self, bucket):
+                self.reduce_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.reduce_stream):
+                    bucket.div_(8)
+        ''')
+    good = bad.replace(
+        "                self.reduce_stream.wait_stream(torch.cuda.current_stream())\n",
+        "                self.reduce_stream.wait_stream(torch.cuda.current_stream())\n"
+        "                torch.cuda.current_stream().wait_stream(self.reduce_stream)\n")
+    assert good != bad
+    before, after = ([f for f in _scan(_write(tmp_path, name, text))
+                      if f.hazard is Hazard.LIFETIME and f.function == "Reducer.average"]
+                     for name, text in (("bad.py", bad), ("good.py", good)))
+    assert before and after
+    assert "entry-barrier" not in before[0].factors
+    assert "entry-barrier" in after[0].factors and after[0].score < before[0].score

@@ -442,7 +442,8 @@ class _Judge(Handoffs):
                     factors.append("caller-owned")
                 if cond:
                     factors.append("conditional-order")
-                if a != self.t.base and all(self._barriered(a, b) for b in bad):
+                if a != self.t.base and all(self._barriered(a, b) for b in bad) or \
+                        "caller-owned" in factors and all(self._waited_first(a, b) for b in bad):
                     factors.append("entry-barrier")
                 events = [self.handoff(k, b) for b in bad] if not freed and (
                     kept or not self.local(k)) else []
@@ -483,6 +484,15 @@ class _Judge(Handoffs):
             if not any(self._waits_for(ops[j], a, b) for j in range(prev + 1, first)):
                 return False
         return bool(entries)
+
+    def _waited_first(self, a: str, b: str) -> bool:
+        """Does the caller's stream ``a`` wait for ``b`` before ``b``'s first work here?
+        Then a previous call's work on ``b`` is ordered before what the caller queued
+        since (the shape of a double buffer handed back and forth)."""
+        first = next((p for p, o in enumerate(self.ops)
+                      if o.stream == b and o.kind in (K.USE, K.ALLOC)), None)
+        return first is not None and any(self._waits_for(self.ops[j], a, b)
+                                         for j in range(first))
 
     def _waits_for(self, o: Op, a: str, b: str) -> bool:
         if o.kind is K.WAIT:
