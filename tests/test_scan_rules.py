@@ -1607,3 +1607,25 @@ def test_the_callers_stream_waiting_first_lowers_a_caller_owned_tensor(tmp_path)
     assert before and after
     assert "entry-barrier" not in before[0].factors
     assert "entry-barrier" in after[0].factors and after[0].score < before[0].score
+
+
+def test_a_buffers_own_copy_helpers_are_no_host_readers(tmp_path):
+    """A host/device buffer pair whose one method copies device-to-host without blocking
+    and another slices the host half to copy it back: the slice reads no values."""
+    found = _scan(_write(tmp_path, "buffer.py", '''
+        import torch
+
+        class Buffer:
+            def __init__(self, n):
+                self.cpu = torch.zeros(n, pin_memory=True)
+                self.gpu = torch.zeros(n, device="cuda")
+
+            def copy_to_gpu(self, n):
+                cpu, gpu = self.cpu, self.gpu
+                cpu, gpu = cpu[:n], gpu[:n]
+                return gpu.copy_(cpu, non_blocking=True)
+
+            def copy_to_cpu(self, n):
+                return self.cpu[:n].copy_(self.gpu[:n], non_blocking=True)
+        '''))
+    assert not [f.what for f in found if f.hazard is Hazard.UNSYNCED_D2H]

@@ -181,7 +181,8 @@ def attribute_d2h_reads(pkg: Package, traces: Iterable[Trace]) -> Iterator[Findi
         for k, (owner, i) in sorted(pending.items()):
             after = {o.key for o in owner.ops[i + 1:] if o.kind is K.EVENT_RECORD}
             for t in methods:
-                if t.qualname == owner.qualname or _synced_by_callers(t, methods, after):
+                if t.qualname == owner.qualname or _copies(t, k, views) or \
+                        _synced_by_callers(t, methods, after):
                     continue
                 read = _unsynced_read(t, k, views, after)
                 if read is None:
@@ -226,6 +227,13 @@ def _pending_d2h(t: Trace, views: dict[str, str]) -> dict[str, int]:
                 not any(s.kind is K.HOST_SYNC for s in t.ops[i + 1:]):
             out.setdefault(_storage(o.key, views), i)
     return out
+
+
+def _copies(t: Trace, key: str, views: dict[str, str]) -> bool:
+    """Does ``t`` copy ``key`` to or from the device itself? Then it is the buffer's own
+    helper (``copy_to_gpu``), whose slicing of the host half reads no values."""
+    return any(o.kind is K.NB_COPY and key in (_storage(o.key, views), _storage(o.other, views))
+               for o in t.ops)
 
 
 def _covers(o: Op, t: Trace, after: set[str]) -> bool:
