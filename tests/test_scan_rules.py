@@ -1627,5 +1627,21 @@ def test_a_buffers_own_copy_helpers_are_no_host_readers(tmp_path):
 
             def copy_to_cpu(self, n):
                 return self.cpu[:n].copy_(self.gpu[:n], non_blocking=True)
+
+        class PinnedOnDemand:
+            def __init__(self, n, pin, device):
+                self.pin = pin
+                self.cpu = torch.zeros(n, device="cpu", pin_memory=pin)
+                self.gpu = torch.zeros_like(self.cpu, device=device)
+                self.np = self.cpu.numpy()
+
+            def copy_to_gpu(self, n=None):
+                cpu, gpu = self.cpu, self.gpu
+                if n is not None:
+                    cpu, gpu = cpu[:n], gpu[:n]
+                return gpu.copy_(cpu.pin_memory() if self.pin else cpu, non_blocking=True)
+
+            def copy_to_cpu(self, n):
+                return self.cpu[:n].copy_(self.gpu[:n], non_blocking=True)
         '''))
     assert not [f.what for f in found if f.hazard is Hazard.UNSYNCED_D2H]

@@ -18,7 +18,7 @@ from streamfuzz.fuzz.scan.hazards import (
     unordered_frees,
     waits_on,
 )
-from streamfuzz.fuzz.scan.names import dotted
+from streamfuzz.fuzz.scan.names import HOSTISH, dotted
 from streamfuzz.fuzz.scan.nodes import own_nodes
 from streamfuzz.fuzz.scan.ops import CURRENT, K, Op, Trace
 from streamfuzz.fuzz.scan.package import Function, ModuleCache, Package
@@ -230,9 +230,15 @@ def _pending_d2h(t: Trace, views: dict[str, str]) -> dict[str, int]:
 
 
 def _copies(t: Trace, key: str, views: dict[str, str]) -> bool:
-    """Does ``t`` copy ``key`` to or from the device itself? Then it is the buffer's own
-    helper (``copy_to_gpu``), whose slicing of the host half reads no values."""
+    """Does ``t`` copy ``key`` to or from the device itself (a non-blocking copy, or a
+    line that reads it and writes device memory)? Then it is the buffer's own helper
+    (``copy_to_gpu``), whose slicing of the host half reads no values."""
+    def device(k: str) -> bool:
+        return k not in t.host and not HOSTISH.search(k.rsplit(".", 1)[-1])
+
+    read = {o.line for o in t.ops if o.kind is K.USE and _storage(o.key, views) == key}
     return any(o.kind is K.NB_COPY and key in (_storage(o.key, views), _storage(o.other, views))
+               or o.kind is K.USE and o.write and o.line in read and device(o.key)
                for o in t.ops)
 
 
