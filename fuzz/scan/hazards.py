@@ -491,8 +491,8 @@ class _Judge(Handoffs):
         since (the shape of a double buffer handed back and forth)."""
         first = next((p for p, o in enumerate(self.ops)
                       if o.stream == b and o.kind in (K.USE, K.ALLOC)), None)
-        return first is not None and any(self._waits_for(self.ops[j], a, b)
-                                         for j in range(first))
+        return first is not None and any(  # named here: a callee's lent wait names none
+            o.kind is K.WAIT and o.stream == a and o.other == b for o in self.ops[:first])
 
     def _waits_for(self, o: Op, a: str, b: str) -> bool:
         if o.kind is K.WAIT:
