@@ -1371,6 +1371,128 @@ RULES: dict[str, Rule] = {
             return backend.export_event(event, device)
         ''',
         Hazard.LIFETIME, "retrieve", "scratch"),
+    # a gradient hook's side stream told to wait for the default stream: the caller's
+    # current stream (autograd's, a loop's own) may be another one
+    "a-wait-on-the-default-stream-orders-not-the-callers": Rule('''
+        import torch
+
+        class Bucket:
+            def __init__(self):
+                self.reduce_stream = torch.cuda.Stream()
+                self.flat = torch.empty(1 << 20, device="cuda")
+
+            def add_grad(self, grad):
+                self.reduce_stream.wait_stream(torch.cuda.default_stream())
+                with torch.cuda.stream(self.reduce_stream):
+                    self.flat[: grad.numel()].copy_(grad.view(-1))
+                grad.record_stream(self.reduce_stream)
+        ''', '''
+        import torch
+
+        class Bucket:
+            def __init__(self):
+                self.reduce_stream = torch.cuda.Stream()
+                self.flat = torch.empty(1 << 20, device="cuda")
+
+            def add_grad(self, grad):
+                self.reduce_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.reduce_stream):
+                    self.flat[: grad.numel()].copy_(grad.view(-1))
+                grad.record_stream(self.reduce_stream)
+        ''', Hazard.UNORDERED, "Bucket.add_grad", "grad"),
+    # a step's non_blocking device-to-host copy into the object, read by the host in the
+    # next step's method with no sync (async scheduling avoids syncs on purpose); the
+    # NumPy view kept beside the pinned tensor is the same memory
+    "a-d2h-copy-read-by-another-method": Rule('''
+        import torch
+
+        class Runner:
+            def __init__(self):
+                self.accepted_cpu = torch.empty(64, dtype=torch.int32, pin_memory=True)
+                self.accepted_np = self.accepted_cpu.numpy()
+                self.accepted = torch.zeros(64, dtype=torch.int32, device="cuda")
+
+            def after_step(self, n):
+                self.accepted[:n] = 1
+                self.accepted_cpu[:n].copy_(self.accepted[:n], non_blocking=True)
+
+            def build_metadata(self, n):
+                counts = self.accepted_np[:n]
+                return int(counts.max())
+        ''', '''
+        import torch
+
+        class Runner:
+            def __init__(self):
+                self.accepted_cpu = torch.empty(64, dtype=torch.int32, pin_memory=True)
+                self.accepted_np = self.accepted_cpu.numpy()
+                self.accepted = torch.zeros(64, dtype=torch.int32, device="cuda")
+                self.copied = torch.cuda.Event()
+
+            def after_step(self, n):
+                self.accepted[:n] = 1
+                self.accepted_cpu[:n].copy_(self.accepted[:n], non_blocking=True)
+                self.copied.record()
+
+            def build_metadata(self, n):
+                self.copied.synchronize()
+                counts = self.accepted_np[:n]
+                return int(counts.max())
+        ''', Hazard.UNSYNCED_D2H, "Runner.build_metadata", "self.accepted_cpu"),
+    # the caller syncs an event a helper recorded during the last step's input prep,
+    # before the copy was queued: that sync does not cover the copy (a device sync does)
+    "a-d2h-copy-and-a-helpers-earlier-event": Rule('''
+        import contextlib
+        import torch
+
+        class Runner:
+            def __init__(self):
+                self.accepted_cpu = torch.empty(64, dtype=torch.int32, pin_memory=True)
+                self.accepted = torch.zeros(64, dtype=torch.int32, device="cuda")
+                self.prep_done = torch.cuda.Event()
+
+            @contextlib.contextmanager
+            def prep(self):
+                self.prep_done.synchronize()
+                yield
+                self.prep_done.record()
+
+            def step(self, n):
+                with self.prep():
+                    meta = self.build_metadata(n)
+                self.accepted[:n] = 1
+                self.accepted_cpu[:n].copy_(self.accepted[:n], non_blocking=True)
+                return meta
+
+            def build_metadata(self, n):
+                return self.accepted_cpu[:n].tolist()
+        ''', '''
+        import contextlib
+        import torch
+
+        class Runner:
+            def __init__(self):
+                self.accepted_cpu = torch.empty(64, dtype=torch.int32, pin_memory=True)
+                self.accepted = torch.zeros(64, dtype=torch.int32, device="cuda")
+                self.prep_done = torch.cuda.Event()
+
+            @contextlib.contextmanager
+            def prep(self):
+                self.prep_done.synchronize()
+                yield
+                self.prep_done.record()
+
+            def step(self, n):
+                torch.cuda.current_stream().synchronize()
+                with self.prep():
+                    meta = self.build_metadata(n)
+                self.accepted[:n] = 1
+                self.accepted_cpu[:n].copy_(self.accepted[:n], non_blocking=True)
+                return meta
+
+            def build_metadata(self, n):
+                return self.accepted_cpu[:n].tolist()
+        ''', Hazard.UNSYNCED_D2H, "Runner.build_metadata", "self.accepted_cpu"),
 }
 
 
@@ -1617,3 +1739,71 @@ def test_events_recorded_only_to_time_work_are_no_owner_unseen_handoff(tmp_path)
     _write(tree, "cache.py", _LOADER)
     found = [f.function for f in _scan(tree) if "owner-unseen" in f.factors]
     assert found == ["Controller.start_loading"]  # the ordering event, not the timers
+
+
+def test_the_callers_stream_waiting_first_lowers_a_caller_owned_tensor(tmp_path):
+    """A side stream reads the caller's buffer and nothing after orders the caller's
+    stream: reported. Where the caller's stream first waits for the side stream (a
+    double buffer handed back and forth: the previous call's read is ordered before
+    the caller refills it), the same finding is lowered by the entry barrier."""
+    bad = ('''
+        import torch
+
+        class Reducer:
+            def __init__(self):
+                self.reduce_stream = torch.cuda.Stream()
+
+            def average(self, bucket):
+                self.reduce_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.reduce_stream):
+                    bucket.div_(8)
+        ''')
+    good = bad.replace(
+        "                self.reduce_stream.wait_stream(torch.cuda.current_stream())\n",
+        "                self.reduce_stream.wait_stream(torch.cuda.current_stream())\n"
+        "                torch.cuda.current_stream().wait_stream(self.reduce_stream)\n")
+    assert good != bad
+    before, after = ([f for f in _scan(_write(tmp_path, name, text))
+                      if f.hazard is Hazard.LIFETIME and f.function == "Reducer.average"]
+                     for name, text in (("bad.py", bad), ("good.py", good)))
+    assert before and after
+    assert "entry-barrier" not in before[0].factors
+    assert "entry-barrier" in after[0].factors and after[0].score < before[0].score
+
+
+def test_a_buffers_own_copy_helpers_are_no_host_readers(tmp_path):
+    """A host/device buffer pair whose one method copies device-to-host without blocking
+    and another slices the host half to copy it back: the slice reads no values."""
+    found = _scan(_write(tmp_path, "buffer.py", '''
+        import torch
+
+        class Buffer:
+            def __init__(self, n):
+                self.cpu = torch.zeros(n, pin_memory=True)
+                self.gpu = torch.zeros(n, device="cuda")
+
+            def copy_to_gpu(self, n):
+                cpu, gpu = self.cpu, self.gpu
+                cpu, gpu = cpu[:n], gpu[:n]
+                return gpu.copy_(cpu, non_blocking=True)
+
+            def copy_to_cpu(self, n):
+                return self.cpu[:n].copy_(self.gpu[:n], non_blocking=True)
+
+        class PinnedOnDemand:
+            def __init__(self, n, pin, device):
+                self.pin = pin
+                self.cpu = torch.zeros(n, device="cpu", pin_memory=pin)
+                self.gpu = torch.zeros_like(self.cpu, device=device)
+                self.np = self.cpu.numpy()
+
+            def copy_to_gpu(self, n=None):
+                cpu, gpu = self.cpu, self.gpu
+                if n is not None:
+                    cpu, gpu = cpu[:n], gpu[:n]
+                return gpu.copy_(cpu.pin_memory() if self.pin else cpu, non_blocking=True)
+
+            def copy_to_cpu(self, n):
+                return self.cpu[:n].copy_(self.gpu[:n], non_blocking=True)
+        '''))
+    assert not [f.what for f in found if f.hazard is Hazard.UNSYNCED_D2H]

@@ -48,6 +48,7 @@ def scan(source: Source) -> ScanResult:
     found.extend(package_hazards.cached_streams(pkg.caches))
     found.extend(package_hazards.sibling_omissions(pkg))
     found.extend(package_hazards.attribute_lifetimes(pkg, walked))
+    found.extend(package_hazards.attribute_d2h_reads(pkg, walked))
     found.extend(owners.unseen_owners(pkg, traces))
     for f in found:
         lines = pkg.modules[f.file].lines

@@ -30,7 +30,7 @@ from streamfuzz.fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, STORAGE, K
+from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, DEFAULT, STORAGE, K
 
 SHAPED_MAKERS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
                            "randn_like", "randint_like", "new_empty", "new_zeros", "new_ones",
@@ -84,6 +84,9 @@ class Calls(Namer):
         if name == "wait_stream" and recv is not None:
             waiter = self.stream_of(recv) or rk or ANY
             waited = self.stream_of(c.args[0]) if c.args else None
+            if c.args and isinstance(c.args[0], ast.Call) and \
+                    callee_name(c.args[0]) == "default_stream":
+                waited = DEFAULT  # named so, not bound as the function's compute stream
             self.emit(K.WAIT, line, stream=waiter, other=waited or ANY)
             return None
         if name == "wait_event" and recv is not None:
@@ -341,7 +344,7 @@ class Calls(Namer):
             if eff.what == "wait":
                 self.emit(K.WAIT, line, stream=ANY, other=ANY)
             elif eff.what == "sync":
-                self.emit(K.HOST_SYNC, line, key="")
+                self.emit(K.HOST_SYNC, line, key="", flag=eff.flag)
             else:
                 k = self.key(ast.parse(eff.param, mode="eval").body) if eff.param else None
                 if not k:

@@ -21,6 +21,7 @@ from streamfuzz.fuzz.scan.ops import (
     ANY,
     COPY_SOURCE,
     CURRENT,
+    DEFAULT,
     REBOUND,
     SUBMITTER,
     THREAD,
@@ -152,7 +153,7 @@ class Finding:
 
 
 def _show(stream: str) -> str:
-    return {CURRENT: "current stream", THREAD: "thread's current stream",
+    return {CURRENT: "current stream", THREAD: "thread's current stream", DEFAULT: "default stream",
             SUBMITTER: "submitter's stream"}.get(stream, stream)
 
 
@@ -245,7 +246,7 @@ class _Judge(Handoffs):
                 o.other == ANY or covers(o.other, a)):
             return "yes"
         if o.kind is K.WAIT and o.stream == b and a in (CURRENT, SUBMITTER) and \
-                o.other not in self.t.entered:
+                o.other not in self.t.entered and o.other != DEFAULT:
             return "yes"  # a stream this function never enters: taken as its caller's
         if o.kind is K.WAIT and o.stream == ANY:
             return "yes"
@@ -441,7 +442,8 @@ class _Judge(Handoffs):
                     factors.append("caller-owned")
                 if cond:
                     factors.append("conditional-order")
-                if a != self.t.base and all(self._barriered(a, b) for b in bad):
+                if a != self.t.base and all(self._barriered(a, b) for b in bad) or \
+                        "caller-owned" in factors and all(self._waited_first(a, b) for b in bad):
                     factors.append("entry-barrier")
                 events = [self.handoff(k, b) for b in bad] if not freed and (
                     kept or not self.local(k)) else []
@@ -482,6 +484,15 @@ class _Judge(Handoffs):
             if not any(self._waits_for(ops[j], a, b) for j in range(prev + 1, first)):
                 return False
         return bool(entries)
+
+    def _waited_first(self, a: str, b: str) -> bool:
+        """Does the caller's stream ``a`` wait for ``b`` before ``b``'s first work here?
+        Then a previous call's work on ``b`` is ordered before what the caller queued
+        since (the shape of a double buffer handed back and forth)."""
+        first = next((p for p, o in enumerate(self.ops)
+                      if o.stream == b and o.kind in (K.USE, K.ALLOC)), None)
+        return first is not None and any(  # named here: a callee's lent wait names none
+            o.kind is K.WAIT and o.stream == a and o.other == b for o in self.ops[:first])
 
     def _waits_for(self, o: Op, a: str, b: str) -> bool:
         if o.kind is K.WAIT:

@@ -19,6 +19,13 @@ THREAD = "<thread>"
 """The current stream of a function that a thread runs (not its submitter's)."""
 SUBMITTER = "<submitter>"
 """Where a thread's inputs were made: the stream of the code that handed them over."""
+DEFAULT = "<default>"
+"""The stream a ``wait_stream(default_stream())`` waits for. The default stream is the
+current one only where nothing made another current, which a function cannot know of
+its caller (a backward hook runs on the stream its forward op ran on; a scheduler's loop
+enters its own): such a wait orders none of the caller's work. A function that binds the
+default stream as its compute stream (``compute = default_stream()``) says it runs
+there, and keeps it as its current stream."""
 ANY = "<any>"
 """A stream or event a callee orders without naming it to the caller."""
 COPY_SOURCE = "copy-source"

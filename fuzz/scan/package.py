@@ -49,7 +49,8 @@ class Effect(NamedTuple):
     unconditionally), ``sync`` (the host waits), ``record`` (record_stream on
     ``param``+``suffix``), ``use`` (its work on the caller's stream touches them),
     ``free`` (it drops the argument's attribute ``suffix``); ``flag`` is a use's
-    (``ops.COPY_SOURCE``)."""
+    (``ops.COPY_SOURCE``), or a sync's (``event``: an event's, which covers only the
+    work queued before the event was recorded)."""
 
     what: str
     param: str = ""
@@ -294,7 +295,9 @@ class Package:
             if o.kind in (K.WAIT, K.WAIT_EVENT) and not o.guards:
                 found[Effect("wait")] = None
             elif o.kind is K.HOST_SYNC and not o.guards:
-                found[Effect("sync")] = None
+                # an event's sync covers only the work before its record
+                found[Effect("sync", flag="event" if o.key in t.events or o.flag == "event"
+                             else "")] = None
             elif o.kind is K.RECORD and root in params:
                 found[Effect("record", root, suffix)] = None
             elif o.kind is K.FREE and root in params and (suffix or o.flag == STORAGE):

@@ -1,7 +1,8 @@
 """The hazards seen across a package, not in one function's ops: streams and
 events kept at module level, calls that leave out an ordering argument
-another call of the same function passes, and an object's tensor that one
-method leaves in use on a side stream and another frees.
+another call of the same function passes, an object's tensor that one
+method leaves in use on a side stream and another frees, and one that a method
+leaves being copied to the host and another reads there.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from streamfuzz.fuzz.scan.hazards import (
     unordered_frees,
     waits_on,
 )
-from streamfuzz.fuzz.scan.names import dotted
+from streamfuzz.fuzz.scan.names import HOSTISH, dotted
 from streamfuzz.fuzz.scan.nodes import own_nodes
-from streamfuzz.fuzz.scan.ops import CURRENT, Trace
+from streamfuzz.fuzz.scan.ops import CURRENT, K, Op, Trace
 from streamfuzz.fuzz.scan.package import Function, ModuleCache, Package
 
 
@@ -168,3 +169,118 @@ def _kept_handles(fn: Function | None, line: int) -> list[str]:
     return sorted({dotted(t) or "" for n in own_nodes(fn.node) if isinstance(n, ast.Assign)
                    and n.lineno >= line and isinstance(n.value, ast.Call)
                    for t in n.targets if (dotted(t) or "").startswith("self.")})
+
+
+def attribute_d2h_reads(pkg: Package, traces: Iterable[Trace]) -> Iterator[Finding]:
+    """An attribute one method fills by a ``non_blocking`` device-to-host copy and leaves
+    in flight (no host sync after it there), read by the host in another method of the
+    class with no sync first that covers the copy: the reader runs in the next step of an
+    engine that avoids syncs on purpose, so nothing says the copy has landed."""
+    by_class: dict[tuple[str, str], list[Trace]] = {}
+    for t in traces:
+        if t.cls is not None:
+            by_class.setdefault((t.file, t.cls), []).append(t)
+    views = _numpy_views(pkg)
+    for (file, cls), walked in sorted(by_class.items()):
+        pending = {k: (t, i) for t in walked for k, i in _pending_d2h(t, views).items()}
+        if not pending:
+            continue
+        known = {t.qualname: t for t in walked}
+        methods = [known.get(fn.qualname) or pkg.walk(fn) for fn in pkg.functions
+                   if fn.file == file and fn.cls == cls and fn.name != "__init__"]
+        for k, (owner, i) in sorted(pending.items()):
+            after = {o.key for o in owner.ops[i + 1:] if o.kind is K.EVENT_RECORD}
+            for t in methods:
+                if t.qualname == owner.qualname or _copies(t, k, views) or \
+                        _synced_by_callers(t, methods, after):
+                    continue
+                read = _unsynced_read(t, k, views, after)
+                if read is None:
+                    continue
+                factors = ["object-state", "other-method"]
+                if TEST_PATH.search(file):
+                    factors.append("test-code")
+                yield Finding(
+                    Hazard.UNSYNCED_D2H, file, read, t.qualname, (k,), (CURRENT,),
+                    f"the host reads {k}, which {owner.qualname} fills by a non_blocking "
+                    f"copy from the device (line {owner.ops[i].line}) and leaves in flight; "
+                    "no sync that covers the copy comes before this read here",
+                    tuple(factors)).scored()
+                break  # one reader names the copy
+
+
+def _numpy_views(pkg: Package) -> dict[str, str]:
+    """Attribute names bound to a NumPy view of another attribute in some class of the
+    package (``self.x_np = self.x.numpy()``): ``x_np`` -> ``x``. An object's two
+    attributes are one memory wherever they are read, in any class."""
+    out: dict[str, str] = {}
+    for m in pkg.modules.values():
+        for facts in m.classes.values():
+            for name, target in facts.alias.items():
+                if name.startswith("self.") and target.startswith("self.") and \
+                        target in facts.tensors | facts.host:
+                    out[name.split(".", 1)[1]] = target.split(".", 1)[1]
+    return out
+
+
+def _storage(key: str, views: dict[str, str]) -> str:
+    head, _, leaf = key.rpartition(".")
+    return f"{head}.{views[leaf]}" if head and leaf in views else key
+
+
+def _pending_d2h(t: Trace, views: dict[str, str]) -> dict[str, int]:
+    """The attributes ``t`` copies into from the device without blocking, with no host
+    sync after the copy: attribute -> the copy's op index."""
+    out: dict[str, int] = {}
+    for i, o in enumerate(t.ops):
+        if o.kind is K.NB_COPY and o.flag == "d2h" and o.key.startswith("self.") and \
+                not any(s.kind is K.HOST_SYNC for s in t.ops[i + 1:]):
+            out.setdefault(_storage(o.key, views), i)
+    return out
+
+
+def _copies(t: Trace, key: str, views: dict[str, str]) -> bool:
+    """Does ``t`` copy ``key`` to or from the device itself (a non-blocking copy, or a
+    line that reads it and writes device memory)? Then it is the buffer's own helper
+    (``copy_to_gpu``), whose slicing of the host half reads no values."""
+    def device(k: str) -> bool:
+        return k not in t.host and not HOSTISH.search(k.rsplit(".", 1)[-1])
+
+    read = {o.line for o in t.ops if o.kind is K.USE and _storage(o.key, views) == key}
+    return any(o.kind is K.NB_COPY and key in (_storage(o.key, views), _storage(o.other, views))
+               or o.kind is K.USE and o.write and o.line in read and device(o.key)
+               for o in t.ops)
+
+
+def _covers(o: Op, t: Trace, after: set[str]) -> bool:
+    """Does ``o`` block the host until a copy queued before ``after``'s records has
+    run? A device or stream sync, a device read, or a sync of one of those events; an
+    event a helper syncs covers only what came before its record, which is not known."""
+    if o.kind is K.HOST_READ:
+        return o.flag in ("item", "tolist") and o.key not in t.host
+    return o.kind is K.HOST_SYNC and o.flag != "event" and (
+        o.key in ("", t.base) or o.key in t.streams or o.key in after)
+
+
+def _unsynced_read(t: Trace, key: str, views: dict[str, str], after: set[str]) -> int | None:
+    """The line of ``t``'s first host read of ``key`` with no covering sync before it: an
+    index or a host function of it, or its values written into another host buffer
+    (``self.counts.np[:n] = self.batch.counts_cpu[:n]``). The source of a copy to the
+    device is no host read."""
+    copied = {o.line for o in t.ops if o.kind is K.NB_COPY}
+    filled = {o.line for o in t.ops if o.kind is K.HOST_WRITE}
+    for o in t.ops:
+        if _covers(o, t, after):
+            return None
+        if (o.kind is K.HOST_READ or o.kind is K.KEEP and o.line in filled) and \
+                o.line not in copied and _storage(o.key, views) == key:
+            return o.line
+    return None
+
+
+def _synced_by_callers(t: Trace, methods: list[Trace], after: set[str]) -> bool:
+    """Does every method of the class that calls ``t`` sync the host before the call?"""
+    name = t.qualname.rsplit(".", 1)[-1]
+    sites = [(m, c[1]) for m in methods for c in m.calls if c[0] == name and m is not t]
+    return bool(sites) and all(any(_covers(o, m, after) and o.line < line for o in m.ops)
+                               for m, line in sites)
