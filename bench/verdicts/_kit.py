@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import zipfile
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,22 @@ def kernel(reads: list[Any], writes: list[Any], label: str) -> None:
     """A C kernel of the package, described by what it reads and writes on the current stream."""
     with streamfuzz.opaque(reads=[t for t in reads if t is not None],
                            writes=[t for t in writes if t is not None], label=label):
+        pass
+
+
+def findings(run: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:
+    """``run(*args, **kwargs)`` in one collecting checked block: its findings, as text."""
+    with streamfuzz.checked(collect=True) as check:
+        run(*args, **kwargs)
+    return [str(f) for f in check.findings]
+
+
+def feed(gen: Generator[Any, Any, Any], items: list[Any]) -> None:
+    """Prime a consumer generator, send it each item, then run it out (a layerwise load)."""
+    next(gen)
+    for item in items:
+        gen.send(item)
+    for _ in gen:
         pass
 
 

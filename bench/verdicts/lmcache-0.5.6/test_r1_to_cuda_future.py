@@ -22,7 +22,6 @@ platform registry would.
 import pytest
 import torch
 
-import streamfuzz
 from bench.verdicts import _kit
 
 REL = "lmcache-0.5.6"
@@ -68,16 +67,11 @@ def _consume(pass_backend, wait=True):
     return out
 
 
-def _findings(*args):
-    with streamfuzz.checked(collect=True) as check:
-        _consume(*args)
-    return [str(f) for f in check.findings]
-
 
 @pytest.mark.parametrize("pass_backend", [False, True])
 def test_with_and_without_the_backend_clean(pass_backend):
-    assert _findings(pass_backend) == []
+    assert _kit.findings(_consume, pass_backend) == []
 
 
 def test_without_the_events_wait_flagged():
-    assert any("read-after-write" in f for f in _findings(False, False))
+    assert any("read-after-write" in f for f in _kit.findings(_consume, False, False))

@@ -24,7 +24,6 @@ release (its ``torch_dev`` answered by ``torch.cuda``); rank 8/9's
 import pytest
 import torch
 
-import streamfuzz
 from bench.verdicts import _kit
 
 REL = "lmcache-0.5.6"
@@ -90,26 +89,17 @@ def _retrievals(case, fixed, count=2):
                for s, e in zip(starts, ends)] for _ in range(LAYERS)]
     for _ in range(count):
         gen = conn.batched_to_gpu(starts, ends, slot_mapping=slot_mapping)
-        next(gen)
-        for layer in layers:
-            gen.send(layer)
-        for _ in gen:
-            pass
+        _kit.feed(gen, layers)
 
-
-def _findings(case, fixed):
-    with streamfuzz.checked(collect=True) as check:
-        _retrievals(case, fixed)
-    return [str(f) for f in check.findings]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_release_load_stream_writes_unordered(case):
-    found = _findings(case, fixed=False)
+    found = _kit.findings(_retrievals, case, fixed=False)
     assert any("write-after-write" in f and "aten.zeros" in f for f in found), found
     assert not any("lifetime" in f or "freed" in f for f in found), found
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_fixed_twin_clean(case):
-    assert _findings(case, fixed=True) == []
+    assert _kit.findings(_retrievals, case, fixed=True) == []

@@ -17,7 +17,6 @@ runs); the GPU buffer allocator is a one-buffer object; ``torch.xpu`` and
 import pytest
 import torch
 
-import streamfuzz
 from bench.verdicts import _kit
 
 REL = "lmcache-0.5.6"
@@ -81,25 +80,16 @@ def _drive(case, fixed):
     layers = [[_kit.Obj(tensor=torch.ones(e - s, 2, HIDDEN).to("cuda"), metadata=_kit.Obj(fmt=fmt))
                for s, e in zip(starts, ends)] for _ in range(LAYERS)]
     gen = conn.batched_to_gpu(starts=starts, ends=ends, slot_mapping=slot_mapping, sync=True)
-    next(gen)  # retrieve_layer primes the consumer
-    for layer in layers:
-        gen.send(layer)
-    for _ in gen:
-        pass
+    _kit.feed(gen, layers)  # retrieve_layer primes the consumer
 
-
-def _findings(case, fixed):
-    with streamfuzz.checked(collect=True) as check:
-        _drive(case, fixed)
-    return [str(f) for f in check.findings]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_release_reads_the_slot_mapping_unordered(case):
-    found = _findings(case, fixed=False)
+    found = _kit.findings(_drive, case, fixed=False)
     assert any("read-after-write" in f and "aten.cat" in f for f in found), found
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_fixed_twin_clean(case):
-    assert _findings(case, fixed=True) == []
+    assert _kit.findings(_drive, case, fixed=True) == []

@@ -24,7 +24,6 @@ finding).
 
 import torch
 
-import streamfuzz
 from bench.verdicts import _kit
 
 REL = "torchrec-1.9.2"
@@ -86,16 +85,11 @@ def _step(module):
     return context.gpu_embedding_outputs
 
 
-def _findings(module):
-    with streamfuzz.checked(collect=True) as check:
-        _step(module)
-    return [str(f) for f in check.findings]
-
 
 def test_release_flagged():
-    found = _findings(_kit.release(REL, FILE).module)
+    found = _kit.findings(_step, _kit.release(REL, FILE).module)
     assert found, found
 
 
 def test_fixed_twin_clean():
-    assert _findings(_kit.twin(REL, FILE, OLD, NEW).module) == []
+    assert _kit.findings(_step, _kit.twin(REL, FILE, OLD, NEW).module) == []

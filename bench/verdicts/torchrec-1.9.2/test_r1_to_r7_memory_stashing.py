@@ -32,7 +32,6 @@ a module's tensors needs sharded modules).
 
 import torch
 
-import streamfuzz
 from bench.verdicts import _kit
 
 REL = "torchrec-1.9.2"
@@ -54,17 +53,12 @@ def _cycle(module):
     return [weights.sum() for weights in tables]  # the next forward reads the restored tables
 
 
-def _findings(module):
-    with streamfuzz.checked(collect=True) as check:
-        _cycle(module)
-    return [str(f) for f in check.findings]
-
 
 def test_release_clean_without_the_event():
-    assert _findings(_kit.release(REL, FILE).module) == []
+    assert _kit.findings(_cycle, _kit.release(REL, FILE).module) == []
 
 
 def test_without_execute_stashs_else_wait_flagged():
     twin = _kit.twin(REL, FILE, STASH_ELSE, "")
-    found = _findings(twin.module)
+    found = _kit.findings(_cycle, twin.module)
     assert any("read-after-write" in f and "aten.add_" in f for f in found), found

@@ -21,7 +21,6 @@ objects with the attributes the functions read; the KJT is a tensor.
 
 import torch
 
-import streamfuzz
 from bench.verdicts import _kit
 
 REL = "torchrec-1.9.2"
@@ -57,17 +56,12 @@ def _start(fn_name):
     return seen
 
 
-def _findings(fn_name):
-    with streamfuzz.checked(collect=True) as check:
-        _start(fn_name)
-    return [str(f) for f in check.findings]
-
 
 def test_rank8_legacy_flagged():
-    found = _findings("_start_embedding_lookup_legacy")
+    found = _kit.findings(_start, "_start_embedding_lookup_legacy")
     assert any("read-after-write" in f and "aten.add" in f for f in found), found
     assert any("freed while stream lookup may still use it" in f for f in found), found
 
 
 def test_rank9_stream_synced_clean():
-    assert _findings("_start_embedding_lookup_stream_synced") == []
+    assert _kit.findings(_start, "_start_embedding_lookup_stream_synced") == []
