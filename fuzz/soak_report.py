@@ -35,8 +35,8 @@ RISING_H = 168.0
 """A campaign is left running for a week: a series whose fitted slope would
 pass GROWTH_LIMIT within a week, and that rose by RISING_MIN over the run,
 is reported as rising, not flat, even where it rose too unsteadily to be
-projected over PROJECTION_H (an hour's driver, +6.6% and +40 MiB an hour,
-read "flat": about 6.7 GB in a week)."""
+projected over PROJECTION_H (docs/soak.md: an hour's driver once read
+"flat" on that ground)."""
 
 RISING_MIN = 0.02
 """Growth from the second quarter to the last below which a series is flat

@@ -394,8 +394,8 @@ class RankPool:
     def _hang(self, ranks: list[int]) -> Failure:
         """The hang of the ranks that gave no answer, with where each is stuck.
         Asked only where nothing else failed: each rank's stack takes up to
-        seconds to come, and a crash's peers blocked in their collective cost
-        every crashing example 10 s of it (a shrink: 6 examples in 64 s)."""
+        seconds to come, and a crash's peers blocked in their collective would
+        cost every crashing example that wait (docs/architecture.md)."""
         where = [(r, self._world.where_stuck(r), self._world.waits_in(r))
                  for r in ranks] if self._world else []
         return Failure("hang", f"rank(s) {ranks} gave no answer within {self.timeout:.0f}s"

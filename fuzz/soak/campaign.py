@@ -345,12 +345,10 @@ def _release_heap() -> None:
 def _collect_round() -> None:
     """Free the cycles a round left (Hypothesis's engine and its examples)
     as the round ends. Left to the collector's own schedule they outlived
-    several later rounds, whose objects filled the heap around them: an
-    hour's driver rose 40 MiB an hour, where a full collection after every
-    round kept it flat. With what the last ``_release_heap`` kept frozen, the
-    collection walks only what was made since (docs/soak.md), not the
-    driver's every object: a full one each round took a seventh of the
-    driver on a CPU soak of every built-in."""
+    several later rounds, whose objects filled the heap around them (the
+    driver's slow rise in docs/soak.md). With what the last ``_release_heap``
+    kept frozen, the collection walks only what was made since, not the
+    driver's every object."""
     gc.collect()
 
 
