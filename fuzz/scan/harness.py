@@ -189,15 +189,14 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
     # A collaborator built from a class of the file that only stores what it is given is
     # that class (what its methods return is what the function needs); what the class
     # hands it answers as its code checks.
-    reals = {a: v for a, v in made.items() if a in read and _constructed(v) and
-             harness_state.real_class(pkg, fn, v) is not None}
+    reals = {a: (built, ast.unparse(v.func)) for a, v in made.items()
+             if a in read and isinstance(v, ast.Call) and _constructed(v) and
+             (built := harness_state.real_class(pkg, fn, v)) is not None}
     for a in sorted(read - methods):
         key = f"self.{a}"
         assigned = made.get(a)
-        state = harness_state.filled_entry(cls, fn, a) or (
-            harness_state.real_class(pkg, fn, assigned) if a in reals and assigned else None) \
-            or harness_state.duck_for(pkg, fn, cls, a, {
-                k: getattr(v.func, "id", "") for k, v in reals.items()})
+        state = harness_state.filled_entry(cls, fn, a) or reals.get(a, (None,))[0] or \
+            harness_state.duck_for(pkg, fn, cls, a, {k: c for k, (_, c) in reals.items()})
         if state is not None:
             out[a] = state
             continue

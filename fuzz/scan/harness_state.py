@@ -28,12 +28,12 @@ from contextvars import ContextVar
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import SourceFile
 
-_FIXED: ContextVar[dict[str, str]] = ContextVar("_FIXED", default={})
+_FIXED: ContextVar[dict[str, str] | None] = ContextVar("_FIXED", default=None)
 
 
 def fixed(key: str) -> str | None:
     """The value a tie decided for ``key`` (``param`` or ``param.attr``), if any."""
-    return _FIXED.get().get(key)
+    return (_FIXED.get() or {}).get(key)
 
 
 @contextmanager
