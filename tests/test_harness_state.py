@@ -40,9 +40,19 @@ _PLANS = '''
 import torch
 
 
+def load_routes():
+    return {}
+
+
+def make_queue():
+    return None
+
+
 class Layer:
     def __init__(self, sizes, kernel):
         self.side = torch.cuda.Stream()
+        self.routes = load_routes()
+        self.jobs = make_queue()
         self.plans: dict[int, tuple] = {}
         for b in sizes:
             name = "fused" if b > 8 else "plain"
@@ -54,13 +64,16 @@ class Layer:
     def run(self, x: torch.Tensor):
         b = x.shape[0]
         plan = self.plans[b]
-        if plan[0] != "plain":
+        if plan[0] != "plain" or self.routes.get(b, "front") != "front":
             raise ValueError("a fused plan needs its kernel")
         WAIT
         with torch.cuda.stream(self.side):
             y = x * 2
         KEEP
         return y
+
+    def drain(self):
+        return self.jobs.get()
 '''
 _PLANS_WAIT = ("self.side.wait_stream(torch.cuda.current_stream())",
                "x.record_stream(self.side); torch.cuda.current_stream().wait_stream(self.side)")
@@ -130,8 +143,6 @@ _POOL_WAIT = ("stream.wait_stream(torch.cuda.current_stream())", "")
 _RULES = {
     "a lookup's keys are the keys of the list it looks in": (
         {"mod.py": _TIED}, "mod.py", "def apply", _TIED_WAIT),
-    "a dict the class fills by key holds the entry the function reads": (
-        {"mod.py": _PLANS}, "mod.py", "def run", _PLANS_WAIT),
     "a collaborator of the file is built for real, its transport answers as checked": (
         {"mod.py": _POOL}, "mod.py", "def stage", _POOL_WAIT),
 }
@@ -143,6 +154,17 @@ def test_the_state_a_call_needs_is_set_up_the_bug_flagged_the_fix_passes(tmp_pat
     _, bad = _rule_run(tmp_path, "buggy", files, target, marker, fix, fixed=False)
     assert bad.returncode == 1 and "StreamfuzzError" in bad.stdout, bad.stdout[-3000:]
     _, good = _rule_run(tmp_path, "fixed", files, target, marker, fix, fixed=True)
+    assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-3000:]
+
+
+def test_a_dict_the_class_fills_by_key_holds_the_entry_the_function_reads(tmp_path):
+    body, bad = _rule_run(tmp_path, "buggy", {"mod.py": _PLANS}, "mod.py", "def run",
+                          _PLANS_WAIT, fixed=False)
+    assert "obj.plans = {n: ('plain',)}" in body, body
+    assert "obj.routes = {}" in body and "obj.jobs = {}" not in body, body  # a queue's get()
+    assert bad.returncode == 1 and "StreamfuzzError" in bad.stdout, bad.stdout[-3000:]
+    _, good = _rule_run(tmp_path, "fixed", {"mod.py": _PLANS}, "mod.py", "def run",
+                        _PLANS_WAIT, fixed=True)
     assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-3000:]
 
 

@@ -558,7 +558,9 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         return _CALLABLE
     if iters:
         return "[]"
-    if attrs and attrs <= _MAPPING_USES:  # ``.get(k, default)``: a dict answers the default
+    if attrs and attrs <= _MAPPING_USES and not any(  # ``.get(k, default)``: a dict's
+            isinstance(n, ast.Call) and not n.args and _text(n.func) in {  # (not a queue's)
+                f"{name}.get" for name in names} for scope in where for n in ast.walk(scope)):
         return "{}"
     if attrs and attrs <= _STREAM_USES and STREAMISH.search(key.rsplit(".", 1)[-1]):
         return SIDE
