@@ -5,6 +5,7 @@ take the top N findings, write the harness of each one's function, run each
 with pytest on CPU (simulated streams), and classify the outcome:
 
 * ``pass``: the test passed;
+* ``skip``: the harness skipped, saying what it needs (a GPU's driver call);
 * ``finding``: it failed with a streamfuzz finding (``StreamfuzzError``);
 * ``setup``: it failed with another exception (in the harness or the function);
 * ``collection``: the file did not collect (the loader or the file itself).
@@ -131,14 +132,15 @@ def run_one(harness: Path, function: str) -> dict:
     reached = harness.with_suffix(".reached.json")
     env = dict(os.environ, PYTHONPATH=str(ROOT), HARNESS_REACHED=str(reached))
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider",
                         "-p", "harness_probe", str(harness), "--streamfuzz-device", "cpu"],
                        cwd=harness.parent, env=env, capture_output=True, text=True,
                        timeout=900)
     text = r.stdout + r.stderr
     harness.with_suffix(".out").write_text(text)
     if r.returncode == 0:
-        outcome = "pass"
+        # A harness that says it cannot check anything here skips, with its reason.
+        outcome = "skip" if " skipped" in text and " passed" not in text else "pass"
     elif "errors during collection" in text or "ERROR collecting" in text or r.returncode == 2:
         outcome = "collection"
     elif "StreamfuzzError" in text:
@@ -157,6 +159,9 @@ def run_one(harness: Path, function: str) -> dict:
 def _first(text: str, outcome: str) -> str:
     if outcome == "pass":
         return ""
+    if outcome == "skip":
+        m = re.search(r"SKIPPED \[\d+\] [^:]+:\d+: (.*)", text)
+        return m.group(1)[:200] if m else ""
     if outcome == "finding":
         m = re.search(r"(lifetime|unordered|race|value)[^\n]*", text.split("StreamfuzzError",
                                                                           1)[1])

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamfuzz.fuzz import env
-from streamfuzz.fuzz.scan import harness_args, hazards
+from streamfuzz.fuzz.scan import harness_args, harness_state, hazards
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import ScanInputError, Source
@@ -88,10 +88,12 @@ class Writer:
             outer = _enclosing(pkg, fn)
             called = outer or fn
             trace = pkg.walk(called)
-            args = harness_args.decide(pkg, self.sites, called, trace)
-            attrs = _object_attributes(pkg, called, trace) if called.cls is not None else {}
+            with harness_state.fixing(harness_state.ties(called)):
+                args = harness_args.decide(pkg, self.sites, called, trace)
+                attrs = _object_attributes(pkg, called, trace) if called.cls is not None else {}
             code = render(self.source.spec, called.file, called, findings, args, attrs,
-                          closure=fn if outer is not None else None)
+                          closure=fn if outer is not None else None,
+                          skip=harness_state.unreachable(self.files, pkg, called))
         path = out or Path(f"test_streamfuzz_{_ident(fn.qualname)}.py")
         write(path, code)
         return path
@@ -184,9 +186,20 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
                     node.value.id == "self" and isinstance(node.ctx, ast.Load):
                 read.add(node.attr)
     out = {}
+    # A collaborator built from a class of the file that only stores what it is given is
+    # that class (what its methods return is what the function needs); what the class
+    # hands it answers as its code checks.
+    reals = {a: (built, ast.unparse(v.func)) for a, v in made.items()
+             if a in read and isinstance(v, ast.Call) and _constructed(v) and
+             (built := harness_state.real_class(pkg, fn, v)) is not None}
     for a in sorted(read - methods):
         key = f"self.{a}"
         assigned = made.get(a)
+        state = harness_state.filled_entry(cls, fn, a) or reals.get(a, (None,))[0] or \
+            harness_state.duck_for(pkg, fn, cls, a, {k: c for k, (_, c) in reals.items()})
+        if state is not None:
+            out[a] = state
+            continue
         if assigned is not None and _constructed(assigned):  # the package's object: by its use
             out[a] = harness_args.use_of(key, fn, trace, scopes=(cls,))
             continue
@@ -312,9 +325,9 @@ def _consume(value):
 
 def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
            args: harness_args.Arguments, attrs: dict[str, str],
-           closure: Function | None = None) -> str:
+           closure: Function | None = None, skip: str | None = None) -> str:
     """The harness source; ``closure``: the function of the findings, defined inside
-    ``fn``, which the harness calls."""
+    ``fn``, which the harness calls; ``skip``: why it cannot check anything here."""
     findings = sorted(findings, key=lambda f: (-f.score, f.line))
     name = _ident((closure or fn).qualname)
     head = f"{closure.qualname} ({file}:{closure.node.lineno}), a closure: the harness " \
@@ -332,6 +345,7 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
         "import threading  # noqa: F401 - where the class keeps a lock",
         "",
         *(["import numpy as np"] if any("np." in v for v in args.values.values()) else []),
+        *(["import pytest"] if skip else []),
         "import torch",
         "from hypothesis import given, settings",
         "from hypothesis import strategies as st",
@@ -377,7 +391,10 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
     for k, v in args.values.items():
         lines += [f"        {k!r}: {v},  # {args.why[k]}"]
     lines += ["    }"]
-    lines += ["", "", "@settings(max_examples=20, deadline=None)",
+    lines += ["", ""]
+    if skip:
+        lines += [f"@pytest.mark.skip(reason={skip!r})"]
+    lines += ["@settings(max_examples=20, deadline=None)",
               "@given(n=st.integers(min_value=1, max_value=64))",
               f"def test_{name}(n):",
               "    with streamfuzz.checked():"]

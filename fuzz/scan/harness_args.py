@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from streamfuzz.fuzz.scan import callers
+from streamfuzz.fuzz.scan import callers, harness_state
 from streamfuzz.fuzz.scan.names import EVENTISH, INDEXISH, STREAMISH
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
@@ -164,6 +164,9 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
            trace: Trace, fn: Function) -> tuple[str | None, str]:
     name = p.arg
     ann = _unwrap(ast.unparse(p.annotation)) if p.annotation is not None else ""
+    tied = harness_state.fixed(name)
+    if tied is not None:
+        return tied, "the keys another argument is looked up in"
     if current:
         return CURRENT, "every caller passes its current stream"
     if has_default and not passed:
@@ -377,6 +380,8 @@ def _aliases(key: str, scopes: Iterable[ast.AST]) -> set[str]:
     return same
 
 
+_MAPPING_USES = frozenset(("get", "items", "keys", "values", "setdefault"))
+_STREAM_USES = frozenset(("wait_event", "wait_stream", "synchronize", "query"))
 _EVENT_USES = frozenset(("record", "synchronize", "wait", "query", "elapsed_time"))
 
 
@@ -408,6 +413,9 @@ def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0,
     """What ``self.x`` (or ``param.x``) is set to: the scan's kind of it, else by its
     use in ``fn`` and ``scopes`` (the other methods of its class). Where it is
     unpacked, a tuple of as many, each of that kind or by its own name's use."""
+    tied = harness_state.fixed(key)
+    if tied is not None:
+        return tied
     parts = _unpacked_into(key, (fn.node, *scopes)) if depth < 2 else []
     if parts:
         kind = {**dict.fromkeys(trace.streams, SIDE), **dict.fromkeys(
@@ -418,7 +426,7 @@ def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0,
     same = _aliases(key, (fn.node, *scopes))
     indexed = any(isinstance(n, ast.Subscript) and _text(n.value) in same
                   for scope in (fn.node, *scopes) for n in ast.walk(scope))
-    if key in trace.streams:
+    if key in trace.streams and not re.fullmatch(r"(\w+_)?device", key.rsplit(".", 1)[-1]):
         return f"[{SIDE} for _ in range(4)]" if indexed else SIDE
     if key in trace.events:
         return "[_recorded_event() for _ in range(4)]" if indexed else "_recorded_event()"
@@ -550,6 +558,12 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         return _CALLABLE
     if iters:
         return "[]"
+    if attrs and attrs <= _MAPPING_USES and not any(  # ``.get(k, default)``: a dict's
+            isinstance(n, ast.Call) and not n.args and _text(n.func) in {  # (not a queue's)
+                f"{name}.get" for name in names} for scope in where for n in ast.walk(scope)):
+        return "{}"
+    if attrs and attrs <= _STREAM_USES and STREAMISH.search(key.rsplit(".", 1)[-1]):
+        return SIDE
     kind = kind_of_use(names, where) if not (attrs - _TENSOR_USES) else None
     leaf = key.rsplit(".", 1)[-1]
     if kind == "dtype" or (kind is None and not attrs and re.search(r"dtype$", leaf)):

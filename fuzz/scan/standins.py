@@ -24,6 +24,7 @@ import ast
 import builtins as _builtins
 import itertools
 import linecache
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -63,7 +64,12 @@ class _StandInType(type):
                 args[0], _StandInType):
             return args[0]  # a stood-in decorator
         _reads_tensors(cls.__qualname__, args, kwargs)
+        if _PREDICATE.match(cls.__qualname__.rsplit(".", 1)[-1]):
+            return False  # ``is_pin_memory_available()``: a flag torch takes only as a bool
         return super().__call__()
+
+
+_PREDICATE = re.compile(r"(is|has|supports?|can)_\w+$")
 
 
 class _StandInBase:
@@ -255,6 +261,7 @@ class _Loader:
             sys.modules.pop(module.__name__, None)
             return None
         self.stood.extend(f"{path}:{line} ({why})" for line, why in skipped)
+        _launchable(text, module.__dict__)
         self.loaded.append(mod)
         return module
 
@@ -358,6 +365,39 @@ class _Loader:
         parent, _, attr = mod.rpartition(".")
         if parent in self.modules and not hasattr(self.modules[parent], attr):
             setattr(self.modules[parent], attr, self.modules[mod])
+
+
+class _Kernel:
+    """A ``@jit`` kernel whose compiler is not here (its decorator left the plain
+    function): ``kernel[grid](...)`` is an extension's launch, seen as one that reads
+    its tensors on the current stream, as a stood-in kernel is."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "kernel")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            _reads_tensors(f"{self.__name__}[grid]", args, kwargs)
+        return launch
+
+
+_JIT = re.compile(r"(^|\.)(jit|autotune|heuristics)$")
+
+
+def _launchable(text: str, namespace: dict[str, Any]) -> None:
+    """Wrap each top-level ``@...jit`` function that is still a plain function."""
+    for stmt in ast.parse(text).body:
+        if not isinstance(stmt, ast.FunctionDef) or not any(
+                _JIT.search(ast.unparse(d.func if isinstance(d, ast.Call) else d))
+                for d in stmt.decorator_list):
+            continue
+        value = namespace.get(stmt.name)
+        if isinstance(value, types.FunctionType):
+            namespace[stmt.name] = _Kernel(value)
 
 
 def _run_statements(text: str, filename: str, namespace: dict[str, Any],
