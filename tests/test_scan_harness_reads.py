@@ -1,0 +1,55 @@
+"""``scan --harness`` where what the function needs is read beyond its own body.
+
+Each package has one shape a real engine's function has: a stood-in kernel
+whose outputs the code unpacks, an argument whose attributes only its callees
+read, a dataclass argument, a list whose items a loop uses. The harness must
+run as written, flag the buggy form and pass the fixed one (the two differ
+only in the ordering the finding is about); before these rules each failed in
+its setup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_scan_harness import _rule_run
+
+_UNPACKED = '''
+import torch
+from no_such_lookup_ext import slot_lookup
+
+
+class Gather:
+    def __init__(self, n):
+        self.side = torch.cuda.Stream()
+        self.table = torch.zeros(n, device="cuda")
+
+    def gather(self, idx: torch.Tensor):
+        hit, pos = slot_lookup(self.table, idx)
+        rows = hit.to(torch.float32) + pos + slot_lookup(idx)[1]
+        WAIT
+        with torch.cuda.stream(self.side):
+            self.table.add_(rows)
+        KEEP
+'''
+_UNPACKED_WAIT = ("self.side.wait_stream(torch.cuda.current_stream())",
+                  "rows.record_stream(self.side); "
+                  "torch.cuda.current_stream().wait_stream(self.side)")
+
+_RULES = {
+    # name: (files, the harnessed file, a line inside the function, the fix's two lines)
+    "a stood-in kernel's unpacked or indexed outputs are tensors": (
+        {"mod.py": _UNPACKED}, "mod.py", "def gather", _UNPACKED_WAIT),
+}
+
+
+@pytest.mark.parametrize("rule", list(_RULES))
+def test_each_read_rule_runs_as_written_flags_the_bug_and_passes_the_fix(tmp_path: Path,
+                                                                         rule: str) -> None:
+    files, target, marker, fix = _RULES[rule]
+    _, bad = _rule_run(tmp_path, "buggy", files, target, marker, fix, fixed=False)
+    assert bad.returncode == 1 and "StreamfuzzError" in bad.stdout, bad.stdout[-3000:]
+    _, good = _rule_run(tmp_path, "fixed", files, target, marker, fix, fixed=True)
+    assert good.returncode == 0, good.stdout[-3000:]
