@@ -38,10 +38,54 @@ _UNPACKED_WAIT = ("self.side.wait_stream(torch.cuda.current_stream())",
                   "rows.record_stream(self.side); "
                   "torch.cuda.current_stream().wait_stream(self.side)")
 
+_CALLEES = '''
+from dataclasses import dataclass
+
+import torch
+
+from apkg.kernels import scale_rows
+
+
+@dataclass
+class State:
+    rows: torch.Tensor
+    pending: torch.Tensor | None = None
+    weight: float = 2.0
+
+
+class Mixer:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.side = torch.cuda.Stream()
+
+    def _reduce(self, state):
+        assert isinstance(state, State) and state.weight == 2.0
+        return state.rows + state.pending
+
+    def step(self, state: State):
+        merged = self._reduce(state)
+        out = scale_rows(self.cfg, merged)
+        WAIT
+        with torch.cuda.stream(self.side):
+            y = out * 2
+        KEEP
+        return y
+'''
+_CALLEE_FILE = '''
+def scale_rows(cfg, x):
+    return x * cfg.factor + cfg.bias
+'''
+_CALLEES_WAIT = ("self.side.wait_stream(torch.cuda.current_stream())",
+                 "out.record_stream(self.side); y.record_stream(torch.cuda.current_stream()); "
+                 "torch.cuda.current_stream().wait_stream(self.side)")
+
 _RULES = {
     # name: (files, the harnessed file, a line inside the function, the fix's two lines)
     "a stood-in kernel's unpacked or indexed outputs are tensors": (
         {"mod.py": _UNPACKED}, "mod.py", "def gather", _UNPACKED_WAIT),
+    "what callees in any file read, a dataclass built as the package defines it": (
+        {"mod.py": _CALLEES, "kernels.py": _CALLEE_FILE}, "mod.py", "def step",
+        _CALLEES_WAIT),
 }
 
 

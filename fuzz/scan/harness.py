@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamfuzz.fuzz import env
-from streamfuzz.fuzz.scan import harness_args, hazards
+from streamfuzz.fuzz.scan import harness_args, harness_reads, hazards
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import ScanInputError, Source
@@ -88,8 +88,9 @@ class Writer:
             outer = _enclosing(pkg, fn)
             called = outer or fn
             trace = pkg.walk(called)
-            args = harness_args.decide(pkg, self.sites, called, trace)
-            attrs = _object_attributes(pkg, called, trace) if called.cls is not None else {}
+            with harness_reads.package(self.files):  # callees' reads, in any file
+                args = harness_args.decide(pkg, self.sites, called, trace)
+                attrs = _object_attributes(pkg, called, trace) if called.cls is not None else {}
             code = render(self.source.spec, called.file, called, findings, args, attrs,
                           closure=fn if outer is not None else None)
         path = out or Path(f"test_streamfuzz_{_ident(fn.qualname)}.py")
