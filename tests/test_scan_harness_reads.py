@@ -79,6 +79,29 @@ _CALLEES_WAIT = ("self.side.wait_stream(torch.cuda.current_stream())",
                  "out.record_stream(self.side); y.record_stream(torch.cuda.current_stream()); "
                  "torch.cuda.current_stream().wait_stream(self.side)")
 
+_LOOPED = '''
+import torch
+
+
+class Scatterer:
+    def __init__(self):
+        self.side = torch.cuda.Stream()
+
+    def scatter(self, item):
+        for layer in item.materialize:
+            raise RuntimeError(f"{layer} was not set up before the step")
+        WAIT
+        with torch.cuda.stream(self.side):
+            for sc in item.scatters:
+                param = getattr(sc.layer, sc.param_name)
+                dst = param.data.as_strided(sc.shape, sc.stride, sc.offset)
+                dst.copy_(item.results[sc.src])
+        KEEP
+'''
+_LOOPED_WAIT = ("self.side.wait_stream(torch.cuda.current_stream())",
+                "item.results.record_stream(self.side); "
+                "torch.cuda.current_stream().wait_stream(self.side)")
+
 _RULES = {
     # name: (files, the harnessed file, a line inside the function, the fix's two lines)
     "a stood-in kernel's unpacked or indexed outputs are tensors": (
@@ -86,6 +109,8 @@ _RULES = {
     "what callees in any file read, a dataclass built as the package defines it": (
         {"mod.py": _CALLEES, "kernels.py": _CALLEE_FILE}, "mod.py", "def step",
         _CALLEES_WAIT),
+    "a list whose items the loop reads gets items, a getattr's name and a view's geometry": (
+        {"mod.py": _LOOPED}, "mod.py", "def scatter", _LOOPED_WAIT),
 }
 
 

@@ -443,7 +443,8 @@ _TENSOR_USES = frozenset((
     "item", "sum", "dim", "stride", "copy_", "fill_", "zero_", "index_select",
     "index_fill_", "narrow", "split", "flatten", "cumsum", "data_ptr", "element_size",
     "nbytes", "is_cuda", "record_stream", "expand", "permute", "tolist", "long", "int",
-    "float", "cpu", "cuda", "clone", "untyped_storage", "device", "dtype", "is_contiguous"))
+    "float", "cpu", "cuda", "clone", "untyped_storage", "device", "dtype", "is_contiguous",
+    "as_strided"))
 _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div, ast.Mod, ast.Pow,
           ast.LShift, ast.RShift)
 
@@ -551,10 +552,15 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         if isinstance(node, ast.Attribute) and _text(node.value) in names:
             attrs.add(node.attr)
     further = harness_reads.callee_fields(names, fn, trace, depth, where, attrs)
+    further |= harness_reads.named_attributes(names, fn, trace, depth, scopes)
+    geometry = harness_reads.view_geometry(names, where) or harness_reads.attribute_name(
+        names, fn)
+    if geometry is not None:
+        return geometry
     if calls:
         return _CALLABLE
     if iters:
-        return "[]"
+        return harness_reads.loop_items(names, fn, trace, scopes) or "[]"
     if made is not None and trace is not None:
         return harness_reads.construct(made, _fields(key, names, attrs, fn, trace, depth, scopes)
                                        | further, key, trace, fn, depth)

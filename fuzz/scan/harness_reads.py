@@ -311,3 +311,84 @@ def _stated(ann: str, sub: str, trace: Trace, fn: Function, depth: int) -> str |
     if nested is not None:
         return harness_args.use_of(sub, fn, trace, depth + 1, made=nested)
     return None
+
+
+_BUILDING: set[int] = set()  # the loops whose item is being built (a loop may rebind a name)
+
+
+def loop_items(names: set[str], fn: Function, trace: Trace | None,
+               scopes: tuple[ast.AST, ...]) -> str | None:
+    """Two items for a list the function loops over where the loop's body reads
+    attributes of the item (``for sc in chunk.scatters: ... sc.layer``): each an
+    object with those attributes, so the body runs; None where no body reads any (an
+    empty list then skips a body that needs what a harness cannot build)."""
+    if trace is None:
+        return None
+    from streamfuzz.fuzz.scan import harness_args
+
+    for scope in (fn.node, *scopes):
+        for loop in (n for n in ast.walk(scope) if isinstance(n, (ast.For, ast.AsyncFor))):
+            if _text(loop.iter) not in names or not isinstance(loop.target, ast.Name) or \
+                    id(loop) in _BUILDING:
+                continue
+            item = loop.target.id
+            if not any(isinstance(n, ast.Attribute) and _text(n.value) == item
+                       for stmt in loop.body for n in ast.walk(stmt)):
+                continue
+            _BUILDING.add(id(loop))
+            try:
+                value = harness_args.use_of(item, fn, trace, 0, scopes)
+            finally:
+                _BUILDING.discard(id(loop))
+            return f"[{value}, {value}]"
+    return None
+
+
+def attribute_name(names: set[str], fn: Function) -> str | None:
+    """``getattr(obj, sc.param_name)``: the name is a string, its own leaf
+    (``'param_name'``), which ``named_attributes`` gives the object."""
+    for n in ast.walk(fn.node):
+        if _getattr(n) and _text(n.args[1]) in names:  # type: ignore[attr-defined]
+            return repr(_text(n.args[1]).rsplit(".", 1)[-1])  # type: ignore[attr-defined]
+    return None
+
+
+def named_attributes(names: set[str], fn: Function, trace: Trace | None, depth: int,
+                     scopes: tuple[ast.AST, ...]) -> dict[str, str]:
+    """The attribute ``getattr(obj, name)`` reads of an object in ``names`` (named as
+    ``attribute_name`` names it), by the use of what it returns."""
+    if trace is None:
+        return {}
+    from streamfuzz.fuzz.scan import harness_args
+
+    out = {}
+    for n in ast.walk(fn.node):
+        if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(
+                n.targets[0], ast.Name) and _getattr(n.value) and
+                _text(n.value.args[0]) in names):  # type: ignore[attr-defined]
+            continue
+        attr = _text(n.value.args[1]).rsplit(".", 1)[-1]  # type: ignore[attr-defined]
+        out[attr] = harness_args.use_of(n.targets[0].id, fn, trace, depth, scopes)
+    return out
+
+
+def _getattr(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and _text(node.func) == "getattr" and \
+        len(node.args) == 2 and not isinstance(node.args[1], ast.Constant)
+
+
+# ``x.as_strided(size, stride, storage_offset)``: the whole of a 1-D tensor of n.
+_GEOMETRY = ("(n,)", "(1,)", "0")
+
+
+def view_geometry(names: set[str], where: Iterable[ast.AST]) -> str | None:
+    """A view's size, stride or offset where ``names`` is passed as one (``as_strided``):
+    the contiguous whole of the tensor it views, as the harness makes tensors."""
+    for scope in where:
+        for n in ast.walk(scope):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+                    n.func.attr == "as_strided":
+                for i, a in enumerate(n.args[:3]):
+                    if _text(a) in names:
+                        return _GEOMETRY[i]
+    return None
