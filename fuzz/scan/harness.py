@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamfuzz.fuzz import env
-from streamfuzz.fuzz.scan import harness_args, harness_state, hazards
+from streamfuzz.fuzz.scan import harness_args, harness_reads, harness_state, hazards
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import ScanInputError, Source
@@ -88,7 +88,8 @@ class Writer:
             outer = _enclosing(pkg, fn)
             called = outer or fn
             trace = pkg.walk(called)
-            with harness_state.fixing(harness_state.ties(called)):
+            with harness_state.fixing(harness_state.ties(called)), \
+                    harness_reads.package(self.files):  # tied keys; callees' reads, any file
                 args = harness_args.decide(pkg, self.sites, called, trace)
                 attrs = _object_attributes(pkg, called, trace) if called.cls is not None else {}
             code = render(self.source.spec, called.file, called, findings, args, attrs,

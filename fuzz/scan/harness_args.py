@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from streamfuzz.fuzz.scan import callers, harness_state
+from streamfuzz.fuzz.scan import callers, harness_reads, harness_state
 from streamfuzz.fuzz.scan.names import EVENTISH, INDEXISH, STREAMISH
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
@@ -199,6 +199,10 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
     if shape is not None:
         return {"lambda": _CALLABLE, "list": "[]", "dict": "{}", "iter": "iter([])"}[shape], \
             f"the callers pass a {shape}"
+    made = harness_reads.dataclass_of(ann, fn)
+    if made is not None:
+        return use_of(name, fn, trace, made=made), \
+            f"its dataclass ({made.name}): the fields read by it and its callees by their use"
     return _by_use(name, trace, fn)
 
 
@@ -447,7 +451,8 @@ _TENSOR_USES = frozenset((
     "item", "sum", "dim", "stride", "copy_", "fill_", "zero_", "index_select",
     "index_fill_", "narrow", "split", "flatten", "cumsum", "data_ptr", "element_size",
     "nbytes", "is_cuda", "record_stream", "expand", "permute", "tolist", "long", "int",
-    "float", "cpu", "cuda", "clone", "untyped_storage", "device", "dtype", "is_contiguous"))
+    "float", "cpu", "cuda", "clone", "untyped_storage", "device", "dtype", "is_contiguous",
+    "as_strided"))
 _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div, ast.Mod, ast.Pow,
           ast.LShift, ast.RShift)
 
@@ -536,11 +541,11 @@ def _factory(call: ast.Call) -> bool:
 
 
 def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
-           scopes: tuple[ast.AST, ...] = ()) -> str:
+           scopes: tuple[ast.AST, ...] = (), made: harness_reads.Dataclass | None = None) -> str:
     """A value for ``key`` from how ``fn`` (and ``scopes``: its class's other methods)
     use it (or a local it is copied to): a tensor, a number, a dtype or a device
     by ``kind_of_use``; called, iterated, or an object with the attributes it
-    reads."""
+    and the callees it is passed to read (``made``: the package's dataclass)."""
     where = (fn.node, *scopes)
     names = _aliases(key, (fn.node,))
     calls, iters, attrs = False, False, set()
@@ -554,10 +559,21 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
             iters = True
         if isinstance(node, ast.Attribute) and _text(node.value) in names:
             attrs.add(node.attr)
+    further = harness_reads.callee_fields(names, fn, trace, depth, where, attrs)
+    further |= harness_reads.named_attributes(names, fn, trace, depth, scopes)
+    geometry = harness_reads.view_geometry(names, where) or harness_reads.attribute_name(
+        names, fn)
+    if geometry is not None:
+        return geometry
     if calls:
         return _CALLABLE
     if iters:
-        return "[]"
+        return harness_reads.loop_items(names, fn, trace, scopes) or "[]"
+    if made is not None and trace is not None:
+        return harness_reads.construct(made, _fields(key, names, attrs, fn, trace, depth, scopes)
+                                       | further, key, trace, fn, depth)
+    if not attrs and further and set(further) <= _TENSOR_USES and trace is not None:
+        return _tensor(key, trace, fn)  # only its callees read it, as a tensor
     if attrs and attrs <= _MAPPING_USES and not any(  # ``.get(k, default)``: a dict's
             isinstance(n, ast.Call) and not n.args and _text(n.func) in {  # (not a queue's)
                 f"{name}.get" for name in names} for scope in where for n in ast.walk(scope)):
@@ -589,25 +605,43 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         if STREAMISH.search(leaf):
             return f"[{SIDE} for _ in range(4)]"
         return "[1] * n" if _LENGTHS.search(leaf) else f"[{_int(key)}, {_int(key)}]"
-    if attrs and trace is not None and depth < 2:
-        fields = []
-        for a in sorted(attrs):
-            if any(_is_method_call(fn, name, a) for name in names):
-                chained = sorted({n.attr for n in ast.walk(fn.node) if isinstance(
-                    n, ast.Attribute) and isinstance(n.value, ast.Call) and _text(
-                    n.value.func) in {f"{name}.{a}" for name in names}})
-                if chained:  # ``ring.submit().wait(...)``: a handle whose methods give results
-                    handle = ", ".join(f"{c}=lambda *args, **kwargs: []" for c in chained)
-                    fields.append(f"{a}=lambda *args, **kwargs: _Object({handle})")
-                else:
-                    fields.append(f"{a}=_first_tensor")  # what it is given, as a layer returns
-                continue
-            sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
-                trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
-                f"{key}.{a}")
-            fields.append(f"{a}={attribute_value(sub, trace, fn, depth + 1, scopes)}")
-        return f"_Object({', '.join(fields)})"
+    if (attrs or further) and trace is not None and depth < 2:
+        fields = _fields(key, names, attrs, fn, trace, depth, scopes) | further
+        return f"_Object({', '.join(f'{a}={v}' for a, v in fields.items())})"
     return "_Object()"
+
+
+def _fields(key: str, names: set[str], attrs: set[str], fn: Function, trace: Trace,
+            depth: int, scopes: tuple[ast.AST, ...]) -> dict[str, str]:
+    """A value for each attribute ``fn`` reads of ``key`` (known by ``names``)."""
+    fields = {}
+    for a in sorted(attrs):
+        if any(_is_method_call(fn, name, a) for name in names):
+            chained = sorted({n.attr for n in ast.walk(fn.node) if isinstance(
+                n, ast.Attribute) and isinstance(n.value, ast.Call) and _text(
+                n.value.func) in {f"{name}.{a}" for name in names}})
+            if chained:  # ``ring.submit().wait(...)``: a handle whose methods give results
+                handle = ", ".join(f"{c}=lambda *args, **kwargs: []" for c in chained)
+                fields[a] = f"lambda *args, **kwargs: _Object({handle})"
+            else:
+                fields[a] = "_first_tensor"  # what it is given, as a layer returns
+            continue
+        sub = next((f"{name}.{a}" for name in names if f"{name}.{a}" in (
+            trace.tensors | trace.streams | trace.events | trace.host | trace.pinned)),
+            f"{key}.{a}")
+        fields[a] = attribute_value(sub, trace, fn, depth + 1, scopes)
+    return fields
+
+
+def annotated_value(ann: str, key: str, trace: Trace, fn: Function) -> str | None:
+    """A value of the type ``ann`` states (a number by ``key``'s name), or None."""
+    value = _annotated(_unwrap(ann), _tensor(key, trace, fn))
+    return _int(key) if value == "n" else value
+
+
+def tensor_for(key: str, trace: Trace, fn: Function) -> str:
+    """A tensor for ``key``, shaped by ``fn``'s use of it."""
+    return _tensor(key, trace, fn)
 
 
 def _is_method_call(fn: Function, key: str, attr: str) -> bool:

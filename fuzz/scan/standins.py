@@ -22,6 +22,7 @@ import __future__
 
 import ast
 import builtins as _builtins
+import dis
 import itertools
 import linecache
 import re
@@ -66,6 +67,9 @@ class _StandInType(type):
         _reads_tensors(cls.__qualname__, args, kwargs)
         if _PREDICATE.match(cls.__qualname__.rsplit(".", 1)[-1]):
             return False  # ``is_pin_memory_available()``: a flag torch takes only as a bool
+        count = _results_taken(sys._getframe(1))
+        if count:
+            return _results(count, args, kwargs, lambda: super(_StandInType, cls).__call__())
         return super().__call__()
 
 
@@ -84,7 +88,11 @@ class _StandInBase:
         if len(args) == 1 and not kwargs and callable(args[0]):
             return args[0]
         _reads_tensors(f"{type(self).__qualname__}()", args, kwargs)
-        return _stand_in(f"{type(self).__qualname__}()()", self._registry)()
+        made = _stand_in(f"{type(self).__qualname__}()()", self._registry)
+        count = _results_taken(sys._getframe(1))
+        if count:
+            return _results(count, args, kwargs, made)
+        return made()
 
     def __enter__(self) -> Any:
         return self
@@ -105,6 +113,41 @@ def _tensors_in(values: Any, depth: int = 0) -> list[Any]:
         elif isinstance(v, (list, tuple)) and depth < 2:
             out.extend(_tensors_in(v, depth + 1))
     return out
+
+
+_TAKEN: dict[tuple[Any, int], int] = {}
+
+
+def _results_taken(frame: Any) -> int:
+    """How many results the caller takes from the call it is making: the names it
+    unpacks them into (``hit, pos = kernel(...)``), or one more than the constant it
+    indexes (``kernel(...)[1]``); 0 where it keeps the result whole. Read from the
+    caller's bytecode after its call, so a stood-in kernel's outputs can be used as
+    the code goes on to use them."""
+    key = (frame.f_code, frame.f_lasti)
+    taken = _TAKEN.get(key)
+    if taken is None:
+        after = [i for i in dis.get_instructions(frame.f_code) if i.offset > frame.f_lasti][:2]
+        taken = 0
+        if after and after[0].opname == "UNPACK_SEQUENCE":
+            taken = after[0].arg or 0
+        elif len(after) == 2 and after[0].opname == "LOAD_CONST" and isinstance(
+                after[0].argval, int) and after[1].opname == "BINARY_SUBSCR":
+            taken = max(after[0].argval + 1, 0)
+        _TAKEN[key] = taken
+    return taken
+
+
+def _results(count: int, args: Any, kwargs: Any, made: Any) -> tuple[Any, ...]:
+    """``count`` outputs of a stood-in kernel: each a zeroed tensor like the one of its
+    tensor arguments with the most dimensions (the last of those), as an extension's
+    outputs are per element of its main input; stand-ins where it was given none."""
+    tensors = _tensors_in([*args, *kwargs.values()]) if "torch" in sys.modules else []
+    if not tensors:
+        return tuple(made() for _ in range(count))
+    torch = sys.modules["torch"]
+    widest = max(reversed(tensors), key=lambda t: t.dim())
+    return tuple(torch.zeros_like(widest) for _ in range(count))
 
 
 def _reads_tensors(name: str, args: Any, kwargs: Any) -> None:
