@@ -128,12 +128,12 @@ def sites(dist: str, path: Path, top: int, keep: Path, rescan: bool) -> list[dic
     return rows
 
 
-def run_one(harness: Path, function: str) -> dict:
+def run_one(harness: Path, function: str, device: str = "cpu") -> dict:
     reached = harness.with_suffix(".reached.json")
     env = dict(os.environ, PYTHONPATH=str(ROOT), HARNESS_REACHED=str(reached))
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider",
-                        "-p", "harness_probe", str(harness), "--streamfuzz-device", "cpu"],
+                        "-p", "harness_probe", str(harness), "--streamfuzz-device", device],
                        cwd=harness.parent, env=env, capture_output=True, text=True,
                        timeout=900)
     text = r.stdout + r.stderr
@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rescan", action="store_true")
     p.add_argument("--only", default=None, help="NAME:RANK, one harness (default: all)")
     p.add_argument("--jobs", type=int, default=2, help="harnesses run at once (default 2)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="the checker's streams: simulated (cpu) or real (cuda) (default cpu)")
     args = p.parse_args(argv)
     wheels = {}
     for dist, version in RELEASES:
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             written.append((row, harness))
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(run_one, harness, row["function"]): row
+        futures = {pool.submit(run_one, harness, row["function"], args.device): row
                    for row, harness in written}
         for future in as_completed(futures):
             row = futures[future]
