@@ -53,13 +53,12 @@ def container_handoffs(pkg: Package, walked: Iterable[Trace]) -> Iterator[Findin
         if not takes:
             continue
         t = known.get((fn.file, fn.qualname)) or pkg.walk(fn)
-        for attr, (line, names) in sorted(takes.items()):
+        for attr, (line, taken, names) in sorted(takes.items()):
             producers = [p for p in puts[attr] if p.fn is not fn]
             if not producers:
                 continue
             streams = sorted({p.stream for p in producers})
-            roots = {o.key.split(".")[0]: o for o in t.ops if o.kind is K.RECORD}
-            if names & set(roots):
+            if names & {o.key.split(".")[0] for o in t.ops if o.kind is K.RECORD}:
                 continue  # the taker records it for its stream
             used = [o for o in t.ops if o.kind is K.USE and o.line > line
                     and o.key.split(".")[0] in names and o.stream not in streams]
@@ -69,10 +68,9 @@ def container_handoffs(pkg: Package, walked: Iterable[Trace]) -> Iterator[Findin
             factors = ["object-state", "other-method"]
             if TEST_PATH.search(fn.file):
                 factors.append("test-code")
-            taken = sorted(names)[0] if len(names) == 1 else _first(fn, line)
             f = Finding(
                 Hazard.LIFETIME, fn.file, line, fn.qualname, (taken,),
-                (*streams, used[0].stream),
+                (*streams, _show(used[0].stream)),
                 f"{taken} is taken out of .{attr}, which {p.fn.qualname} "
                 f"({p.fn.file}:{p.line}) fills with what work on {', '.join(streams)} made; "
                 f"it is used here on the {_show(used[0].stream)} (line {used[0].line}) "
@@ -88,13 +86,6 @@ def container_handoffs(pkg: Package, walked: Iterable[Trace]) -> Iterator[Findin
 
 def _show(stream: str) -> str:
     return "current stream" if stream == CURRENT else stream
-
-
-def _first(fn: Function, line: int) -> str:
-    for n in own_nodes(fn.node):
-        if isinstance(n, ast.Assign) and n.lineno == line:
-            return dotted(n.targets[0]) or "?"
-    return "?"
 
 
 def _puts(pkg: Package, known: dict[tuple[str, str], Trace]) -> dict[str, list[_Put]]:
@@ -164,10 +155,10 @@ def _stream_at(pkg: Package, known: dict[tuple[str, str], Trace], fn: Function,
     return ", ".join(sorted(streams))
 
 
-def _takes(fn: Function, attrs: set[str]) -> dict[str, tuple[int, set[str]]]:
+def _takes(fn: Function, attrs: set[str]) -> dict[str, tuple[int, str, set[str]]]:
     """Container attribute -> (the line where ``fn`` first takes a value out of it, the
-    local names that hold the value or what is read from it)."""
-    out: dict[str, tuple[int, set[str]]] = {}
+    name it is bound to, the local names that hold the value or what is read from it)."""
+    out: dict[str, tuple[int, str, set[str]]] = {}
     nodes = sorted((n for n in own_nodes(fn.node) if isinstance(n, (ast.Assign, ast.For))),
                    key=lambda n: (n.lineno, n.col_offset))
     for n in nodes:
@@ -175,8 +166,8 @@ def _takes(fn: Function, attrs: set[str]) -> dict[str, tuple[int, set[str]]]:
                 n.targets[0], ast.Name):
             attr = _taken(n.value, attrs)
             if attr and attr not in out:
-                out[attr] = (n.lineno, {n.targets[0].id})
-    for line, names in out.values():  # what is read from the value, through calls
+                out[attr] = (n.lineno, n.targets[0].id, {n.targets[0].id})
+    for line, _, names in out.values():  # what is read from the value, through calls
         for n in nodes:
             if n.lineno <= line:
                 continue
