@@ -1588,6 +1588,15 @@ RULES: dict[str, Rule] = {
             "                _launch(self.table, ctx, name, ids)\n",
             "            _launch(self.table, ctx, name, ids)\n"),
         Hazard.LIFETIME, "Consumer.forward", "rows"),
+    # what the side stream's helper puts in the container is an event it records there:
+    # no tensor's block is handed over
+    "an-event-put-in-a-container-is-no-tensor": Rule(
+        _HANDED, _HANDED.replace(
+            "        ctx.pending[name] = rows\n",
+            "        done = torch.cuda.Event()\n"
+            "        done.record()\n"
+            "        ctx.pending[name] = done\n"),
+        Hazard.LIFETIME, "Consumer.forward", "rows"),
     # vLLM #31841's shape, fixed as upstream did: two buffers used in turn
     "a-host-buffer-rewritten-outside-the-section-its-helper-copies": Rule(
         _REWRITTEN, _REWRITTEN.replace(

@@ -95,6 +95,9 @@ def _puts(pkg: Package, known: dict[tuple[str, str], Trace]) -> dict[str, list[_
         if not _STORE.search(fn.text):
             continue
         made = _made_by_calls(fn)
+        t = known.get((fn.file, fn.qualname))
+        for name in (t.events | t.recorded | t.streams) if t is not None else ():
+            made.pop(name, None)  # an event or a stream handed on is no tensor
         for attr, line, made_line in _stores(fn, made):
             stream = _stream_at(pkg, known, fn, made_line)
             if stream:
