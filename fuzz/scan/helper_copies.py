@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from streamfuzz.fuzz.scan.hazards import TEST_PATH, Finding, Hazard
 from streamfuzz.fuzz.scan.names import dotted
 from streamfuzz.fuzz.scan.nodes import own_nodes
-from streamfuzz.fuzz.scan.ops import CURRENT, K, Trace
+from streamfuzz.fuzz.scan.ops import K, Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 
 _DEPTH = 4  # callers followed up to a protecting section
@@ -42,21 +42,23 @@ def helper_rewrites(pkg: Package, walked: Iterable[Trace]) -> Iterator[Finding]:
         found = _rewrites(fn, helpers)
         if not found:
             continue
+        if _covered(pkg, fn, sections, 0, set()):
+            continue
         inside = _inside(fn, sections)
         for buf, (leaf, write, copy, helper) in sorted(found.items()):
-            if _synced_before(fn, write) or any(a <= write <= b for a, b in inside) or \
-                    _covered(pkg, fn, sections, 0, set()):
+            if _synced_before(fn, write) or any(a <= write <= b for a, b in inside):
                 continue
             factors = ["previous-call", "object-state"]
             if TEST_PATH.search(fn.file):
                 factors.append("test-code")
             f = Finding(
                 Hazard.PINNED_REWRITE, fn.file, write, fn.qualname, (f"{buf}.{leaf}",),
-                ("host", CURRENT),
+                ("host", "current stream"),
                 f"the host writes {buf}.{leaf} each call, and {buf}.{helper}() (line {copy}) "
                 "copies it to the device without blocking: the next call's write may land "
-                "while this call's copy is queued; no sync comes before the write, and not "
-                "every caller runs this inside a section whose event sync covers the copy",
+                "while this call's copy is queued; no sync comes before the write, and no "
+                f"call of it runs inside an input-prep section ({', '.join(sorted(sections))}), "
+                "whose event sync would cover the copy",
                 tuple(factors))
             f.safe = ("safe if the host waits, each call before the write, for the previous "
                       "call's copy (an event recorded after the copy and synchronized); made "
