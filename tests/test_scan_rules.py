@@ -1597,6 +1597,12 @@ RULES: dict[str, Rule] = {
             "        done.record()\n"
             "        ctx.pending[name] = done\n"),
         Hazard.LIFETIME, "Consumer.forward", "rows"),
+    # the taker's own container of that name is another container: no hand-off
+    "a-container-of-the-takers-own-object-is-another-one": Rule(
+        _HANDED, _HANDED.replace(
+            "            rows = self._ctx.pending.pop(name)\n",
+            "            rows = self.pending.pop(name)\n"),
+        Hazard.LIFETIME, "Consumer.forward", "rows"),
     # vLLM #31841's shape, fixed as upstream did: two buffers used in turn
     "a-host-buffer-rewritten-outside-the-section-its-helper-copies": Rule(
         _REWRITTEN, _REWRITTEN.replace(

@@ -7,9 +7,10 @@ the hand-off: the producer's stream may be one its caller entered, and the
 consumer never names it. A value taken so and used with no ``record_stream`` for
 the taker's stream is freed, when its last reference goes, to the producer
 stream's pool, which may hand the block out again while the taker's work on it
-is queued (the caching allocator's contract). The container is matched by its
-attribute's name across the package, and only where its producer ran on a side
-stream.
+is queued (the caching allocator's contract). The container is an attribute of
+an object handed around (a context, a parameter), not the function's own
+``self.x``: it is matched by its attribute's name across the package, and only
+where its producer ran on a side stream.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def _stores(fn: Function, made: dict[str, int]) -> Iterator[tuple[str, int, int]
                 n.func.attr == "append" and len(n.args) == 1:
             target, value = n.func.value, n.args[0]
         if not isinstance(target, ast.Attribute) or dotted(target) is None or \
-                _NOT_TENSOR.search(target.attr):
+                _NOT_TENSOR.search(target.attr) or _own(target):
             continue
         if isinstance(value, ast.Call):
             yield target.attr, n.lineno, n.lineno  # type: ignore[attr-defined]
@@ -189,15 +190,22 @@ def _taken(value: ast.expr, attrs: set[str]) -> str | None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             inner = node.func.value
             if isinstance(inner, ast.Attribute) and inner.attr in attrs and \
-                    node.func.attr in _TAKE:
+                    node.func.attr in _TAKE and not _own(inner):
                 return inner.attr
             node = inner
         elif isinstance(node, ast.Subscript):
-            if isinstance(node.value, ast.Attribute) and node.value.attr in attrs:
+            if isinstance(node.value, ast.Attribute) and node.value.attr in attrs and \
+                    not _own(node.value):
                 return node.value.attr
             node = node.value
         else:
             return None
+
+
+def _own(container: ast.Attribute) -> bool:
+    """Is the container an attribute of the function's own object (``self.out``)? Then
+    it is that class's state, which another class's attribute of the same name is not."""
+    return isinstance(container.value, ast.Name) and container.value.id in ("self", "cls")
 
 
 def _root(value: ast.expr) -> str | None:
