@@ -52,6 +52,11 @@ PUBLISHED = [
      "__add_grad_to_ipg_bucket", 1372, "unordered-streams"),
     ("vLLM #36013", "vllm", "0.17.1", "v1/worker/gpu_model_runner.py",
      "GPUModelRunner._build_attention_metadata", 1802, "unsynced-d2h"),
+    # shapes across functions and objects (docs/scan.md, "Found by ourselves after tuning")
+    ("torchrec #2598", "torchrec", "1.0.0", "distributed/train_pipeline/utils.py",
+     "EmbeddingPipelinedForward.__call__", 393, "cross-stream-lifetime"),
+    ("vLLM #31841", "vllm", "0.13.0", "v1/worker/gpu_model_runner.py",
+     "GPUModelRunner._gather_mm_embeddings", 2203, "pinned-rewrite"),
 ]
 
 # (bug, distribution, buggy version, fixed version, file, function, class): the fixed
@@ -61,6 +66,10 @@ FIXED = [
      "__add_grad_to_ipg_bucket", "unordered-streams"),
     ("vLLM #36013", "vllm", "0.17.1", "0.18.0", "v1/worker/gpu_model_runner.py",
      "GPUModelRunner._build_attention_metadata", "unsynced-d2h"),
+    ("torchrec #2598", "torchrec", "1.0.0", "1.1.0", "distributed/train_pipeline/utils.py",
+     "EmbeddingPipelinedForward.__call__", "cross-stream-lifetime"),
+    ("vLLM #31841", "vllm", "0.13.0", "0.14.0", "v1/worker/gpu_model_runner.py",
+     "GPUModelRunner._gather_mm_embeddings", "pinned-rewrite"),
 ]
 
 

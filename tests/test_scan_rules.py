@@ -29,6 +29,87 @@ class Rule:
     tensor: str = ""  # a tensor the finding must name, where it matters
 
 
+# a value made on a side stream by a helper its caller runs there, put in a context
+# object's container, and taken out and used by another object on its own stream
+_HANDED = '''
+    import torch
+
+    class Lookup:
+        def __init__(self, table):
+            self.table = table
+            self.side = torch.cuda.Stream()
+
+        def start(self, ctx, name, ids):
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                _launch(self.table, ctx, name, ids)
+
+    def _launch(table, ctx, name, ids):
+        rows = table.lookup(ids)
+        ctx.pending[name] = rows
+
+    class Consumer:
+        def __init__(self, ctx, side):
+            self._ctx = ctx
+            self._side = side
+
+        def forward(self, name):
+            torch.cuda.current_stream().wait_stream(self._side)
+            rows = self._ctx.pending.pop(name)
+            out = rows.values()
+            return out.sum()
+    '''
+
+# a host buffer rewritten each call by a function with no stream words and copied to
+# the device by its own object's non-blocking helper, outside the section whose event
+# sync covers the copies made inside it
+_REWRITTEN = '''
+    import contextlib
+    import torch
+
+    class HostDeviceBuffer:
+        def __init__(self, n):
+            self.cpu = torch.zeros(n, dtype=torch.bool, pin_memory=True)
+            self.gpu = torch.zeros(n, dtype=torch.bool, device="cuda")
+            self.np = self.cpu.numpy()
+
+        def to_device(self, n):
+            return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+
+    class Runner:
+        def __init__(self, n):
+            self.ready = torch.cuda.Event()
+            self.ids = HostDeviceBuffer(n)
+            self.mask = HostDeviceBuffer(n)
+
+        @contextlib.contextmanager
+        def prepare(self):
+            self.ready.synchronize()
+            try:
+                yield
+            finally:
+                self.ready.record()
+
+        def step(self, batch):
+            with self.prepare():
+                ids = self.fill_ids(batch)
+            mask = self.gather(batch)
+            return ids, mask
+
+        def fill_ids(self, batch):
+            self.ids.np[: len(batch)] = batch
+            return self.ids.to_device(len(batch))
+
+        def gather(self, batch):
+            mask = self.mask.cpu
+            mask[: len(batch)] = False
+            for i, x in enumerate(batch):
+                if x < 0:
+                    mask[i] = True
+            return self.mask.to_device(len(batch))
+    '''
+
+
 RULES: dict[str, Rule] = {
     "streams-in-a-dict-keyed-by-literals": Rule('''
         import torch
@@ -1493,6 +1574,56 @@ RULES: dict[str, Rule] = {
             def build_metadata(self, n):
                 return self.accepted_cpu[:n].tolist()
         ''', Hazard.UNSYNCED_D2H, "Runner.build_metadata", "self.accepted_cpu"),
+    # torchrec #2598's shape: the taker records the value for its own stream
+    "a-value-handed-through-an-objects-container": Rule(
+        _HANDED, _HANDED.replace(
+            "            rows = self._ctx.pending.pop(name)\n",
+            "            rows = self._ctx.pending.pop(name)\n"
+            "            rows.record_stream(torch.cuda.current_stream())\n"),
+        Hazard.LIFETIME, "Consumer.forward", "rows"),
+    # the same hand-off where the helper runs on the caller's own stream: no other stream
+    "a-value-put-in-a-container-on-the-takers-stream": Rule(
+        _HANDED, _HANDED.replace(
+            "            with torch.cuda.stream(self.side):\n"
+            "                _launch(self.table, ctx, name, ids)\n",
+            "            _launch(self.table, ctx, name, ids)\n"),
+        Hazard.LIFETIME, "Consumer.forward", "rows"),
+    # what the side stream's helper puts in the container is an event it records there:
+    # no tensor's block is handed over
+    "an-event-put-in-a-container-is-no-tensor": Rule(
+        _HANDED, _HANDED.replace(
+            "        ctx.pending[name] = rows\n",
+            "        done = torch.cuda.Event()\n"
+            "        done.record()\n"
+            "        ctx.pending[name] = done\n"),
+        Hazard.LIFETIME, "Consumer.forward", "rows"),
+    # the taker's own container of that name is another container: no hand-off
+    "a-container-of-the-takers-own-object-is-another-one": Rule(
+        _HANDED, _HANDED.replace(
+            "            rows = self._ctx.pending.pop(name)\n",
+            "            rows = self.pending.pop(name)\n"),
+        Hazard.LIFETIME, "Consumer.forward", "rows"),
+    # vLLM #31841's shape, fixed as upstream did: two buffers used in turn
+    "a-host-buffer-rewritten-outside-the-section-its-helper-copies": Rule(
+        _REWRITTEN, _REWRITTEN.replace(
+            "            self.mask = HostDeviceBuffer(n)\n",
+            "            self.masks = [HostDeviceBuffer(n), HostDeviceBuffer(n)]\n"
+            "            self.turn = 0\n").replace(
+            "            mask = self.mask.cpu\n",
+            "            self.turn = 1 - self.turn\n"
+            "            buf = self.masks[self.turn]\n"
+            "            mask = buf.cpu\n").replace(
+            "            return self.mask.to_device(len(batch))\n",
+            "            return buf.to_device(len(batch))\n"),
+        Hazard.PINNED_REWRITE, "Runner.gather", "self.mask.cpu"),
+    # ... or fixed by running it inside the section, as the step's other buffers are
+    "a-host-buffer-rewritten-inside-the-section-its-helper-copies": Rule(
+        _REWRITTEN, _REWRITTEN.replace(
+            "                ids = self.fill_ids(batch)\n"
+            "            mask = self.gather(batch)\n",
+            "                ids = self.fill_ids(batch)\n"
+            "                mask = self.gather(batch)\n"),
+        Hazard.PINNED_REWRITE, "Runner.gather", "self.mask.cpu"),
 }
 
 

@@ -15,7 +15,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from streamfuzz.fuzz.scan import hazards, owners, package_hazards
+from streamfuzz.fuzz.scan import (
+    container_handoff,
+    hazards,
+    helper_copies,
+    owners,
+    package_hazards,
+)
 from streamfuzz.fuzz.scan.hazards import Finding
 from streamfuzz.fuzz.scan.package import Package
 from streamfuzz.fuzz.scan.sources import Source
@@ -50,6 +56,8 @@ def scan(source: Source) -> ScanResult:
     found.extend(package_hazards.attribute_lifetimes(pkg, walked))
     found.extend(package_hazards.attribute_d2h_reads(pkg, walked))
     found.extend(owners.unseen_owners(pkg, traces))
+    found.extend(container_handoff.container_handoffs(pkg, walked))
+    found.extend(helper_copies.helper_rewrites(pkg, walked))
     for f in found:
         lines = pkg.modules[f.file].lines
         text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""

@@ -337,7 +337,7 @@ class Calls(Namer):
         """A call the scan may resolve in the package: the effects its walk lends."""
         line = c.lineno
         self.t.calls.append((name, line, len(c.args), frozenset(
-            k.arg for k in c.keywords if k.arg)))
+            k.arg for k in c.keywords if k.arg), self.cur))
         if self.callee is None:
             return
         for eff in self.callee(c):

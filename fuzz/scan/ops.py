@@ -103,10 +103,12 @@ class Trace:
     streams: set[str] = field(default_factory=set)
     events: set[str] = field(default_factory=set)
     timing_events: set[str] = field(default_factory=set)
-    calls: list[tuple[str, int, int, frozenset[str]]] = field(default_factory=list)
+    # (name, line, positional arguments, keywords, the stream current at the call)
+    calls: list[tuple[str, int, int, frozenset[str], str]] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # made-here key -> how the code names it
     entered: set[str] = field(default_factory=set)  # streams made current here (contexts)
     entries: list[tuple[str, int]] = field(default_factory=list)  # (stream, ops index) entered
+    at: dict[int, str] = field(default_factory=dict)  # a statement's line -> the stream current
 
     maybe: set[str] = field(default_factory=set)  # made here, tensors only if used as ones
     containers: set[str] = field(default_factory=set)  # Python lists, dicts...: hold references

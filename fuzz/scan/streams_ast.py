@@ -42,6 +42,7 @@ class Walker(Calls, Binding):
     def stmt(self, s: ast.stmt) -> None:  # noqa: C901 - one arm per statement kind
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return
+        self.t.at.setdefault(s.lineno, self.cur)
         if isinstance(s, (ast.With, ast.AsyncWith)):
             self._with(s)
         elif isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
