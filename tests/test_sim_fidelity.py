@@ -574,6 +574,14 @@ def test_a_simulated_stream_used_after_its_block_raises_one_line():
         assert "\n" not in str(err.value) and "checked(device=\"cpu\")" in str(err.value)
 
 
+def test_waiting_for_what_is_not_a_stream_fails_in_the_callers_line():
+    """Verdict: a ``TypeError`` at the user's ``wait_stream`` (torch fails there
+    too), never an error inside the checker's oracles."""
+    with pytest.raises(TypeError, match=r"wait_stream\(\) takes a stream, not object"), \
+            streamfuzz.checked(device="cpu"):
+        torch.cuda.Stream().wait_stream(object())
+
+
 # -- what is not simulated -----------------------------------------------------------
 def test_what_is_not_simulated_names_the_call_and_how_the_block_runs_on_a_gpu():
     """Verdict: one ``NotSimulated`` line; under ``checked()`` it names

@@ -108,6 +108,8 @@ class SimStream(TORCH_STREAM):
         return SimStream.PRIORITIES
 
     def wait_stream(self, other: Any) -> None:  # type: ignore[override]
+        if not hasattr(other, "stream_id"):  # torch fails here too, in the caller's line
+            raise TypeError(f"Stream.wait_stream() takes a stream, not {type(other).__name__}")
         api = self._now("torch.cuda.Stream.wait_stream")
         if isinstance(other, SimStream) and other._api is not api:
             api.adopt(other)
