@@ -189,8 +189,9 @@ class Calls(Namer):
             return rk  # the work's future: waiting on it waits for the work
         if recv is None and name in _NO_STORAGE:
             return None  # isinstance(x, T), type(x): the object, none of its bytes
-        effects = list(self.callee(c)) if self.callee is not None else []
-        lent = {e.param for e in effects if e.what == "use"}  # the callee's uses of them
+        effects = list(self.callee(c)) if self.callee is not None and self._may_lend(
+            c, name, recv, rk) else None
+        lent = {e.param for e in effects or () if e.what == "use"}  # the callee's uses
         arg_keys = [self.key(a) if i == 0 and name in SHAPED_MAKERS and isinstance(
             a, (ast.Name, ast.Attribute)) else self._argument(a) if ast.unparse(a) in lent
             else self.expr(a) or self.key(a) for i, a in enumerate(c.args)]
@@ -267,6 +268,16 @@ class Calls(Namer):
                           flag=ARGUMENT if ast.unparse(a) in lent else "")
         self._package_call(c, name, effects)
         return None
+
+    def _may_lend(self, c: ast.Call, name: str, recv: ast.expr | None,
+                  rk: str | None) -> bool:
+        """May the call be the package's own (not a tensor method, a torch or numpy
+        function, a builtin)? Only such a call's callee is walked before its arguments."""
+        if rk is not None and (name in TENSOR_METHODS or rk in self.t.tensors or name in META):
+            return False
+        if recv is None and name in HOST_BUILTINS:
+            return False
+        return not (dotted(c.func) or "").startswith(("torch.", "F.", "np.", "numpy."))
 
     def _argument(self, a: ast.expr) -> str | None:
         """An argument the callee's lent uses stand for: read as ``expr`` reads it,

@@ -39,8 +39,9 @@ def synced_after(loop: Loop, use: Op, syncs: list[Op], tests: dict[int, ast.expr
     """Does one of ``syncs`` run after ``use`` in every run of ``loop`` where ``use``
     runs: in a later pass, or later in the same pass? All are ops of the loop's body;
     their guards past ``loop.depth`` are the ``if``s inside it."""
-    if loop.var is None or loop.leaves or not syncs:
-        return False
+    if loop.var is None or not syncs or any(
+            isinstance(n, (ast.Break, ast.Return)) for n in ast.walk(loop.node)):
+        return False  # a break or return may end the loop before the sync's pass
     try:
         conds = [_conds(o, loop, tests) for o in (use, *syncs)]
         open_names = sorted({n for c in conds for t, _ in c for n in _open(t, loop.var)} |

@@ -96,7 +96,7 @@ class Loop:
     var: str | None
     bounds: tuple[ast.expr, ...]
     depth: int  # how many branches it is under: its ops' guards start with those
-    leaves: bool  # a ``break`` or ``return`` in its body may end it early
+    node: ast.stmt  # the loop itself (a ``break`` or ``return`` in it may end it early)
     passes: list[tuple[int, int]] = field(default_factory=list)  # (first op, end) each
 
 

@@ -247,14 +247,12 @@ class Walker(Calls, Binding):
 
 
 def _loop(s: ast.For | ast.AsyncFor | ast.While, depth: int) -> Loop:
-    """What the judge needs of a loop: a ``for i in range(...)``'s index and bounds,
-    and whether it may end before its range does."""
-    leaves = any(isinstance(n, (ast.Break, ast.Return)) for n in ast.walk(s))
+    """What the judge needs of a loop: a ``for i in range(...)``'s index and bounds."""
     if isinstance(s, ast.For) and isinstance(s.target, ast.Name) and isinstance(
             s.iter, ast.Call) and callee_name(s.iter) == "range" and \
             1 <= len(s.iter.args) <= 2 and not s.iter.keywords:
-        return Loop(s.target.id, tuple(s.iter.args), depth, leaves)
-    return Loop(None, (), depth, leaves)
+        return Loop(s.target.id, tuple(s.iter.args), depth, s)
+    return Loop(None, (), depth, s)
 
 
 def _none_tested(test: ast.expr) -> ast.expr | None:
