@@ -57,8 +57,9 @@ def own_stream_buffers(pkg: Package, walked: Iterable[Trace]) -> dict[str, str]:
         return {}
     walked_sites = {(t.file, t.qualname) for t in traces}
     made: dict[str, bool] = {}
+    mention = re.compile(r"\.(" + "|".join(map(re.escape, sorted(found))) + r")\b")
     for fn in pkg.functions:
-        named = {a for a in found if re.search(rf"\.{re.escape(a)}\b", fn.text)}
+        named = set(mention.findall(fn.text)) & set(found)
         if not named:
             continue
         if fn.name != "__init__" and (fn.file, fn.qualname) not in walked_sites:
