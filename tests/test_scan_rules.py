@@ -1624,6 +1624,239 @@ RULES: dict[str, Rule] = {
             "                ids = self.fill_ids(batch)\n"
             "                mask = self.gather(batch)\n"),
         Hazard.PINNED_REWRITE, "Runner.gather", "self.mask.cpu"),
+    # a temporary view set on another tensor's storage (`tmp.set_(w.untyped_storage())`,
+    # to copy into it without touching its autograd version): the record_stream of the
+    # tensor that owns the storage keeps the view's bytes alive too
+    "record-stream-on-the-tensor-a-view-is-set-on": Rule('''
+        import torch
+
+        class Restore:
+            def __init__(self):
+                self.h2d = torch.cuda.Stream()
+
+            def restore(self, w, host):
+                self.h2d.wait_stream(torch.cuda.current_stream())
+                tmp = torch.empty_like(w)
+                with torch.cuda.stream(self.h2d):
+                    tmp.copy_(host, non_blocking=True)
+                w.record_stream(self.h2d)
+        ''', '''
+        import torch
+
+        class Restore:
+            def __init__(self):
+                self.h2d = torch.cuda.Stream()
+
+            def restore(self, w, host):
+                self.h2d.wait_stream(torch.cuda.current_stream())
+                tmp = torch.tensor([], dtype=w.dtype, device=w.device)
+                tmp.set_(w.untyped_storage(), w.storage_offset(), w.shape, w.stride())
+                with torch.cuda.stream(self.h2d):
+                    tmp.copy_(host, non_blocking=True)
+                w.record_stream(self.h2d)
+        ''', Hazard.LIFETIME, "Restore.restore", "tmp"),
+    # record_stream in a loop over a set of the consumer streams built here: each of
+    # them is recorded (the hazard leaves the current stream out of the set)
+    "record-stream-in-a-loop-over-a-set-of-streams": Rule('''
+        import torch
+
+        def hand_over(x, side, target):
+            current = torch.cuda.current_stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                y = x * 2
+            x.record_stream(side)
+            current.wait_stream(side)
+            target.wait_stream(side)
+            consumer_streams = {s for s in (target,) if s is not None}
+            for stream in consumer_streams:
+                y.record_stream(stream)
+            out = y + 1
+            with torch.cuda.stream(target):
+                out_target = y * 3
+            return out, out_target
+        ''', '''
+        import torch
+
+        def hand_over(x, side, target):
+            current = torch.cuda.current_stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                y = x * 2
+            x.record_stream(side)
+            current.wait_stream(side)
+            target.wait_stream(side)
+            consumer_streams = {s for s in (current, target) if s is not None}
+            for stream in consumer_streams:
+                y.record_stream(stream)
+            out = y + 1
+            with torch.cuda.stream(target):
+                out_target = y * 3
+            return out, out_target
+        ''', Hazard.LIFETIME, "hand_over", "y"),
+    # a worker thread that only copies its input to the device (a loader's host batch),
+    # here through a helper, under the stream its submitter captured: no stream reads
+    # the submitter's writes there; a kernel that reads the input on the device does
+    "a-threads-input-read-only-as-a-copy-to-the-device": Rule('''
+        import torch
+
+        def _to_device(batch, device):
+            assert isinstance(batch, torch.Tensor), f"{type(batch)} is no tensor"
+            return batch.float().to(device, non_blocking=True)
+
+        class Loader:
+            def submit(self, batch, device):
+                alloc_stream = torch.cuda.current_stream(device)
+
+                def _work():
+                    with torch.cuda.stream(alloc_stream):
+                        return _to_device(batch, device)
+                return self.pool.submit(_work)
+        ''', '''
+        import torch
+
+        def _to_device(batch, device):
+            assert isinstance(batch, torch.Tensor), f"{type(batch)} is no tensor"
+            return batch.to(device, non_blocking=True)
+
+        class Loader:
+            def submit(self, batch, device):
+                alloc_stream = torch.cuda.current_stream(device)
+
+                def _work():
+                    with torch.cuda.stream(alloc_stream):
+                        return _to_device(batch, device)
+                return self.pool.submit(_work)
+        ''', Hazard.UNORDERED, "Loader.submit._work", "batch"),
+    # the side stream waits for the current one before the object is constructed: a
+    # construction is a call of the class's __init__
+    "a-wait-before-a-construction-covers-init": Rule('''
+        import torch
+
+        class Exchange:
+            def __init__(self, buf, side):
+                self.done = torch.cuda.Event()
+                with torch.cuda.stream(side):
+                    buf.mul_(2)
+                    self.done.record(side)
+                buf.record_stream(side)
+                self.buf = buf
+
+        def launch(buf, side):
+            return Exchange(buf, side)
+        ''', '''
+        import torch
+
+        class Exchange:
+            def __init__(self, buf, side):
+                self.done = torch.cuda.Event()
+                with torch.cuda.stream(side):
+                    buf.mul_(2)
+                    self.done.record(side)
+                buf.record_stream(side)
+                self.buf = buf
+
+        def launch(buf, side):
+            side.wait_stream(torch.cuda.current_stream())
+            return Exchange(buf, side)
+        ''', Hazard.UNORDERED, "Exchange.__init__", "buf"),
+    # a device sync under an `if` on the loop index, run in a later pass of a loop that
+    # has that pass wherever the side stream's use ran (the hazard's sync needs a third
+    # pass, which a loop of one layer does not have)
+    "a-sync-in-a-later-pass-of-the-loop": Rule('''
+        import torch
+
+        class Layers:
+            def __init__(self):
+                self.load_stream = torch.cuda.Stream()
+
+            def load(self, n, host):
+                pos = torch.zeros(64, device="cuda")
+                self.load_stream.wait_stream(torch.cuda.current_stream())
+                for i in range(n + 2):
+                    if i > 1 and i <= n:
+                        torch.cuda.synchronize()
+                    if i < n:
+                        with torch.cuda.stream(self.load_stream):
+                            if i == 0:
+                                pos.copy_(host, non_blocking=True)
+                    yield
+        ''', '''
+        import torch
+
+        class Layers:
+            def __init__(self):
+                self.load_stream = torch.cuda.Stream()
+
+            def load(self, n, host):
+                pos = torch.zeros(64, device="cuda")
+                self.load_stream.wait_stream(torch.cuda.current_stream())
+                for i in range(n + 2):
+                    if i > 0 and i <= n:
+                        torch.cuda.synchronize()
+                    if i < n:
+                        with torch.cuda.stream(self.load_stream):
+                            if i == 0:
+                                pos.copy_(host, non_blocking=True)
+                    yield
+        ''', Hazard.LIFETIME, "Layers.load", "pos"),
+    # a device module's synchronize (torch.xpu's, torch.musa's) waits for the whole
+    # device, as torch.cuda.synchronize() does
+    "a-device-modules-synchronize-waits-for-the-device": Rule('''
+        import torch
+
+        def fetch(counts):
+            counts_cpu = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+            counts_cpu.copy_(counts, non_blocking=True)
+            return counts_cpu.tolist()
+        ''', '''
+        import torch
+
+        def fetch(counts):
+            counts_cpu = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+            counts_cpu.copy_(counts, non_blocking=True)
+            torch.xpu.synchronize()
+            return counts_cpu.tolist()
+        ''', Hazard.UNSYNCED_D2H, "fetch", "counts_cpu"),
+    # an object's staging buffer, made at construction and written only under the
+    # object's own stream (through a helper that stream's context calls): no other
+    # stream wrote it; the hazard also zeroes it on the caller's stream elsewhere
+    "a-buffer-touched-only-under-its-objects-stream": Rule('''
+        import torch
+
+        class Context:
+            def __init__(self, n):
+                self.stream = torch.cuda.Stream()
+                self.ids_buffer_ = torch.empty(n, dtype=torch.long, device="cuda")
+
+            def stage(self, ids_cpu):
+                self.ids_buffer_[: len(ids_cpu)].copy_(ids_cpu, non_blocking=True)
+
+        class Store:
+            def store(self, key, ids_cpu):
+                ctx = self.lookup(key)
+                with torch.cuda.stream(ctx.stream):
+                    ctx.stage(ids_cpu)
+
+        def reset(ctx):
+            ctx.ids_buffer_.zero_()
+        ''', '''
+        import torch
+
+        class Context:
+            def __init__(self, n):
+                self.stream = torch.cuda.Stream()
+                self.ids_buffer_ = torch.empty(n, dtype=torch.long, device="cuda")
+
+            def stage(self, ids_cpu):
+                self.ids_buffer_[: len(ids_cpu)].copy_(ids_cpu, non_blocking=True)
+
+        class Store:
+            def store(self, key, ids_cpu):
+                ctx = self.lookup(key)
+                with torch.cuda.stream(ctx.stream):
+                    ctx.stage(ids_cpu)
+        ''', Hazard.UNORDERED, "Store.store", "ctx.ids_buffer_"),
 }
 
 

@@ -23,6 +23,7 @@ from streamfuzz.fuzz.scan import (
     package_hazards,
 )
 from streamfuzz.fuzz.scan.hazards import Finding
+from streamfuzz.fuzz.scan.owned import own_stream_buffers
 from streamfuzz.fuzz.scan.package import Package
 from streamfuzz.fuzz.scan.sources import Source
 
@@ -48,9 +49,10 @@ def scan(source: Source) -> ScanResult:
     pkg = Package(source.files())
     walked = list(pkg.traces())
     traces = [t for t in walked if t.uses_streams()]
+    owned = own_stream_buffers(pkg, walked)
     found: list[Finding] = []
     for t in traces:
-        found.extend(hazards.judge(t))
+        found.extend(hazards.judge(t, owned))
     found.extend(package_hazards.cached_streams(pkg.caches))
     found.extend(package_hazards.sibling_omissions(pkg))
     found.extend(package_hazards.attribute_lifetimes(pkg, walked))

@@ -197,8 +197,9 @@ class Binding(Namer):
         self.rebind(name, line, still=vk)
         self.parts.pop(name, None)
         self.stream_lists.pop(name, None)
-        if isinstance(value, (ast.List, ast.Tuple)) and value.elts:
-            named = [self.stream_of(e) for e in value.elts]
+        listed = _listed(value)
+        if listed:
+            named = [self.stream_of(e) for e in listed]
             if all(named):  # streams = [self.copy_stream, self.compute_stream]
                 self.stream_lists[name] = [str(n) for n in named]
                 self.t.streams.add(name + "[]")
@@ -275,3 +276,17 @@ class Binding(Namer):
     def held_elsewhere(self, name: str, key: str) -> bool:
         """Does a local name other than ``name`` still hold the storage ``key``?"""
         return any(v == key and n != name and "." not in n for n, v in self.alias.items())
+
+
+def _listed(value: ast.expr) -> list[ast.expr]:
+    """The items a container literal holds: ``[a, b]``, ``{a, b}``, or a comprehension
+    that picks from such a literal (``{s for s in (a, b) if s is not None}``)."""
+    if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
+        return list(value.elts)
+    if isinstance(value, (ast.ListComp, ast.SetComp, ast.GeneratorExp)) and len(
+            value.generators) == 1:
+        gen = value.generators[0]
+        if isinstance(gen.target, ast.Name) and isinstance(value.elt, ast.Name) and \
+                value.elt.id == gen.target.id and isinstance(gen.iter, (ast.List, ast.Tuple)):
+            return list(gen.iter.elts)
+    return []

@@ -29,13 +29,28 @@ class Package(Protocol):
 
     def resolve(self, caller: Function, call: ast.Call) -> Function | None: ...
 
+    def constructed(self, caller: Function, call: ast.Call) -> Function | None: ...
+
 _CURRENT_CALLS = {"current_stream", "default_stream"}
 _WAITS = {"wait_stream", "wait_event"}
 
 
 def _sites(pkg: Package, fn: Function) -> list[tuple[Function, ast.Call]]:
-    return [(caller, call) for caller, call in pkg.call_index().get(fn.name, ())
-            if caller is not fn and pkg.resolve(caller, call) is fn]
+    """The calls of ``fn`` in the package; for an ``__init__``, its class's
+    constructions (``Cls(...)``) too, whose arguments are its parameters."""
+    sites = [(caller, call) for caller, call in pkg.call_index().get(fn.name, ())
+             if caller is not fn and pkg.resolve(caller, call) is fn]
+    if fn.name == "__init__" and fn.cls is not None:
+        sites += [(caller, call) for caller, call in pkg.call_index().get(fn.cls, ())
+                  if caller is not fn and pkg.constructed(caller, call) is fn]
+    return sites
+
+
+def has_callers(pkg: Package, fn: Function) -> bool:
+    """Is ``fn`` called anywhere in the package, where the caller's walk lends its
+    effects (a construction does not lend ``__init__``'s)?"""
+    return any(caller is not fn and pkg.resolve(caller, call) is fn
+               for caller, call in pkg.call_index().get(fn.name, ()))
 
 
 def _arg(fn: Function, call: ast.Call, param: str) -> ast.expr | None:

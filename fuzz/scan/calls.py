@@ -9,6 +9,7 @@ the package, whose effects its own walk lends (``streamfuzz.fuzz.scan.package``)
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from streamfuzz.fuzz.scan.names import (
     ASYNC_COLLECTIVE,
@@ -30,7 +31,7 @@ from streamfuzz.fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from streamfuzz.fuzz.scan.ops import ANY, COPY_SOURCE, DEFAULT, STORAGE, K
+from streamfuzz.fuzz.scan.ops import ANY, ARGUMENT, COPY_SOURCE, DEFAULT, STORAGE, K
 
 SHAPED_MAKERS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
                            "randn_like", "randint_like", "new_empty", "new_zeros", "new_ones",
@@ -38,8 +39,21 @@ SHAPED_MAKERS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like",
 """Calls that make a tensor from another's shape, dtype and device: no kernel reads it."""
 _TO_DEVICE = frozenset({"to", "cuda", "npu", "xpu", "mps", "hpu"})
 """Methods that copy their receiver to a device (a host tensor's device copy is not host)."""
+_NO_STORAGE = frozenset({"isinstance", "issubclass", "type", "id", "callable", "hasattr"})
+"""Builtins that look at an object, not at a tensor's bytes."""
+_STORAGES = frozenset({"untyped_storage", "storage", "_typed_storage"})
+"""Calls that give a tensor's storage."""
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""
+
+
+def _device_module(node: ast.expr) -> bool:
+    """Is ``node`` torch or one of its device modules (``torch.cuda``, ``torch.xpu``,
+    ``self.device_module``), whose ``synchronize()`` waits for the whole device?"""
+    text = dotted(node) or ""
+    head, _, rest = text.partition(".")
+    return text == "torch" or (head == "torch" and "." not in rest) or \
+        text.rsplit(".", 1)[-1] in DEVICE_MODULES
 
 
 class Calls(Namer):
@@ -68,7 +82,9 @@ class Calls(Namer):
         if name == "record_stream" and rk:
             self.t.tensors.add(rk)
             s = self.stream_of(c.args[0]) if c.args else None
-            self.emit(K.RECORD, line, key=rk, stream=s or ANY)
+            # in a loop over a set of streams built here: each of them
+            for each in self.stream_lists.get(s[:-2], [s]) if s and s.endswith("[]") else [s]:
+                self.emit(K.RECORD, line, key=rk, stream=each or ANY)
             return None
         if name == "set_stream" and c.args and (recv is None or self.is_module(recv) or (
                 dotted(recv) or "").rsplit(".", 1)[-1] in DEVICE_MODULES):
@@ -141,8 +157,7 @@ class Calls(Namer):
             target = ""
             if isinstance(recv, ast.Call):  # current_stream().synchronize(), else a device
                 target = self.stream_of(recv) or ""
-            elif recv is not None and dotted(recv) not in ("torch.cuda", "torch",
-                                                           "torch.accelerator"):
+            elif recv is not None and not _device_module(recv):
                 target = self.stream_of(recv) or (self.event_of(recv) if rk else None) or \
                     rk or ast.unparse(recv)
             self.emit(K.HOST_SYNC, c.lineno, key=target)
@@ -155,6 +170,15 @@ class Calls(Namer):
               rk: str | None) -> str | None:
         """Work queued by the call: its receiver and arguments, on the current stream."""
         line = c.lineno
+        owner = self._storage_owner(c.args[0]) if name == "set_" and c.args and \
+            isinstance(recv, ast.Name) else None
+        if owner and recv is not None:  # tmp.set_(x.untyped_storage(), ...): x's bytes
+            for a in [*c.args[1:], *(k.value for k in c.keywords)]:
+                self.expr(a)
+            self.rebind(recv.id, line, still=owner)  # type: ignore[attr-defined]
+            self.alias[recv.id] = owner  # type: ignore[attr-defined]
+            self.t.tensors.add(owner)
+            return None
         if isinstance(recv, ast.Subscript) and rk is not None:
             self.expr(recv.slice)  # x[i].copy_(...): a view of x, not a host read of it
         elif recv is not None and not isinstance(recv, (ast.Name, ast.Attribute)):
@@ -163,9 +187,14 @@ class Calls(Namer):
                 rk = made_recv
         if rk is not None and rk.startswith("<work@") and name in ("get_future", "then"):
             return rk  # the work's future: waiting on it waits for the work
+        if recv is None and name in _NO_STORAGE:
+            return None  # isinstance(x, T), type(x): the object, none of its bytes
+        effects = list(self.callee(c)) if self.callee is not None and self._may_lend(
+            c, name, recv, rk) else None
+        lent = {e.param for e in effects or () if e.what == "use"}  # the callee's uses
         arg_keys = [self.key(a) if i == 0 and name in SHAPED_MAKERS and isinstance(
-            a, (ast.Name, ast.Attribute)) else self.expr(a) or self.key(a)
-            for i, a in enumerate(c.args)]
+            a, (ast.Name, ast.Attribute)) else self._argument(a) if ast.unparse(a) in lent
+            else self.expr(a) or self.key(a) for i, a in enumerate(c.args)]
         for kw in c.keywords:
             if kw.arg in ("out",):
                 k = self.key(kw.value)
@@ -234,10 +263,41 @@ class Calls(Namer):
         if module_fn and not NOT_TENSOR_TORCH.match(full):
             return self._module_call(c, full, arg_keys)
         for k, a in zip(arg_keys, c.args):
-            if k:
-                self.emit(K.USE, line, stream=self.cur, key=k, part=self.part(a))
-        self._package_call(c, name)
+            if k:  # handed to a callee whose own uses of it are lent below: ARGUMENT
+                self.emit(K.USE, line, stream=self.cur, key=k, part=self.part(a),
+                          flag=ARGUMENT if ast.unparse(a) in lent else "")
+        self._package_call(c, name, effects)
         return None
+
+    def _may_lend(self, c: ast.Call, name: str, recv: ast.expr | None,
+                  rk: str | None) -> bool:
+        """May the call be the package's own (not a tensor method, a torch or numpy
+        function, a builtin)? Only such a call's callee is walked before its arguments."""
+        if rk is not None and (name in TENSOR_METHODS or rk in self.t.tensors or name in META):
+            return False
+        if recv is None and name in HOST_BUILTINS:
+            return False
+        return not (dotted(c.func) or "").startswith(("torch.", "F.", "np.", "numpy."))
+
+    def _argument(self, a: ast.expr) -> str | None:
+        """An argument the callee's lent uses stand for: read as ``expr`` reads it,
+        flagged ``ARGUMENT``."""
+        if not isinstance(a, (ast.Name, ast.Attribute)):
+            return self.expr(a) or self.key(a)
+        k = self.key(a)
+        if k and k not in self.t.streams and k not in self.t.events:
+            self.emit(K.USE, a.lineno, stream=self.cur, key=k, part=self.part(a), flag=ARGUMENT)
+        return k
+
+    def _storage_owner(self, node: ast.expr) -> str | None:
+        """The tensor whose storage ``node`` is (``x.untyped_storage()``, or ``x``
+        itself), for ``set_``: the view set on it shares its bytes, and so its
+        ``record_stream`` and its last writes."""
+        if isinstance(node, ast.Call) and callee_name(node) in _STORAGES and \
+                isinstance(node.func, ast.Attribute):
+            return self.key(node.func.value)
+        k = self.key(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+        return k if k in self.t.tensors else None
 
     def _copy(self, c: ast.Call, dst: str, src: str | None) -> None:
         line = c.lineno
@@ -333,14 +393,14 @@ class Calls(Namer):
             self.t.host.add(made)
         return made
 
-    def _package_call(self, c: ast.Call, name: str) -> None:
+    def _package_call(self, c: ast.Call, name: str, effects: list[Any] | None = None) -> None:
         """A call the scan may resolve in the package: the effects its walk lends."""
         line = c.lineno
         self.t.calls.append((name, line, len(c.args), frozenset(
             k.arg for k in c.keywords if k.arg), self.cur))
         if self.callee is None:
             return
-        for eff in self.callee(c):
+        for eff in self.callee(c) if effects is None else effects:
             if eff.what == "wait":
                 self.emit(K.WAIT, line, stream=ANY, other=ANY)
             elif eff.what == "sync":
@@ -351,6 +411,7 @@ class Calls(Namer):
                     continue
                 k += eff.suffix
                 if eff.what == "record":
+                    self.t.tensors.add(k)  # what the callee record_streams is a tensor
                     self.emit(K.RECORD, line, key=k, stream=ANY)
                 elif eff.what == "free":
                     self.emit(K.FREE, line, key=k, flag=eff.flag)

@@ -16,9 +16,11 @@ from enum import Enum
 from typing import Any
 
 from streamfuzz.fuzz.scan.handoff import TIMING, Handoffs, handoff_safe
+from streamfuzz.fuzz.scan.loops import synced_after
 from streamfuzz.fuzz.scan.names import HOSTISH, covers
 from streamfuzz.fuzz.scan.ops import (
     ANY,
+    ARGUMENT,
     COPY_SOURCE,
     CURRENT,
     DEFAULT,
@@ -173,8 +175,9 @@ def _crossed(t: Trace) -> set[str]:
 class _Judge(Handoffs):
     """The rules, applied to one trace."""
 
-    def __init__(self, t: Trace) -> None:
+    def __init__(self, t: Trace, owned: dict[str, str] | None = None) -> None:
         self.t = t
+        self.owned = owned or {}  # buffer attribute -> its object's only stream's
         self.ops = t.ops
         self.records: dict[str, list[tuple[int, str]]] = {}
         for i, o in enumerate(self.ops):
@@ -187,6 +190,13 @@ class _Judge(Handoffs):
         self.crossed = _crossed(t)
         self.copied = {(k, o.line) for o in t.ops if o.kind is K.NB_COPY
                        for k in (o.key, o.other)}  # a stream's copy to or from host memory
+        # a thread's inputs read here only as the source of a copy to the device (by
+        # itself, or by the package's helper it hands them to)
+        reads: dict[str, set[str]] = {}
+        for o in t.ops if t.thread else ():
+            if o.kind is K.USE and o.flag != ARGUMENT:
+                reads.setdefault(o.key, set()).add(o.flag if not o.write else "write")
+        self.copied_in = {k for k, flags in reads.items() if flags == {COPY_SOURCE}}
         self.common: list[str] = []
         if TEST_PATH.search(t.file):
             self.common.append("test-code")
@@ -302,6 +312,9 @@ class _Judge(Handoffs):
                 return "", j
         if self.local(k):
             return "", -1
+        owner, _, attr = k.rpartition(".")
+        if attr in self.owned and self.ops[p].stream == f"{owner}.{self.owned[attr]}":
+            return "", -1  # touched only on its object's stream: nothing else wrote it
         if k.startswith("self."):  # object state: as if called twice, the previous call's
             for j in range(len(self.ops) - 1, p, -1):
                 o = self.ops[j]
@@ -324,6 +337,9 @@ class _Judge(Handoffs):
             a, i = self._last_write(o.key, p)
             if o.key in self.t.host and (i < 0 or self.ops[i].kind is K.ALLOC):
                 a = ""  # host memory the host filled before queuing this: pinned-rewrite's
+            if a == SUBMITTER and o.key in self.copied_in:
+                a = ""  # a thread's input only copied to the device: host memory (a
+                # loader's batch), or already there, where the copy queues nothing
             checks = [(a, i, True)] if a and a != ANY else []
             if o.write:  # WAR: an earlier read on another stream
                 for j in range(p - 1, max(i, -1), -1):
@@ -423,7 +439,8 @@ class _Judge(Handoffs):
                         continue
                     last = max(p for p, o in uses if o.stream == b)
                     how = self.ordered(b, last, a, end)
-                    if how == "yes":
+                    if how == "yes" or self._synced_in_a_later_pass(
+                            [p for p, o in uses if o.stream == b], b, end):
                         continue
                     cond = cond or how == "cond"
                     bad.append(b)
@@ -470,6 +487,30 @@ class _Judge(Handoffs):
                     f.what = f.what.replace(self.t.name(k), self.t.name(root) + "'s tensors", 1)
                 yield f
                 break
+
+    def _synced_in_a_later_pass(self, uses: list[int], b: str, end: int) -> bool:
+        """Is each use followed, before ``end``, by a host sync that covers ``b`` in a
+        pass of the same ``for i in range(...)`` loop that every run reaching the
+        use reaches after it (``fuzz.scan.loops``)? The sync must be on the use's
+        path outside the loop, and not inside a loop nested in it."""
+        for p in uses:
+            loop = min((lp for lp in self.t.loops if lp.var is not None and any(
+                s <= p < e for s, e in lp.passes)), key=lambda lp: lp.passes[-1][1]
+                - lp.passes[0][0], default=None)
+            if loop is None or end < loop.passes[-1][1]:
+                return False
+            start, stop = loop.passes[0][0], loop.passes[-1][1]
+            inner = [(s, e) for lp in self.t.loops if lp is not loop
+                     and start <= lp.passes[0][0] and lp.passes[-1][1] <= stop
+                     for s, e in lp.passes]
+            use = self.ops[p]
+            syncs = [o for q, o in enumerate(self.ops[start:stop], start)
+                     if o.kind is K.HOST_SYNC and o.key in ("", b)
+                     and o.guards[:loop.depth] == use.guards[:loop.depth]
+                     and not any(s <= q < e for s, e in inner)]
+            if not synced_after(loop, use, syncs, self.t.tests):
+                return False
+        return bool(uses)
 
     def _barriered(self, a: str, b: str) -> bool:
         """Does every entry into stream ``a`` here wait for ``b`` before its first work?"""
@@ -669,10 +710,11 @@ class _Judge(Handoffs):
                                     o.write for o in touched) else [])
 
 
-def judge(t: Trace) -> list[Finding]:
-    """The findings of one function, one per distinct (class, line, tensors)."""
+def judge(t: Trace, owned: dict[str, str] | None = None) -> list[Finding]:
+    """The findings of one function, one per distinct (class, line, tensors);
+    ``owned``: the buffers only their object's stream touches (``fuzz.scan.owned``)."""
     seen: dict[tuple[object, ...], Finding] = {}
-    for f in _Judge(t).findings():
+    for f in _Judge(t, owned).findings():
         seen.setdefault((f.hazard, f.line, f.tensors, f.streams), f)
     return list(seen.values())
 

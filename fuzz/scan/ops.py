@@ -10,6 +10,7 @@ to be. ``streamfuzz.fuzz.scan.streams_ast`` makes traces,
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -34,6 +35,9 @@ COPY_SOURCE = "copy-source"
 holds until the copy's stream has passed it (a pageable one is staged before the
 call returns), or a tensor already on that device, for which the call queues nothing:
 either way, dropping it after the call cannot free memory the copy still reads."""
+ARGUMENT = "argument"
+"""A use's flag: the key is an argument of a package call whose own uses of it the
+callee's walk lends at the call (the argument's read stands for what the callee does)."""
 STORAGE = "storage"
 """A free's flag: the storage itself goes back (``untyped_storage().resize_(0)``),
 whatever other references to the tensor remain."""
@@ -85,6 +89,18 @@ def disjoint_parts(a: str, b: str) -> bool:
 
 
 @dataclass
+class Loop:
+    """A loop of the function: where each pass of its walk put its ops, and, for a
+    ``for VAR in range(...)``, the index and the range's arguments."""
+
+    var: str | None
+    bounds: tuple[ast.expr, ...]
+    depth: int  # how many branches it is under: its ops' guards start with those
+    node: ast.stmt  # the loop itself (a ``break`` or ``return`` in it may end it early)
+    passes: list[tuple[int, int]] = field(default_factory=list)  # (first op, end) each
+
+
+@dataclass
 class Trace:
     """One function's ops and what its names were found to be."""
 
@@ -114,6 +130,8 @@ class Trace:
     containers: set[str] = field(default_factory=set)  # Python lists, dicts...: hold references
     recorded: set[str] = field(default_factory=set)  # x.record() seen
     waited: set[str] = field(default_factory=set)  # x.wait() / x.query() seen
+    loops: list[Loop] = field(default_factory=list)
+    tests: dict[int, ast.expr] = field(default_factory=dict)  # an if's id -> its test
 
     def name(self, key: str) -> str:
         root, dot, rest = key.partition(".")

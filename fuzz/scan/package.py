@@ -83,8 +83,10 @@ class Package:
     def __init__(self, files: Iterable[SourceFile]) -> None:
         self.modules: dict[str, Module] = {}
         self.unparsed: list[str] = []
+        self.quiet_attributes: set[str] = set()  # attributes named in files not read
         for f in files:
             if not _STREAM_TEXT.search(f.text):
+                self.quiet_attributes |= set(_ATTRIBUTE.findall(f.text))
                 continue  # no stream word: nothing to walk, no wait or sync to lend
             try:
                 tree = ast.parse(f.text, filename=f.path)
@@ -94,6 +96,7 @@ class Package:
             self.modules[f.path] = Module(f.path, tree, f.text.splitlines())
         self.functions: list[Function] = []
         self.by_name: dict[str, list[Function]] = {}
+        self.inits: dict[str, list[Function]] = {}  # class name -> its __init__s
         self.thread_targets: set[tuple[str, str]] = set()
         self.caches: list[ModuleCache] = []
         for m in self.modules.values():
@@ -121,6 +124,8 @@ class Package:
             fn = Function(m.path, qual, node, cls)
             self.functions.append(fn)
             self.by_name.setdefault(node.name, []).append(fn)
+            if node.name == "__init__" and cls is not None:
+                self.inits.setdefault(cls, []).append(fn)
             fn.text = "\n".join(m.lines[node.lineno - 1:node.end_lineno or node.lineno])
             if "Stream(" in fn.text or "Event(" in fn.text:
                 self._cached_maker(m, fn)
@@ -235,7 +240,7 @@ class Package:
                 for node in _own_nodes(fn.node):
                     if isinstance(node, ast.Call):
                         name = _call_name(node)
-                        if name in self.by_name:
+                        if name in self.by_name or name in self.inits:
                             self._call_index.setdefault(name, []).append((fn, node))
         return self._call_index
 
@@ -272,6 +277,15 @@ class Package:
             typed = [c for c in cands if cls is not None and c.cls == cls]
             if len(typed) == 1:
                 return typed[0]
+        return cands[0] if len(cands) == 1 else None
+
+    def constructed(self, caller: Function, call: ast.Call) -> Function | None:
+        """The ``__init__`` that a construction ``Cls(...)`` calls, where the package
+        has one class of that name (or one in the caller's file)."""
+        cands = self.inits.get(_call_name(call), [])
+        same_file = [c for c in cands if c.file == caller.file]
+        if len(same_file) == 1:
+            return same_file[0]
         return cands[0] if len(cands) == 1 else None
 
     def effects(self, caller: Function, call: ast.Call, depth: int) -> tuple[Effect, ...]:
@@ -671,6 +685,7 @@ def _thread_target(call: ast.Call) -> str | None:
     return None
 
 
+_ATTRIBUTE = re.compile(r"\.([A-Za-z_]\w*)")
 _STREAM_TEXT = re.compile(r"stream|non_blocking|pin_memory|Event|async_op|isend|irecv|"
                           r"synchronize|set_stream")
 """A cheap filter before any parse or walk: the words stream code is made of."""

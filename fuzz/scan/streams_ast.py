@@ -23,7 +23,7 @@ import ast
 from streamfuzz.fuzz.scan.binding import Binding
 from streamfuzz.fuzz.scan.calls import Calls
 from streamfuzz.fuzz.scan.names import INDEXISH, META_ATTRS, callee_name, negated
-from streamfuzz.fuzz.scan.ops import K
+from streamfuzz.fuzz.scan.ops import K, Loop
 
 
 class Walker(Calls, Binding):
@@ -61,6 +61,7 @@ class Walker(Calls, Binding):
         elif isinstance(s, ast.If):
             self.expr(s.test)
             self.guards.append(id(s))
+            self.t.tests[id(s)] = s.test
             for node in ast.walk(s.test):  # `if ev.query():` the work before ev is done
                 if isinstance(node, ast.Call) and callee_name(node) == "query" and \
                         isinstance(node.func, ast.Attribute):
@@ -94,11 +95,15 @@ class Walker(Calls, Binding):
                     self.bind(s.target, None, s.lineno)
                     self.bind_items(s.target, e)
                     self.walk(s.body)
+            loop = _loop(s, len(self.guards))
+            self.t.loops.append(loop)
             for _ in range(0 if items else 2):
+                first = len(self.t.ops)
                 if not isinstance(s, ast.While):
                     self.bind(s.target, None, s.lineno)
                     self.bind_items(s.target, s.iter)
                 self.walk(s.body)
+                loop.passes.append((first, len(self.t.ops)))
             self.walk(s.orelse)
         elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
             self.walk(s.body)  # type: ignore[attr-defined]
@@ -240,6 +245,15 @@ class Walker(Calls, Binding):
             if isinstance(child, ast.expr):
                 self.expr(child)
         return None
+
+
+def _loop(s: ast.For | ast.AsyncFor | ast.While, depth: int) -> Loop:
+    """What the judge needs of a loop: a ``for i in range(...)``'s index and bounds."""
+    if isinstance(s, ast.For) and isinstance(s.target, ast.Name) and isinstance(
+            s.iter, ast.Call) and callee_name(s.iter) == "range" and \
+            1 <= len(s.iter.args) <= 2 and not s.iter.keywords:
+        return Loop(s.target.id, tuple(s.iter.args), depth, s)
+    return Loop(None, (), depth, s)
 
 
 def _none_tested(test: ast.expr) -> ast.expr | None:

@@ -1,4 +1,5 @@
-"""LMCache 0.5.6, ranks 2 and 7: ``VLLMPagedMem{GPU,XPU}ConnectorV2.from_gpu``.
+"""LMCache 0.5.6, ranks 2 and 7: ``VLLMPagedMem{GPU,XPU}ConnectorV2.from_gpu``; and,
+after the rules of issue 49 item 1, rank 9: the same connector's ``batched_to_gpu``.
 
 The store stream reads the KV caches (the model's writes, on the current
 stream) with no wait in the function. As the vLLM adapter calls it
@@ -52,14 +53,15 @@ def _connector(case):
     pointers.copy_(torch.zeros(LAYERS, dtype=torch.int64))
     conn.__dict__.update(gpu_buffer=None, store_stream=torch.cuda.Stream(), use_mla=False,
                          kvcaches=None, page_buffer_size=64, engine_kv_format=None,
-                         block_size=16, head_size=HIDDEN, block_stride_elems=0)
+                         block_size=16, head_size=HIDDEN, block_stride_elems=0,
+                         load_stream=torch.cuda.Stream(), device=pointers.device)
     conn.initialize_kvcaches_ptr = lambda **kw: setattr(conn, "kvcaches", kw["kvcaches"])
     conn._initialize_pointers = lambda kvcaches: pointers
     conn_box.append(conn)
     return conn, module
 
 
-def _step(case, device_slot_mapping):
+def _step(case, device_slot_mapping, load=False):
     conn, module = _connector(case)
     kvcaches = [torch.zeros(2, 64, HIDDEN, device="cuda") for _ in range(LAYERS)]
     for kv in kvcaches:  # the model's forward writes the KV caches on the current stream
@@ -69,8 +71,12 @@ def _step(case, device_slot_mapping):
     else:  # the adapter: slot_mapping = request.slot_mapping.to(self.device)
         slot_mapping = torch.arange(TOKENS).to("cuda")
     mem = _kit.Obj(tensor=torch.empty(2, LAYERS, TOKENS, HIDDEN).pin_memory(),
-                   metadata=_kit.Obj(fmt=None))
-    conn.batched_from_gpu([mem], [0], [TOKENS], kvcaches=kvcaches, slot_mapping=slot_mapping)
+                   metadata=_kit.Obj(fmt=module.MemoryFormat.KV_2LTD))
+    if load:  # the adapter's start_load_kv: lmcache_engine.retrieve -> batched_to_gpu
+        conn.batched_to_gpu([mem], [0], [TOKENS], kvcaches=kvcaches, slot_mapping=slot_mapping)
+    else:
+        conn.batched_from_gpu([mem], [0], [TOKENS], kvcaches=kvcaches,
+                              slot_mapping=slot_mapping)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -85,3 +91,20 @@ def test_without_the_callers_blocking_copy_flagged(case):
     with pytest.raises(streamfuzz.StreamfuzzError, match=read):
         with streamfuzz.checked():
             _step(case, device_slot_mapping=True)
+
+
+# After the rules of issue 49 item 1, rank 9: the load side of the same connector,
+# ``VLLMPagedMemGPUConnectorV2.batched_to_gpu`` (l.419): the load stream writes the KV
+# caches with no wait in the function; the adapter's ``start_load_kv`` makes the same
+# blocking copy of the slot mapping just before ``retrieve``.
+@pytest.mark.parametrize("case", CASES)
+def test_load_as_the_vllm_adapter_calls_it_clean(case):
+    with streamfuzz.checked():
+        _step(case, device_slot_mapping=False, load=True)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_load_without_the_callers_blocking_copy_flagged(case):
+    with pytest.raises(streamfuzz.StreamfuzzError, match=r"multi_layer_kv_transfer"):
+        with streamfuzz.checked():
+            _step(case, device_slot_mapping=True, load=True)
