@@ -2,8 +2,8 @@
 
 Each package has one shape a real engine's function has: a stood-in helper's
 result used as a number (a grid's tile count) before a stood-in compiler's
-kernel launch, a list indexed by an int the harness sets, and a queue whose
-popped pair the code unpacks. The harness must
+kernel launch, a list indexed by an int the harness sets, a queue whose popped
+pair the code unpacks, a dict of tensors, an event and a device module. The harness must
 run as written, flag the buggy form and pass the fixed one (the two differ only
 in the ordering the finding is about); before these rules each failed in its
 setup.
@@ -119,6 +119,54 @@ class Sender:
         return sent
 '''
 
+_DICTED = '''
+from typing import Dict
+
+import torch
+
+
+class Relay:
+    def __init__(self):
+        self.side = torch.cuda.Stream()
+
+    def _stage(self, tensor_dict: Dict[str, torch.Tensor]):
+        tensor_dict["kind"] = "output"
+        return [v * 2 for v in tensor_dict.values() if isinstance(v, torch.Tensor)]
+
+    def send(self, outputs):
+        staged = self._stage(dict(outputs.tensors))[0]
+        WAIT
+        with torch.cuda.stream(self.side):
+            sent = staged + 1
+        KEEP
+        return sent
+'''
+
+_HANDED = '''
+from typing import Optional
+
+import torch
+
+
+class Relay:
+    def __init__(self, device_module):
+        self.device_module = device_module
+        self.side = torch.cuda.Stream()
+
+    def _send(self, staged, ready_event: Optional[torch.Event] = None):
+        if ready_event is not None:
+            self.device_module.current_stream().wait_event(ready_event)
+        return staged + 1
+
+    def send(self, outputs: torch.Tensor, ready):
+        staged = outputs * 2
+        WAIT
+        with torch.cuda.stream(self.side):
+            sent = self._send(staged, ready_event=ready)
+        KEEP
+        return sent
+'''
+
 _RULES = {
     # name: (files, the harnessed file, a line inside the function, the fix's two lines)
     "a stood-in call's result the code computes with is a number; a stood-in jit launches": (
@@ -129,6 +177,10 @@ _RULES = {
         {"mod.py": _INDEXED}, "mod.py", "def send", _INDEXED_WAIT),
     "a queue of events is a queue; a method's unpacked results are each used as the code uses it": (
         {"mod.py": _QUEUED}, "mod.py", "def send", _INDEXED_WAIT),
+    "what the code copies with dict() or passes as Dict[str, Tensor] is a dict of a tensor": (
+        {"mod.py": _DICTED}, "mod.py", "def send", _INDEXED_WAIT),
+    "an event passed where Event is annotated; a device module is the device's": (
+        {"mod.py": _HANDED}, "mod.py", "def send", _INDEXED_WAIT),
 }
 
 

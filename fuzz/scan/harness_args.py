@@ -622,10 +622,44 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         if STREAMISH.search(leaf):
             return f"[{SIDE} for _ in range(4)]"
         return "[1] * n" if _LENGTHS.search(leaf) else f"[{_int(key)}, {_int(key)}]"
+    if not attrs and trace is not None and _tensor_dict(names, fn, where):
+        return f"{{'x': {_tensor(key, trace, fn)}}}"
+    if not attrs and _passed_as(names, fn, where, _EVENT):
+        return "_recorded_event()"
+    if attrs and attrs <= _DEVICE_MODULE_USES and attrs & {"current_stream", "Stream"}:
+        return "torch.cuda"  # ``self.device_module``: the (simulated) device's module
     if (attrs or further) and trace is not None and depth < 2:
         fields = _fields(key, names, attrs, fn, trace, depth, scopes) | further
         return f"_Object({', '.join(f'{a}={v}' for a, v in fields.items())})"
     return "_Object()"
+
+
+_TENSOR_DICT = re.compile(r"(typing\.)?(Dict|dict|Mapping)\[str,\s*(torch\.)?Tensor\]$")
+
+
+def _tensor_dict(names: set[str], fn: Function, where: tuple[ast.AST, ...]) -> bool:
+    """Whether the value is a dict of tensors: copied with ``dict(...)``, or passed to
+    a parameter of the package annotated ``Dict[str, torch.Tensor]``."""
+    if any(isinstance(n, ast.Call) and _text(n.func) == "dict" and len(n.args) == 1 and
+           _text(n.args[0]) in names for scope in where for n in ast.walk(scope)):
+        return True
+    return _passed_as(names, fn, where, _TENSOR_DICT)
+
+
+_EVENT = re.compile(r"((torch\.)?(cuda\.)?)Event$")
+_DEVICE_MODULE_USES = frozenset(("Event", "Stream", "current_stream", "stream", "synchronize",
+                                 "set_stream", "device", "current_device", "set_device"))
+
+
+def _passed_as(names: set[str], fn: Function, where: tuple[ast.AST, ...],
+               annotation: re.Pattern[str]) -> bool:
+    """Whether the value is passed to a parameter of the package annotated so."""
+    for callee, param in harness_reads.passed_to(names, fn, where):
+        p = next((a for a in callee.params() if a.arg == param), None)
+        if p is not None and p.annotation is not None and annotation.match(
+                _unwrap(ast.unparse(p.annotation))):
+            return True
+    return False
 
 
 def _fields(key: str, names: set[str], attrs: set[str], fn: Function, trace: Trace,
