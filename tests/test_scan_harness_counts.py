@@ -111,6 +111,7 @@ class Sender:
 
     def send(self, queue: deque[Tuple[torch.Event, torch.Tensor]]):
         ready, payload = queue.popleft()
+        torch.cuda.current_stream().wait_event(ready)
         staged = payload.rows.float() * 2
         WAIT
         with torch.cuda.stream(self.side):

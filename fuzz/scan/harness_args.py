@@ -624,7 +624,10 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         return "[1] * n" if _LENGTHS.search(leaf) else f"[{_int(key)}, {_int(key)}]"
     if not attrs and trace is not None and _tensor_dict(names, fn, where):
         return f"{{'x': {_tensor(key, trace, fn)}}}"
-    if not attrs and _passed_as(names, fn, where, _EVENT):
+    if not attrs and (_passed_as(names, fn, where, _EVENT) or any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+            n.func.attr == "wait_event" and any(_text(a) in names for a in n.args)
+            for scope in where for n in ast.walk(scope))):  # waited for: an event
         return "_recorded_event()"
     if attrs and attrs <= _DEVICE_MODULE_USES and attrs & {"current_stream", "Stream"}:
         return "torch.cuda"  # ``self.device_module``: the (simulated) device's module
