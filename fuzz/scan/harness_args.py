@@ -178,6 +178,8 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
     array = _numpy(ann, name, fn)
     if array is not None:
         return array, f"a NumPy array (its annotation, {ann})"
+    if ann.partition("[")[0].rsplit(".", 1)[-1] in _QUEUES:  # of events or tensors: a queue
+        return _by_use(name, trace, fn)
     if name in trace.streams or "Stream" in ann:
         return SIDE, "a stream the callers make apart from the current one"
     if name in trace.events or "Event" in ann:
@@ -186,6 +188,9 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
     if kind is not None and not re.match(r"(torch\.)?Tensor\b", ann):  # stated not a tensor
         if kind == "n":
             return _int(name), f"its annotation ({ann}), by its name"
+        indexed = harness_reads.indexed_items({name}, fn, trace, ()) if kind == "[]" else None
+        if indexed is not None:
+            return indexed, f"its annotation ({ann}), items for the index it is looked up by"
         return kind, f"its annotation ({ann})"
     if name in trace.tensors or "Tensor" in ann:
         listed = shape == "list" or re.match(r"(list|List|Sequence|tuple|Tuple)\[", ann)
@@ -196,6 +201,9 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
     if used and used <= _TENSOR_USES and kind_of_use({name}, [fn.node]) == "tensor":
         # Its own use outweighs what a call of the same name elsewhere passes.
         return _tensor(name, trace, fn), "a tensor (the function's use of it)"
+    indexed = harness_reads.indexed_items({name}, fn, trace, ()) if shape == "list" else None
+    if indexed is not None:
+        return indexed, "the callers pass a list, with items for the index it is looked up by"
     if shape is not None:
         return {"lambda": _CALLABLE, "list": "[]", "dict": "{}", "iter": "iter([])"}[shape], \
             f"the callers pass a {shape}"
@@ -204,6 +212,9 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         return use_of(name, fn, trace, made=made), \
             f"its dataclass ({made.name}): the fields read by it and its callees by their use"
     return _by_use(name, trace, fn)
+
+
+_QUEUES = frozenset(("deque", "Deque", "Queue", "SimpleQueue"))
 
 
 def _numpy(ann: str, name: str, fn: Function) -> str | None:
@@ -215,6 +226,11 @@ def _numpy(ann: str, name: str, fn: Function) -> str | None:
     ndim = _ndim(name, fn.text)
     shape = f"(n, {', '.join(['4'] * (ndim - 1))})" if ndim > 1 else "n"
     return f"np.zeros({shape}, dtype=np.{dtype.group(1) if dtype else 'int32'})"
+
+
+def int_by_name(name: str) -> str:
+    """The int a harness gives ``name`` (an argument or an attribute) by its name."""
+    return _int(name)
 
 
 def _int(name: str) -> str:
@@ -568,7 +584,8 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
     if calls:
         return _CALLABLE
     if iters:
-        return harness_reads.loop_items(names, fn, trace, scopes) or "[]"
+        return harness_reads.loop_items(names, fn, trace, scopes) or harness_reads.indexed_items(
+            names, fn, trace, scopes) or "[]"
     if made is not None and trace is not None:
         return harness_reads.construct(made, _fields(key, names, attrs, fn, trace, depth, scopes)
                                        | further, key, trace, fn, depth)
@@ -605,10 +622,47 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         if STREAMISH.search(leaf):
             return f"[{SIDE} for _ in range(4)]"
         return "[1] * n" if _LENGTHS.search(leaf) else f"[{_int(key)}, {_int(key)}]"
+    if not attrs and trace is not None and _tensor_dict(names, fn, where):
+        return f"{{'x': {_tensor(key, trace, fn)}}}"
+    if not attrs and (_passed_as(names, fn, where, _EVENT) or any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+            n.func.attr == "wait_event" and any(_text(a) in names for a in n.args)
+            for scope in where for n in ast.walk(scope))):  # waited for: an event
+        return "_recorded_event()"
+    if attrs and attrs <= _DEVICE_MODULE_USES and attrs & {"current_stream", "Stream"}:
+        return "torch.cuda"  # ``self.device_module``: the (simulated) device's module
     if (attrs or further) and trace is not None and depth < 2:
         fields = _fields(key, names, attrs, fn, trace, depth, scopes) | further
         return f"_Object({', '.join(f'{a}={v}' for a, v in fields.items())})"
     return "_Object()"
+
+
+_TENSOR_DICT = re.compile(r"(typing\.)?(Dict|dict|Mapping)\[str,\s*(torch\.)?Tensor\]$")
+
+
+def _tensor_dict(names: set[str], fn: Function, where: tuple[ast.AST, ...]) -> bool:
+    """Whether the value is a dict of tensors: copied with ``dict(...)``, or passed to
+    a parameter of the package annotated ``Dict[str, torch.Tensor]``."""
+    if any(isinstance(n, ast.Call) and _text(n.func) == "dict" and len(n.args) == 1 and
+           _text(n.args[0]) in names for scope in where for n in ast.walk(scope)):
+        return True
+    return _passed_as(names, fn, where, _TENSOR_DICT)
+
+
+_EVENT = re.compile(r"((torch\.)?(cuda\.)?)Event$")
+_DEVICE_MODULE_USES = frozenset(("Event", "Stream", "current_stream", "stream", "synchronize",
+                                 "set_stream", "device", "current_device", "set_device"))
+
+
+def _passed_as(names: set[str], fn: Function, where: tuple[ast.AST, ...],
+               annotation: re.Pattern[str]) -> bool:
+    """Whether the value is passed to a parameter of the package annotated so."""
+    for callee, param in harness_reads.passed_to(names, fn, where):
+        p = next((a for a in callee.params() if a.arg == param), None)
+        if p is not None and p.annotation is not None and annotation.match(
+                _unwrap(ast.unparse(p.annotation))):
+            return True
+    return False
 
 
 def _fields(key: str, names: set[str], attrs: set[str], fn: Function, trace: Trace,
@@ -620,9 +674,13 @@ def _fields(key: str, names: set[str], attrs: set[str], fn: Function, trace: Tra
             chained = sorted({n.attr for n in ast.walk(fn.node) if isinstance(
                 n, ast.Attribute) and isinstance(n.value, ast.Call) and _text(
                 n.value.func) in {f"{name}.{a}" for name in names}})
+            unpacked = _unpacked_from(fn, {f"{name}.{a}" for name in names})
             if chained:  # ``ring.submit().wait(...)``: a handle whose methods give results
                 handle = ", ".join(f"{c}=lambda *args, **kwargs: []" for c in chained)
                 fields[a] = f"lambda *args, **kwargs: _Object({handle})"
+            elif unpacked and depth < 2:  # ``event, out = queue.popleft()``: each by its use
+                values = ", ".join(use_of(u, fn, trace, depth + 1, scopes) for u in unpacked)
+                fields[a] = f"lambda *args, **kwargs: ({values},)"
             else:
                 fields[a] = "_first_tensor"  # what it is given, as a layer returns
             continue
@@ -642,6 +700,17 @@ def annotated_value(ann: str, key: str, trace: Trace, fn: Function) -> str | Non
 def tensor_for(key: str, trace: Trace, fn: Function) -> str:
     """A tensor for ``key``, shaped by ``fn``'s use of it."""
     return _tensor(key, trace, fn)
+
+
+def _unpacked_from(fn: Function, methods: set[str]) -> list[str]:
+    """The names ``fn`` unpacks a call of one of ``methods`` into (``a, b = q.pop()``)."""
+    for n in ast.walk(fn.node):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(
+                n.targets[0], ast.Tuple) and isinstance(n.value, ast.Call) and _text(
+                n.value.func) in methods and all(isinstance(e, ast.Name)
+                                                 for e in n.targets[0].elts):
+            return [e.id for e in n.targets[0].elts if isinstance(e, ast.Name)]
+    return []
 
 
 def _is_method_call(fn: Function, key: str, attr: str) -> bool:

@@ -392,3 +392,41 @@ def view_geometry(names: set[str], where: Iterable[ast.AST]) -> str | None:
                     if _text(a) in names:
                         return _GEOMETRY[i]
     return None
+
+
+def indexed_items(names: set[str], fn: Function, trace: Trace | None,
+                  scopes: tuple[ast.AST, ...]) -> str | None:
+    """Items for a list the function indexes by an int the harness sets
+    (``target = mbs[next_mb_id]``, an argument or attribute named as an id, an index
+    or a rank, or annotated ``int``): enough of them for that int, each what the code
+    then uses the item as (its name's use), so the line after the lookup runs; None
+    where no such lookup is made, or the int is a size no list of items should match."""
+    if trace is None:
+        return None
+    from streamfuzz.fuzz.scan import harness_args
+
+    ints = {p.arg for p in fn.params() if p.annotation is not None and
+            ast.unparse(p.annotation) == "int"}
+    for scope in (fn.node, *scopes):
+        for node in ast.walk(scope):
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(
+                    node.targets[0], ast.Name) or not isinstance(node.value, ast.Subscript):
+                continue
+            lookup = node.value
+            if _text(lookup.value) not in names or not isinstance(
+                    lookup.slice, (ast.Name, ast.Attribute)):
+                continue
+            index = _text(lookup.slice)
+            value = harness_args.int_by_name(index)
+            if index not in ints and value != "0":
+                continue
+            count = {"0": "2", "64": "65", "n": "n + 1"}.get(value)
+            if count is None or id(node) in _BUILDING:
+                continue
+            _BUILDING.add(id(node))
+            try:
+                item = harness_args.use_of(node.targets[0].id, fn, trace, 0, scopes)
+            finally:
+                _BUILDING.discard(id(node))
+            return f"[{item} for _ in range({count})]"
+    return None

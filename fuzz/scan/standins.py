@@ -23,6 +23,7 @@ import __future__
 import ast
 import builtins as _builtins
 import dis
+import inspect
 import itertools
 import linecache
 import re
@@ -67,6 +68,8 @@ class _StandInType(type):
         _reads_tensors(cls.__qualname__, args, kwargs)
         if _PREDICATE.match(cls.__qualname__.rsplit(".", 1)[-1]):
             return False  # ``is_pin_memory_available()``: a flag torch takes only as a bool
+        if _counted(sys._getframe(1)):
+            return 1  # ``triton.cdiv(n, BLOCK)``: a count the code goes on to compute with
         count = _results_taken(sys._getframe(1))
         if count:
             return _results(count, args, kwargs, lambda: super(_StandInType, cls).__call__())
@@ -88,6 +91,8 @@ class _StandInBase:
         if len(args) == 1 and not kwargs and callable(args[0]):
             return args[0]
         _reads_tensors(f"{type(self).__qualname__}()", args, kwargs)
+        if _counted(sys._getframe(1)):
+            return 1
         made = _stand_in(f"{type(self).__qualname__}()()", self._registry)
         count = _results_taken(sys._getframe(1))
         if count:
@@ -136,6 +141,42 @@ def _results_taken(frame: Any) -> int:
             taken = max(after[0].argval + 1, 0)
         _TAKEN[key] = taken
     return taken
+
+
+_ARITHMETIC = frozenset({"BINARY_OP", "COMPARE_OP"})
+_LOADS_ONE = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF"})
+_STORES = frozenset({"STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"})
+_COUNTED: dict[tuple[Any, int], bool] = {}
+
+
+def _operand(instructions: list[Any], at: int) -> bool:
+    """Whether the value pushed just before ``instructions[at]`` is an operand of
+    arithmetic or a comparison: the next instruction is one, or one load comes first."""
+    nxt = instructions[at:at + 2]
+    if nxt and nxt[0].opname in _ARITHMETIC:
+        return True
+    return len(nxt) == 2 and nxt[0].opname in _LOADS_ONE and nxt[1].opname in _ARITHMETIC
+
+
+def _counted(frame: Any) -> bool:
+    """Whether the caller computes with the result of the call it is making: as an
+    operand right away (``cdiv(n, b) * 2``), or through the name it stores it in
+    (``tiles = cdiv(n, b)`` and later ``tiles * split``, ``tiles < sms``). Read from the
+    caller's bytecode, as ``_results_taken`` is, so a stood-in helper that computes a
+    count or a size gives a number the code can go on with."""
+    key = (frame.f_code, frame.f_lasti)
+    counted = _COUNTED.get(key)
+    if counted is None:
+        code = list(dis.get_instructions(frame.f_code))
+        at = next((i for i, ins in enumerate(code) if ins.offset > frame.f_lasti), len(code))
+        counted = _operand(code, at)
+        if not counted and at < len(code) and code[at].opname in _STORES:
+            name = code[at].argval
+            counted = any(ins.opname == code[at].opname.replace("STORE", "LOAD")
+                          and ins.argval == name and _operand(code, i + 1)
+                          for i, ins in enumerate(code))
+        _COUNTED[key] = counted
+    return counted
 
 
 def _results(count: int, args: Any, kwargs: Any, made: Any) -> tuple[Any, ...]:
@@ -412,8 +453,11 @@ class _Loader:
 
 class _Kernel:
     """A ``@jit`` kernel whose compiler is not here (its decorator left the plain
-    function): ``kernel[grid](...)`` is an extension's launch, seen as one that reads
-    its tensors on the current stream, as a stood-in kernel is."""
+    function, the package's own placeholder or a stood-in compiler's):
+    ``kernel[grid](...)`` is an extension's launch on the current stream, seen as one
+    that reads its tensors, as a stood-in kernel is, and writes those it takes as
+    parameters named as outputs (``out``, ``output_ptr``, ``dst``): the only
+    statement of its writes a kernel's signature makes."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -424,8 +468,31 @@ class _Kernel:
 
     def __getitem__(self, grid: Any) -> Any:
         def launch(*args: Any, **kwargs: Any) -> None:
-            _reads_tensors(f"{self.__name__}[grid]", args, kwargs)
+            written = _outputs(self.fn, args, kwargs)
+            if not written:
+                _reads_tensors(f"{self.__name__}[grid]", args, kwargs)
+                return
+            from streamfuzz.fuzz.annotations import describe
+
+            tensors = _tensors_in([*args, *kwargs.values()])
+            describe([t for t in tensors if not any(t is w for w in written)], written,
+                     f"stood-in {self.__name__}[grid]")
         return launch
+
+
+_OUTPUT = re.compile(r"(^|_)(out|output|outputs|dst|dest|result)(_|$)", re.IGNORECASE)
+
+
+def _outputs(fn: Any, args: Any, kwargs: Any) -> list[Any]:
+    """The tensors a launch passes to ``fn``'s parameters named as outputs."""
+    if "torch" not in sys.modules:
+        return []
+    try:
+        bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return []
+    torch = sys.modules["torch"]
+    return [v for k, v in bound.items() if _OUTPUT.search(k) and isinstance(v, torch.Tensor)]
 
 
 _JIT = re.compile(r"(^|\.)(jit|autotune|heuristics)$")
