@@ -17,6 +17,7 @@ import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from streamfuzz.fuzz.errors import FuzzError
 from streamfuzz.fuzz.scan.ops import Loop, Op
 
 SAMPLES = range(-1, 5)
@@ -31,8 +32,8 @@ _ARITH: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
-class _Unknown(Exception):
-    """A test or bound this reading cannot evaluate."""
+class _Unknown(FuzzError):
+    """A test or bound this reading cannot evaluate (never leaves this module)."""
 
 
 def synced_after(loop: Loop, use: Op, syncs: list[Op], tests: dict[int, ast.expr]) -> bool:
