@@ -95,3 +95,20 @@ class _AsCuda:
 def as_cuda(module: Any, device: str) -> None:
     """Run a module's ``torch.xpu`` (``torch.musa``) streams and events as the checked CUDA ones."""
     module.torch = _AsCuda(module.torch, device)
+
+
+def dense_batch_class(base: type) -> type:
+    """A batch of one dense tensor, derived from a package's batch base class (torchrec's
+    ``Pipelineable``): the ``to`` and ``record_stream`` its pipelines call, and no more."""
+
+    class _Batch(base):  # type: ignore[valid-type, misc]
+        def __init__(self, dense: Any) -> None:
+            self.dense = dense
+
+        def to(self, device: Any, non_blocking: bool, data_copy_stream: Any = None) -> Any:
+            return _Batch(self.dense.to(device, non_blocking=non_blocking))
+
+        def record_stream(self, stream: Any) -> None:
+            self.dense.record_stream(stream)
+
+    return _Batch

@@ -29,22 +29,9 @@ PIPELINES = "torchrec/distributed/train_pipeline/train_pipelines.py"
 UTILS = "torchrec/distributed/train_pipeline/utils.py"
 
 
-def _batch_class(base):
-    class _Batch(base):
-        def __init__(self, dense):
-            self.dense = dense
-
-        def to(self, device, non_blocking, data_copy_stream=None):
-            return _Batch(self.dense.to(device, non_blocking=non_blocking))
-
-        def record_stream(self, stream):
-            self.dense.record_stream(stream)
-
-    return _Batch
-
-
 def _host_batch(module):
-    return _batch_class(module.Pipelineable)(torch.arange(64, dtype=torch.float32).pin_memory())
+    batch_class = _kit.dense_batch_class(module.Pipelineable)
+    return batch_class(torch.arange(64, dtype=torch.float32).pin_memory())
 
 
 def _copy_batch_to_gpu(filled_on_device=False):

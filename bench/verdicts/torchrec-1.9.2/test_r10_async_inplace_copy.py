@@ -22,23 +22,9 @@ REL = "torchrec-1.9.2"
 FILE = "torchrec/distributed/train_pipeline/utils.py"
 
 
-def _batch_class(base):
-    class _Batch(base):
-        def __init__(self, dense):
-            self.dense = dense
-
-        def to(self, device, non_blocking, data_copy_stream=None):
-            return _Batch(self.dense.to(device, non_blocking=non_blocking))
-
-        def record_stream(self, stream):
-            self.dense.record_stream(stream)
-
-    return _Batch
-
-
 def _step():
     module = _kit.release(REL, FILE).module
-    batch_class = _batch_class(module.Pipelineable)
+    batch_class = _kit.dense_batch_class(module.Pipelineable)
     mixin = module.AsyncInplaceCopyMixin()
     device = torch.ones(1, device="cuda").device
     mixin._setup_async_inplace_copy(True, torch.device("cuda"))
