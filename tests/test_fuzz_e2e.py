@@ -95,6 +95,9 @@ def test_a_failure_whose_shrinking_was_cut_short_is_shrunk_on_by_the_next_run(cp
     assert again.failure is not None and not again.shrink_truncated
     assert again.first_failure_examples == 1  # the database's case, replayed first
     assert again.examples > 2, "the replayed case was not shrunk again"
-    shrunk = again.scenario
-    assert (len(shrunk.steps), shrunk.max_num_reqs) == (1, 3)
-    assert shrunk.steps[0].idx_mapping == (0, 1, 2)
+    # Smaller than where the first run stopped, down to the 3 requests the bug
+    # needs. Not always to one step: from some starts Hypothesis's shrinker
+    # settles in a local minimum of several steps (seen once in about 60 runs).
+    shrunk, before = again.scenario, cut.scenario
+    assert shrunk != before
+    assert len(shrunk.steps) <= len(before.steps) and shrunk.max_num_reqs == 3
