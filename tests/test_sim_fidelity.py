@@ -582,6 +582,18 @@ def test_waiting_for_what_is_not_a_stream_fails_in_the_callers_line():
         torch.cuda.Stream().wait_stream(object())
 
 
+@pytest.mark.parametrize("enter", [lambda x: torch.cuda.stream(x).__enter__(),
+                                   lambda x: torch.cuda.set_stream(x)],
+                         ids=["stream", "set_stream"])
+def test_entering_what_is_not_a_stream_fails_in_the_callers_line(enter):
+    """Verdict: a ``TypeError`` at the user's ``torch.cuda.stream(x)`` or
+    ``set_stream(x)`` (torch fails there too), never an error inside the lifetime
+    oracle when the next op asks for the current stream's id."""
+    with pytest.raises(TypeError, match=r"takes a stream, not object"), \
+            streamfuzz.checked(device="cpu"):
+        enter(object())
+
+
 # -- what is not simulated -----------------------------------------------------------
 def test_what_is_not_simulated_names_the_call_and_how_the_block_runs_on_a_gpu():
     """Verdict: one ``NotSimulated`` line; under ``checked()`` it names

@@ -25,7 +25,7 @@ from streamfuzz.fuzz import env
 from streamfuzz.fuzz.scan import harness_args, harness_reads, harness_state, hazards
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
-from streamfuzz.fuzz.scan.sources import ScanInputError, Source
+from streamfuzz.fuzz.scan.sources import ScanInputError, Source, SourceFile
 from streamfuzz.fuzz.scan.standins import source_file
 
 if TYPE_CHECKING:
@@ -88,10 +88,12 @@ class Writer:
             outer = _enclosing(pkg, fn)
             called = outer or fn
             trace = pkg.walk(called)
-            with harness_state.fixing(harness_state.ties(called)), \
+            fixed = {**harness_state.branch_to(called, line), **harness_state.ties(called)}
+            with harness_state.fixing(fixed), \
                     harness_reads.package(self.files):  # tied keys; callees' reads, any file
                 args = harness_args.decide(pkg, self.sites, called, trace)
-                attrs = _object_attributes(pkg, called, trace) if called.cls is not None else {}
+                attrs = _object_attributes(pkg, called, trace, self.files) \
+                    if called.cls is not None else {}
             code = render(self.source.spec, called.file, called, findings, args, attrs,
                           closure=fn if outer is not None else None,
                           skip=harness_state.unreachable(self.files, pkg, called))
@@ -156,9 +158,12 @@ def _class_node(pkg: Package, fn: Function) -> ast.ClassDef | None:
     return node
 
 
-def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, str]:
+def _object_attributes(pkg: Package, fn: Function, trace: Trace,
+                       files: list[SourceFile]) -> dict[str, str]:
     """``self.x`` for every attribute the class's methods read, by what its
-    ``__init__`` sets it to, else by the scan's kind of it, else by its use."""
+    ``__init__`` sets it to, else by the scan's kind of it, else by its use; a flag
+    the finding's branch needs and a stream context the package makes of the
+    object's stream come first."""
     cls = _class_node(pkg, fn)
     if cls is None:
         return {}
@@ -196,6 +201,10 @@ def _object_attributes(pkg: Package, fn: Function, trace: Trace) -> dict[str, st
     for a in sorted(read - methods):
         key = f"self.{a}"
         assigned = made.get(a)
+        first = harness_state.fixed(key) or harness_state.stream_context(files, a)
+        if first is not None:
+            out[a] = first
+            continue
         state = harness_state.filled_entry(cls, fn, a) or reals.get(a, (None,))[0] or \
             harness_state.duck_for(pkg, fn, cls, a, {k: c for k, (_, c) in reals.items()})
         if state is not None:
@@ -309,6 +318,45 @@ def _first_tensor(*args, **kwargs):
             if found is not None:
                 return found
     return None
+
+
+class _Received(dict):
+    """What a peer sends back: the keys of the dict sent, each tensor a fresh one like
+    it; a key the code looks up that was not sent is a tensor like them too."""
+
+    def __missing__(self, key):
+        like = next((v for v in self.values() if isinstance(v, torch.Tensor)), None)
+        self[key] = torch.zeros(1, device=DEVICE) if like is None else torch.zeros_like(like)
+        return self[key]
+
+
+def _gives(shape):
+    """A collaborator's method whose result the package iterates (a list) or looks up
+    (a dict): it reads the tensors it is given on the current stream, as the send, copy
+    or collective it stands for does, and gives an empty list, or what a peer sends back."""
+    def method(*args, **kwargs):
+        _consume([*args, *kwargs.values()])
+        if shape is list:
+            return []
+        given = next((v for v in (*args, *kwargs.values()) if isinstance(v, dict)), {})
+        return _Received({k: torch.empty_like(v) if isinstance(v, torch.Tensor) else v
+                          for k, v in given.items()})
+    return method
+
+
+class _stream_context:
+    """``self.X_ctx``, which the package makes as ``torch.cuda.stream(self.X)``."""
+
+    def __init__(self, obj, name):
+        self.obj, self.name = obj, name
+
+    def __enter__(self):
+        stream = getattr(self.obj, self.name, None) or torch.cuda.Stream()
+        self.entered = torch.cuda.stream(stream)
+        return self.entered.__enter__()
+
+    def __exit__(self, *exc):
+        return self.entered.__exit__(*exc)
 
 
 def _consume(value):

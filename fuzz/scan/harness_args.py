@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from streamfuzz.fuzz.scan import callers, harness_reads, harness_state
+from streamfuzz.fuzz.scan import callers, harness_reads, harness_results, harness_state
 from streamfuzz.fuzz.scan.names import EVENTISH, INDEXISH, STREAMISH
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
@@ -192,12 +192,14 @@ def _value(p: ast.arg, passed: list[ast.expr], current: bool, has_default: bool,
         if indexed is not None:
             return indexed, f"its annotation ({ann}), items for the index it is looked up by"
         return kind, f"its annotation ({ann})"
-    if name in trace.tensors or "Tensor" in ann:
+    used = {n.attr for n in ast.walk(fn.node) if isinstance(n, ast.Attribute) and
+            _text(n.value) == name}
+    stated = re.search(r"(?<![\w.])(torch\.)?Tensor\b", ann)
+    if stated or (name in trace.tensors and not (  # a class of the package named ...Tensors
+            ann and used - _TENSOR_USES and harness_reads.defined_class(ann))):
         listed = shape == "list" or re.match(r"(list|List|Sequence|tuple|Tuple)\[", ann)
         tensor = _tensor(name, trace, fn)
         return (f"[{tensor}, {tensor}]" if listed else tensor), "a tensor (the scan's)"
-    used = {n.attr for n in ast.walk(fn.node) if isinstance(n, ast.Attribute) and
-            _text(n.value) == name}
     if used and used <= _TENSOR_USES and kind_of_use({name}, [fn.node]) == "tensor":
         # Its own use outweighs what a call of the same name elsewhere passes.
         return _tensor(name, trace, fn), "a tensor (the function's use of it)"
@@ -581,8 +583,9 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         names, fn)
     if geometry is not None:
         return geometry
-    if calls:
-        return _CALLABLE
+    if calls:  # a collaborator's method: what it gives back by the package's use of it
+        shape = harness_results.result_shape(names, where)
+        return f"_gives({shape})" if shape is not None else _CALLABLE
     if iters:
         return harness_reads.loop_items(names, fn, trace, scopes) or harness_reads.indexed_items(
             names, fn, trace, scopes) or "[]"
@@ -629,6 +632,11 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
             n.func.attr == "wait_event" and any(_text(a) in names for a in n.args)
             for scope in where for n in ast.walk(scope))):  # waited for: an event
         return "_recorded_event()"
+    if not attrs and any(  # what a stream waits for: a stream
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+            n.func.attr == "wait_stream" and any(_text(a) in names for a in n.args)
+            for scope in where for n in ast.walk(scope)):
+        return SIDE
     if attrs and attrs <= _DEVICE_MODULE_USES and attrs & {"current_stream", "Stream"}:
         return "torch.cuda"  # ``self.device_module``: the (simulated) device's module
     if (attrs or further) and trace is not None and depth < 2:
@@ -681,6 +689,9 @@ def _fields(key: str, names: set[str], attrs: set[str], fn: Function, trace: Tra
             elif unpacked and depth < 2:  # ``event, out = queue.popleft()``: each by its use
                 values = ", ".join(use_of(u, fn, trace, depth + 1, scopes) for u in unpacked)
                 fields[a] = f"lambda *args, **kwargs: ({values},)"
+            elif (shape := harness_results.result_shape(
+                    {f"{name}.{a}" for name in names}, (fn.node, *scopes))) is not None:
+                fields[a] = f"_gives({shape})"  # a list to extend, a dict to look up
             else:
                 fields[a] = "_first_tensor"  # what it is given, as a layer returns
             continue

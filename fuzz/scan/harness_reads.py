@@ -210,6 +210,17 @@ def _module_files(defs: _Definitions, path: str, node: ast.ImportFrom) -> list[s
         p[:-len(f"{mod}/__init__.py")].endswith("/"))]
 
 
+def defined_class(ann: str) -> bool:
+    """Whether a type ``ann`` names (``Foo | None``, ``Optional[Foo]``) is a class the
+    package defines: an object of it, whatever its name says (``PPProxyTensors``)."""
+    defs = _PACKAGE.get()
+    if defs is None:
+        return False
+    names = set(re.findall(r"[A-Za-z_]\w*", ann)) - {"Optional", "Union", "None", "typing"}
+    want = [re.compile(rf"^class\s+{re.escape(n)}\b", re.M) for n in names]
+    return any(w.search(f.text) for f in defs.files.values() for w in want)
+
+
 def dataclass_of(ann: str, fn: Function) -> Dataclass | None:
     """The dataclass ``ann`` names, where ``fn``'s module binds it when it runs: defined
     at its top level, or imported there from a file of the package."""
@@ -429,4 +440,23 @@ def indexed_items(names: set[str], fn: Function, trace: Trace | None,
             finally:
                 _BUILDING.discard(id(node))
             return f"[{item} for _ in range({count})]"
+    # An item passed on as looked up (``prep(mb_metadata[next_mb_id])``): what the
+    # callees it is passed to read of it.
+    for scope in (fn.node, *scopes):
+        for lookup in (n for n in ast.walk(scope) if isinstance(n, ast.Subscript)):
+            if _text(lookup.value) not in names or not isinstance(
+                    lookup.slice, (ast.Name, ast.Attribute)) or id(lookup) in _BUILDING:
+                continue
+            index = _text(lookup.slice)
+            value = harness_args.int_by_name(index)
+            count = {"0": "2", "64": "65", "n": "n + 1"}.get(value)
+            if (index not in ints and value != "0") or count is None:
+                continue
+            _BUILDING.add(id(lookup))
+            try:
+                item = harness_args.use_of(_text(lookup), fn, trace, 0, scopes)
+            finally:
+                _BUILDING.discard(id(lookup))
+            if item != "_Object()":
+                return f"[{item} for _ in range({count})]"
     return None

@@ -111,6 +111,79 @@ def ties(fn: Function) -> dict[str, str]:
     return out
 
 
+def branch_to(fn: Function, line: int) -> dict[str, str]:
+    """Flags that take the function down the finding's branch: for each ``if`` around
+    ``line`` whose test is a flag (``self.group.is_last``, ``not use_side``, or an
+    ``and`` of such in a body), the value that enters the branch holding the line. A
+    flag is a name or attribute the function only tests; a harness that left it an
+    object took the other branch of ``if not flag:`` and never ran the finding's code."""
+    parents = {c: n for n in ast.walk(fn.node) for c in ast.iter_child_nodes(n)}
+    inside = [n for n in ast.walk(fn.node) if isinstance(n, ast.stmt) and
+              getattr(n, "lineno", 0) == line]
+    if not inside:
+        return {}
+    out: dict[str, str] = {}
+    node: ast.AST = inside[0]
+    while node in parents:
+        parent = parents[node]
+        if isinstance(parent, ast.If):
+            if node in parent.body:
+                out.update(_entering(parent.test, True, fn.node, parents))
+            elif node in parent.orelse:
+                out.update(_entering(parent.test, False, fn.node, parents))
+        node = parent
+    return out
+
+
+def _entering(test: ast.expr, wanted: bool, scope: ast.AST,
+              parents: dict[ast.AST, ast.AST]) -> dict[str, str]:
+    """The flag values that give ``test`` the truth ``wanted`` (none where that is not
+    one assignment of flags: an ``or`` to make true, an ``and`` to make false)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _entering(test.operand, not wanted, scope, parents)
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and wanted:
+        out: dict[str, str] = {}
+        for v in test.values:
+            out.update(_entering(v, True, scope, parents))
+        return out
+    if isinstance(test, (ast.Name, ast.Attribute)) and _only_tested(_text(test), scope, parents):
+        return {_text(test): repr(wanted)}
+    return {}
+
+
+def _only_tested(text: str, scope: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether every use of ``text`` in ``scope`` is as a truth value: a flag."""
+    uses = [n for n in ast.walk(scope) if isinstance(n, (ast.Name, ast.Attribute)) and
+            isinstance(n.ctx, ast.Load) and _text(n) == text]
+    for n in uses:
+        p = parents.get(n)
+        if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not):
+            continue
+        if isinstance(p, ast.BoolOp):
+            continue
+        if isinstance(p, (ast.If, ast.IfExp, ast.While, ast.Assert)) and p.test is n:
+            continue
+        return False
+    return bool(uses)
+
+
+def stream_context(files: Iterable[SourceFile], attr: str) -> str | None:
+    """``self.X_ctx = torch.cuda.stream(self.X)`` made anywhere in the package (a mixin's
+    attribute its host class sets): the harness's object enters that stream where the
+    code enters ``self.X_ctx``, not a context that switches nothing; ``self.X`` is a
+    stream."""
+    want = re.compile(rf"self\.{re.escape(attr)}\s*=\s*[\w.]*\.stream\(\s*self\.(\w+)\s*\)")
+    entered = re.compile(rf"self\.\w+\s*=\s*[\w.]*\.stream\(\s*self\.{re.escape(attr)}\s*\)")
+    for f in files:
+        if attr in f.text:
+            m = want.search(f.text)
+            if m:
+                return f"_stream_context(obj, {m.group(1)!r})"
+            if entered.search(f.text):  # the stream such a context enters
+                return "torch.cuda.Stream()"
+    return None
+
+
 def _resolved(fn: Function, key: ast.expr) -> str | None:
     """A subscript's key in the harness's words: ``n`` where it is the first size of a
     parameter (``b = x.shape[0]``; the harness's tensors and lists are ``n`` long), a

@@ -78,6 +78,8 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
         return api.main
 
     def set_stream(s: Any) -> None:
+        if s is not None and not hasattr(s, "stream_id"):
+            raise TypeError(f"torch.cuda.set_stream() takes a stream, not {type(s).__name__}")
         api.set_stream(s)
 
     def synchronize(device: Any = None) -> None:

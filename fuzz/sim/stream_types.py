@@ -185,6 +185,9 @@ class SimStreamContext:
     def __enter__(self) -> None:
         if self.stream is None:
             return
+        if not hasattr(self.stream, "stream_id"):  # torch fails here too, in the caller's line
+            raise TypeError(f"torch.cuda.stream() takes a stream, not "
+                            f"{type(self.stream).__name__}")
         api = self._now()
         self._before = api.current_stream()
         api.set_stream(self.stream)

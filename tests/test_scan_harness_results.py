@@ -1,0 +1,170 @@
+"""``scan --harness`` where a collaborator's result, a flag or a stream context decides
+whether the function's stream work runs at all.
+
+Each package has one shape of SGLang's pipeline-parallel scheduler mixin: a
+process group's send whose result the code extends a list with, a paired
+send/recv whose result a nested helper looks up, a flag the finding's branch
+needs (``if not self.group.is_last:``), a stream context the host class makes
+of the mixin's stream, and an argument annotated with a package class whose
+name holds ``Tensor``. The harness must run as written, flag the buggy form and
+pass the fixed one (they differ only in the ordering the finding is about);
+before these rules each failed in its setup or passed without the stream work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_scan_harness import _rule_run
+
+_ORDER = ("self.side.wait_stream(torch.cuda.current_stream())",
+          "torch.cuda.current_stream().wait_stream(self.side)")
+
+_EXTENDED = '''
+import torch
+
+
+class Stage:
+    def __init__(self, group):
+        self.group = group
+        self.side = torch.cuda.Stream()
+
+    def _send_dict(self, tensor_dict):
+        works = []
+        WAIT
+        with torch.cuda.stream(self.side):
+            works.extend(self.group.send_tensor_dict(tensor_dict=tensor_dict))
+        KEEP
+        return works
+
+    def step(self, x: torch.Tensor):
+        out = x * 2
+        return self._send_dict({"out": out})
+'''
+
+_LOOKED_UP = '''
+import torch
+
+
+class Stage:
+    def __init__(self, group):
+        self.group = group
+        self.side = torch.cuda.Stream()
+
+    def step(self, x: torch.Tensor):
+        got = None
+
+        def _handle(recv):
+            nonlocal got
+            if recv.get("skip"):
+                return
+            got = recv["out"]
+
+        out = x * 2
+        WAIT
+        with torch.cuda.stream(self.side):
+            recv = self.group.send_recv_tensor_dict(send_tensor_dict={"out": out})
+        KEEP
+        _handle(recv)
+        return got
+'''
+
+_BRANCH = '''
+import torch
+
+
+class Stage:
+    def __init__(self, group):
+        self.group = group
+        self.side = torch.cuda.Stream()
+
+    def step(self, x: torch.Tensor):
+        out = x * 2
+        if not self.group.is_last:
+            WAIT
+            with torch.cuda.stream(self.side):
+                sent = out + 1
+            KEEP
+            return sent
+        return out
+'''
+
+_MIXIN = '''
+import torch
+
+
+class SendMixin:
+    def step(self, x: torch.Tensor):
+        out = x * 2
+        WAIT
+        with self.side_ctx:
+            sent = out + 1
+            done = torch.cuda.Event()
+            done.record()
+        KEEP
+        return sent, done
+'''
+
+_HOST = '''
+import torch
+
+from apkg.mixin import SendMixin
+
+
+class Host(SendMixin):
+    def __init__(self):
+        self.side = torch.cuda.Stream()
+        self.side_ctx = torch.cuda.stream(self.side)
+'''
+
+_PROXY = '''
+from typing import Optional
+
+import torch
+
+
+class ProxyTensors:
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+
+class Stage:
+    def __init__(self):
+        self.side = torch.cuda.Stream()
+
+    def step(self, outputs: Optional[ProxyTensors]):
+        if outputs:
+            staged = [v * 2 for v in dict(outputs.tensors).values()]
+            WAIT
+            with torch.cuda.stream(self.side):
+                sent = [s + 1 for s in staged]
+            KEEP
+            return sent
+        return None
+'''
+
+_RULES = {
+    # name: (files, the harnessed file, a line inside the function, the fix's two lines)
+    "a group's send whose result the code extends a list with gives a list, reading its tensors":
+        ({"mod.py": _EXTENDED}, "mod.py", "out = x * 2", _ORDER),
+    "a send/recv whose result a nested helper looks up gives a dict like the one it sends":
+        ({"mod.py": _LOOKED_UP}, "mod.py", "recv = self.group", _ORDER),
+    "a flag the finding's branch tests is set to enter that branch":
+        ({"mod.py": _BRANCH}, "mod.py", "sent = out + 1", _ORDER),
+    "a stream context the host class makes of the object's stream enters that stream":
+        ({"mixin.py": _MIXIN, "host.py": _HOST}, "mixin.py", "sent = out + 1", _ORDER),
+    "an argument annotated with a package class named ...Tensors is that object":
+        ({"mod.py": _PROXY}, "mod.py", "sent = [s + 1", _ORDER),
+}
+
+
+@pytest.mark.parametrize("rule", list(_RULES))
+def test_each_result_rule_runs_as_written_flags_the_bug_and_passes_the_fix(tmp_path: Path,
+                                                                           rule: str) -> None:
+    files, target, marker, fix = _RULES[rule]
+    _, bad = _rule_run(tmp_path, "buggy", files, target, marker, fix, fixed=False)
+    assert bad.returncode == 1 and "StreamfuzzError" in bad.stdout, bad.stdout[-3000:]
+    _, good = _rule_run(tmp_path, "fixed", files, target, marker, fix, fixed=True)
+    assert good.returncode == 0, good.stdout[-3000:]
