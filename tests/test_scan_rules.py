@@ -1857,6 +1857,139 @@ RULES: dict[str, Rule] = {
                 with torch.cuda.stream(ctx.stream):
                     ctx.stage(ids_cpu)
         ''', Hazard.UNORDERED, "Store.store", "ctx.ids_buffer_"),
+    # a Python dict's .copy() taken on a side stream: no kernel reads anything
+    # (torch.Tensor has no .copy()); its hazard twin clones a tensor there
+    "a-dicts-copy-on-a-side-stream-reads-no-tensor": Rule('''
+        import torch
+
+        class Pipeline:
+            def __init__(self, n):
+                self.side = torch.cuda.Stream()
+                self.next_ids = torch.empty(n, device="cuda")
+
+            def advance(self, ids):
+                self.next_ids.copy_(ids)
+                with torch.cuda.stream(self.side):
+                    self.ids = self.next_ids.clone()
+        ''', '''
+        import torch
+
+        class Pipeline:
+            def __init__(self, n):
+                self.side = torch.cuda.Stream()
+                self.next_contexts = {}
+
+            def advance(self, name, ctx):
+                self.next_contexts[name] = ctx
+                with torch.cuda.stream(self.side):
+                    self.contexts = self.next_contexts.copy()
+                    self.next_contexts.clear()
+        ''', Hazard.UNORDERED, "Pipeline.advance"),
+    # tensors still being written by a copy stream, put into a record of the package
+    # (a dataclass, or a class whose __init__ only stores): the construction reads
+    # nothing; its hazard twin converts one on the current stream first
+    "a-record-built-from-tensors-reads-none-of-them": Rule('''
+        from dataclasses import dataclass
+        import torch
+
+        @dataclass
+        class Inputs:
+            dense: torch.Tensor
+            labels: torch.Tensor
+
+        class Plain:
+            def __init__(self, dense):
+                self.dense = dense
+
+        def to_device(dense_cpu, labels_cpu, copy_stream):
+            dense = torch.empty_like(dense_cpu, device="cuda")
+            labels = torch.empty_like(labels_cpu, device="cuda")
+            copy_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(copy_stream):
+                dense.copy_(dense_cpu, non_blocking=True)
+                labels.copy_(labels_cpu, non_blocking=True)
+                dense.record_stream(copy_stream)
+                labels.record_stream(copy_stream)
+            return Inputs(dense=dense.float(), labels=labels), Plain(dense)
+        ''', '''
+        from dataclasses import dataclass
+        import torch
+
+        @dataclass
+        class Inputs:
+            dense: torch.Tensor
+            labels: torch.Tensor
+
+        class Plain:
+            def __init__(self, dense):
+                self.dense = dense
+
+        def to_device(dense_cpu, labels_cpu, copy_stream):
+            dense = torch.empty_like(dense_cpu, device="cuda")
+            labels = torch.empty_like(labels_cpu, device="cuda")
+            copy_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(copy_stream):
+                dense.copy_(dense_cpu, non_blocking=True)
+                labels.copy_(labels_cpu, non_blocking=True)
+                dense.record_stream(copy_stream)
+                labels.record_stream(copy_stream)
+            return Inputs(dense=dense, labels=labels), Plain(dense)
+        ''', Hazard.UNORDERED, "to_device"),
+    # a value taken out of a context's container (filled by another object's side
+    # stream) and handed to the caller inside a holder that only stores it: the
+    # caller's use, with no record_stream (torchrec's CPU eval forward)
+    "a-taken-value-returned-in-a-holder-is-handed-to-the-caller": Rule('''
+        import torch
+
+        class LazyNoWait:
+            def __init__(self, obj):
+                self._obj = obj
+
+        class Stage:
+            def __init__(self, ctx):
+                self._context = ctx
+                self._memcpy_stream = torch.cuda.Stream()
+
+            def copy_to_gpu(self, name, emb_cpu):
+                with torch.cuda.stream(self._memcpy_stream):
+                    out = emb_cpu.to("cuda", non_blocking=True)
+                    self._context.gpu_outputs[name] = out
+
+        class Forward:
+            def __init__(self, ctx, name):
+                self._context = ctx
+                self._name = name
+
+            def __call__(self):
+                embeddings = self._context.gpu_outputs.pop(self._name)
+                return LazyNoWait(embeddings)
+        ''', '''
+        import torch
+
+        class LazyNoWait:
+            def __init__(self, obj):
+                self._obj = obj
+
+        class Stage:
+            def __init__(self, ctx):
+                self._context = ctx
+                self._memcpy_stream = torch.cuda.Stream()
+
+            def copy_to_gpu(self, name, emb_cpu):
+                with torch.cuda.stream(self._memcpy_stream):
+                    out = emb_cpu.to("cuda", non_blocking=True)
+                    self._context.gpu_outputs[name] = out
+
+        class Forward:
+            def __init__(self, ctx, name):
+                self._context = ctx
+                self._name = name
+
+            def __call__(self):
+                embeddings = self._context.gpu_outputs.pop(self._name)
+                embeddings.record_stream(torch.cuda.current_stream())
+                return LazyNoWait(embeddings)
+        ''', Hazard.LIFETIME, "Forward.__call__"),
 }
 
 

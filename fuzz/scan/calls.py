@@ -189,6 +189,13 @@ class Calls(Namer):
             return rk  # the work's future: waiting on it waits for the work
         if recv is None and name in _NO_STORAGE:
             return None  # isinstance(x, T), type(x): the object, none of its bytes
+        if self.holds is not None and self.holds(c):
+            # Record(a=x, b=y): the object holds references, as a tuple does; no
+            # stream touches x or y here
+            for a in [*c.args, *(k.value for k in c.keywords)]:
+                if not isinstance(a, (ast.Name, ast.Attribute, ast.Constant, ast.Starred)):
+                    self.expr(a)
+            return None
         effects = list(self.callee(c)) if self.callee is not None and self._may_lend(
             c, name, recv, rk) else None
         lent = {e.param for e in effects or () if e.what == "use"}  # the callee's uses

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from streamfuzz.fuzz.scan.hazards import TEST_PATH, Finding, Hazard
 from streamfuzz.fuzz.scan.names import dotted
 from streamfuzz.fuzz.scan.nodes import own_nodes
-from streamfuzz.fuzz.scan.ops import ANY, CURRENT, SUBMITTER, THREAD, K, Trace
+from streamfuzz.fuzz.scan.ops import ANY, CURRENT, SUBMITTER, THREAD, K, Op, Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 
 _STORE = re.compile(r"\.\w+\[[^\]\n]*\]\s*=[^=]|\.\w+\.append\(")
@@ -64,6 +64,8 @@ def container_handoffs(pkg: Package, walked: Iterable[Trace]) -> Iterator[Findin
             used = [o for o in t.ops if o.kind is K.USE and o.line > line
                     and o.key.split(".")[0] in names and o.stream not in streams]
             if not used:
+                used = _returned(fn, line, names, t.base)
+            if not used:
                 continue
             p = producers[0]
             factors = ["object-state", "other-method"]
@@ -83,6 +85,17 @@ def container_handoffs(pkg: Package, walked: Iterable[Trace]) -> Iterator[Findin
                       f"{taken}.record_stream(current stream) where it is taken (or on "
                       "the tensors it holds)")
             yield f.scored()
+
+
+def _returned(fn: Function, line: int, names: set[str], base: str) -> list[Op]:
+    """The taken value returned after ``line`` inside what it is returned in (``return
+    LazyNoWait(out)``, a record that only holds it): the caller's use, on its stream."""
+    for node in own_nodes(fn.node):
+        if isinstance(node, ast.Return) and node.value is not None and node.lineno > line \
+                and not isinstance(node.value, (ast.Name, ast.Attribute)) and any(
+                    isinstance(x, ast.Name) and x.id in names for x in ast.walk(node.value)):
+            return [Op(K.USE, node.lineno, stream=base or CURRENT)]
+    return []
 
 
 def _show(stream: str) -> str:

@@ -38,7 +38,7 @@ TENSOR_METHODS = VIEWS | HOST_READS | {
     "index_fill_", "fill_", "zero_", "record_stream", "pin_memory", "masked_fill_", "add_",
     "mul_", "div_", "sub_", "resize_", "data_ptr", "numel", "is_pinned", "index_put_",
     "masked_scatter_", "float", "half", "bfloat16", "long", "repeat", "cumsum", "argmax",
-    "nonzero", "topk", "index_add_", "scatter_add_", "copy", "element_size", "new_empty",
+    "nonzero", "topk", "index_add_", "scatter_add_", "element_size", "new_empty",
     "new_zeros", "new_full", "new_tensor", "bool", "masked_select", "repeat_interleave",
     "sum", "flatten", "clamp_", "uniform_", "normal_", "exponential_"}
 NOT_TENSOR_TORCH = re.compile(
@@ -162,13 +162,16 @@ class Namer:
 
     def __init__(self, trace: Trace, facts: ClassFacts | None, module_facts: ClassFacts,
                  callee: Callable[[ast.Call], Iterable[Any]] | None = None,
-                 helper: Callable[[ast.Call], tuple[str, ast.expr | str] | None] | None = None
-                 ) -> None:
+                 helper: Callable[[ast.Call], tuple[str, ast.expr | str] | None] | None = None,
+                 holds: Callable[[ast.Call], bool] | None = None) -> None:
         self.t = trace
         self.facts = facts or ClassFacts()
         self.module = module_facts
         self.callee = callee
         self.helper = helper
+        self.holds = holds
+        """Whether a call makes an object of the package's that only stores what it is
+        given (a dataclass, a named tuple, an ``__init__`` of assignments)."""
         self.stack = [trace.base]
         self.alias: dict[str, str] = {}
         self.guards: list[int] = []

@@ -84,7 +84,11 @@ class Package:
         self.modules: dict[str, Module] = {}
         self.unparsed: list[str] = []
         self.quiet_attributes: set[str] = set()  # attributes named in files not read
+        self.records: set[str] = set()
+        """Classes declared as dataclasses or named tuples, in any file of the package."""
         for f in files:
+            if "dataclass" in f.text or "NamedTuple" in f.text:
+                self.records |= set(_RECORD.findall(f.text)) | set(_NAMED_TUPLE.findall(f.text))
             if not _STREAM_TEXT.search(f.text):
                 self.quiet_attributes |= set(_ATTRIBUTE.findall(f.text))
                 continue  # no stream word: nothing to walk, no wait or sync to lend
@@ -205,7 +209,7 @@ class Package:
                 elif "Stream" in ann:
                     t.streams.add(p.arg)
             w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth),
-                       helper=lambda call: self.stream_helper(fn, call))
+                       helper=lambda call: self.stream_helper(fn, call), holds=self.holds)
             w.bound |= set(t.params)
             for p in params:
                 if is_scalar_annotation(p.annotation):
@@ -278,6 +282,18 @@ class Package:
             if len(typed) == 1:
                 return typed[0]
         return cands[0] if len(cands) == 1 else None
+
+    def holds(self, call: ast.Call) -> bool:
+        """Whether ``Cls(...)`` makes an object of the package's that only stores what it
+        is given: a dataclass or named tuple with no ``__post_init__``, or a class whose
+        one ``__init__`` only assigns to ``self`` (a ``super().__init__()`` aside)."""
+        name = _call_name(call)
+        if not name[:1].isupper() or name in self.by_name:
+            return False  # a function, or a class with a method of that name: unknown
+        if name in self.records:
+            return not any(f.cls == name for f in self.by_name.get("__post_init__", []))
+        inits = self.inits.get(name, [])
+        return len(inits) == 1 and _only_assigns(inits[0].node)
 
     def constructed(self, caller: Function, call: ast.Call) -> Function | None:
         """The ``__init__`` that a construction ``Cls(...)`` calls, where the package
@@ -686,6 +702,27 @@ def _thread_target(call: ast.Call) -> str | None:
 
 
 _ATTRIBUTE = re.compile(r"\.([A-Za-z_]\w*)")
+_RECORD = re.compile(r"^@(?:dataclasses\.)?dataclass\b.*\n(?:@.*\n)*class\s+(\w+)", re.M)
+_NAMED_TUPLE = re.compile(r"^class\s+(\w+)\((?:typing\.)?NamedTuple\)", re.M)
+
+
+def _only_assigns(init: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """An ``__init__`` whose statements only store values on ``self`` (no call in them)
+    or call ``super().__init__()``: a docstring, ``self.x = x``, ``self.y: T = None``."""
+    for stmt in init.body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
+                ast.unparse(stmt.value.func) == "super().__init__":
+            continue
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None and all(
+                isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and
+                t.value.id == "self" for t in (
+                    stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])) and \
+                not any(isinstance(n, ast.Call) for n in ast.walk(stmt.value)):
+            continue
+        return False
+    return True
 _STREAM_TEXT = re.compile(r"stream|non_blocking|pin_memory|Event|async_op|isend|irecv|"
                           r"synchronize|set_stream")
 """A cheap filter before any parse or walk: the words stream code is made of."""
