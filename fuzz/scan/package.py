@@ -288,8 +288,11 @@ class Package:
         is given: a dataclass or named tuple with no ``__post_init__``, or a class whose
         one ``__init__`` only assigns to ``self`` (a ``super().__init__()`` aside)."""
         name = _call_name(call)
-        if not name[:1].isupper() or name in self.by_name:
+        if not name[:1].isupper() or name in self.by_name or _STREAM_OR_EVENT.search(name):
             return False  # a function, or a class with a method of that name: unknown
+        root = (dotted(call.func) or "").split(".")[0]
+        if isinstance(call.func, ast.Attribute) and (root in MODULES or root in ("self", "cls")):
+            return False  # torch's, or a device module's (``self.device_module.Event()``)
         if name in self.records:
             return not any(f.cls == name for f in self.by_name.get("__post_init__", []))
         inits = self.inits.get(name, [])
@@ -702,6 +705,7 @@ def _thread_target(call: ast.Call) -> str | None:
 
 
 _ATTRIBUTE = re.compile(r"\.([A-Za-z_]\w*)")
+_STREAM_OR_EVENT = re.compile(r"Stream|Event")
 _RECORD = re.compile(r"^@(?:dataclasses\.)?dataclass\b.*\n(?:@.*\n)*class\s+(\w+)", re.M)
 _NAMED_TUPLE = re.compile(r"^class\s+(\w+)\((?:typing\.)?NamedTuple\)", re.M)
 
