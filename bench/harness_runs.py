@@ -15,6 +15,7 @@ Beside the outcome: whether the function did stream work under the checker
 counts them) and the first line of the checker's finding or of the error.
 
     python bench/harness_runs.py [--top 10] [--out reports/harness] [--rescan]
+    python bench/harness_runs.py --release torchrec==1.9.2 --release lmcache==0.5.6
 
 The wheels come from ``$STREAMFUZZ_SCAN_WHEELS`` or
 ``${XDG_CACHE_HOME:-~/.cache}/streamfuzz/scan``; a missing one is named with the
@@ -184,9 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="harnesses run at once (default 2)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="the checker's streams: simulated (cpu) or real (cuda) (default cpu)")
+    p.add_argument("--release", action="append", default=None, metavar="NAME==VERSION",
+                   help="a release to measure, repeatable (default: vllm==0.34.0 and "
+                        "sglang==0.5.23); one without a table in docs/scan.md is measured "
+                        "on the scan's top N, as with --rescan")
     args = p.parse_args(argv)
+    releases = RELEASES
+    if args.release:
+        bad = [r for r in args.release if not re.fullmatch(r"[\w.-]+==[\w.+-]+", r)]
+        if bad:
+            print(f"harness_runs: --release {bad[0]!r}: give NAME==VERSION, as "
+                  "`--release torchrec==1.9.2`", file=sys.stderr)
+            return 2
+        releases = tuple(tuple(r.split("==")) for r in args.release)  # type: ignore[misc]
     wheels = {}
-    for dist, version in RELEASES:
+    for dist, version in releases:
         w = wheel(dist, version)
         if w is None:
             print(f"harness_runs: {dist} {version} is not in {cache_dir()}: fetch it with "
@@ -200,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
 
     table = []
     written = []
-    for dist, version in RELEASES:
-        rows = sites(dist, wheels[dist], args.top, args.out / f"sites-{dist}.json", args.rescan)
+    for dist, version in releases:
+        rows = sites(dist, wheels[dist], args.top, args.out / f"sites-{dist}.json",
+                     args.rescan or dist not in TABLES)
         if args.only and not args.only.startswith(dist + ":"):
             continue
         writer = Writer(open_source(str(wheels[dist])))

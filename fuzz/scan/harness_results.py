@@ -58,9 +58,9 @@ def _use(value: ast.expr, parents: dict[ast.AST, ast.AST], depth: int) -> str | 
     if depth < 2 and isinstance(p, (ast.Assign, ast.AnnAssign)) and p.value is value:
         targets = p.targets if isinstance(p, ast.Assign) else [p.target]
         if len(targets) == 1 and isinstance(targets[0], ast.Name):
-            func = _enclosing_function(p, parents)
-            if func is not None:
-                return _name_use(targets[0].id, func, depth + 1)
+            scope = _enclosing_function(p, parents)
+            if scope is not None:
+                return _name_use(targets[0].id, scope, depth + 1)
     return None
 
 
