@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from streamfuzz.fuzz import env
 from streamfuzz.fuzz.scan import harness_args, harness_reads, harness_state, hazards
+from streamfuzz.fuzz.scan.nodes import own_nodes
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import ScanInputError, Source, SourceFile
@@ -128,6 +129,11 @@ def write_for(source: Source, file: str, line: int, out: Path | None,
 
 def _ident(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", text)
+
+
+def _generator(fn: Function) -> bool:
+    """Whether calling ``fn`` only makes a generator: its body runs as it is drawn."""
+    return any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in own_nodes(fn.node))
 
 
 def _enclosing(pkg: Package, fn: Function) -> Function | None:
@@ -331,10 +337,14 @@ class _Received(dict):
 
 
 def _gives(shape):
-    """A collaborator's method whose result the package iterates (a list) or looks up
-    (a dict): it reads the tensors it is given on the current stream, as the send, copy
-    or collective it stands for does, and gives an empty list, or what a peer sends back."""
+    """A collaborator's method whose result the package iterates (a list), looks up (a
+    dict) or enters (a context): it reads the tensors it is given on the current stream,
+    as the send, copy or collective it stands for does, and gives an empty list, what a
+    peer sends back, or the context of the stream it is given (none: a null context)."""
     def method(*args, **kwargs):
+        if shape == "context":
+            given = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.cuda.Stream)]
+            return torch.cuda.stream(given[0] if given else None)
         _consume([*args, *kwargs.values()])
         if shape is list:
             return []
@@ -463,6 +473,8 @@ def render(spec: str, file: str, fn: Function, findings: list[hazards.Finding],
              "# references after each.",
              "for _step in range(2):"]
     call = f"{target}(**args)"
+    if _generator(fn):  # its callers draw it step by step (a layer a step): all steps
+        call = f"list({call})"
     body += ["    args = _arguments(n)"]
     if sides:
         body += ["    args.update(streams)"]

@@ -115,10 +115,50 @@ def decide(pkg: Package, sites: CallSites, fn: Function, trace: Trace) -> Argume
             continue  # its default
         out.values[p.arg] = value
         out.why[p.arg] = why
+    if a.kwarg is not None:  # ``kwargs["slot_mapping"]``: the keys the function reads
+        for key, local, ann in _keyword_keys(fn.node, a.kwarg.arg):
+            if key in out.values:
+                continue
+            value = annotated_value(ann, local or key, trace, fn) if ann else None
+            out.values[key] = value or (use_of(local, fn, trace) if local else
+                                        _tensor(key, trace, fn))
+            out.why[key] = f"read from **{a.kwarg.arg}" + (f" as {local}" if local else "")
     sides = [k for k, v in out.values.items() if v == SIDE]
     out.waits = [k for k in sides if calls and all(
         _waited_before(withs, call, _passed(fn, call, k)) for _, call, withs in calls)]
     return out
+
+
+def _keyword_keys(node: ast.AST, kwargs: str) -> list[tuple[str, str, str]]:
+    """(key, the local it is read into or '', that local's annotation or '') for each
+    constant key the function reads of its ``**kwargs``: ``kwargs["k"]``,
+    ``kwargs.get("k")``, ``"k" in kwargs``."""
+    found: dict[str, tuple[str, str]] = {}
+    for n in ast.walk(node):
+        key = None
+        if isinstance(n, ast.Subscript) and _text(n.value) == kwargs and isinstance(
+                n.slice, ast.Constant) and isinstance(n.slice.value, str):
+            key = n.slice.value
+        elif isinstance(n, ast.Call) and _text(n.func) == f"{kwargs}.get" and n.args and \
+                isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
+            key = n.args[0].value
+        elif isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(
+                n.ops[0], ast.In) and _text(n.comparators[0]) == kwargs and isinstance(
+                n.left, ast.Constant) and isinstance(n.left.value, str):
+            key = n.left.value
+        if key is not None and key.isidentifier():
+            found.setdefault(key, ("", ""))
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+            target = n.targets[0] if isinstance(n, ast.Assign) else n.target
+            v = n.value
+            got = v.slice if isinstance(v, ast.Subscript) and _text(v.value) == kwargs else \
+                v.args[0] if isinstance(v, ast.Call) and _text(v.func) == f"{kwargs}.get" \
+                and v.args else None
+            if isinstance(target, ast.Name) and isinstance(got, ast.Constant) and isinstance(
+                    got.value, str) and got.value.isidentifier():
+                ann = _text(n.annotation) if isinstance(n, ast.AnnAssign) else ""
+                found[got.value] = (target.id, ann)
+    return [(k, local, ann) for k, (local, ann) in found.items()]
 
 
 def _waited_before(withs: list[ast.AST], call: ast.Call, arg: ast.expr | None) -> bool:
@@ -448,7 +488,7 @@ def attribute_value(key: str, trace: Trace, fn: Function, depth: int = 0,
     same = _aliases(key, (fn.node, *scopes))
     indexed = any(isinstance(n, ast.Subscript) and _text(n.value) in same
                   for scope in (fn.node, *scopes) for n in ast.walk(scope))
-    if key in trace.streams and not re.fullmatch(r"(\w+_)?device", key.rsplit(".", 1)[-1]):
+    if key in trace.streams and not re.fullmatch(r"_*(\w+_)?device", key.rsplit(".", 1)[-1]):
         return f"[{SIDE} for _ in range(4)]" if indexed else SIDE
     if key in trace.events:
         return "[_recorded_event() for _ in range(4)]" if indexed else "_recorded_event()"
@@ -585,7 +625,7 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
         return geometry
     if calls:  # a collaborator's method: what it gives back by the package's use of it
         shape = harness_results.result_shape(names, where)
-        return f"_gives({shape})" if shape is not None else _CALLABLE
+        return _gives(shape) if shape is not None else _CALLABLE
     if iters:
         return harness_reads.loop_items(names, fn, trace, scopes) or harness_reads.indexed_items(
             names, fn, trace, scopes) or "[]"
@@ -604,10 +644,10 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
     leaf = key.rsplit(".", 1)[-1]
     if kind == "dtype" or (kind is None and not attrs and re.search(r"dtype$", leaf)):
         return "torch.float32"
-    if kind == "device" or (kind is None and not attrs and re.fullmatch(r"(\w+_)?device",
+    if kind == "device" or (kind is None and not attrs and re.fullmatch(r"_*(\w+_)?device",
                                                                           leaf)):
         return "DEVICE"
-    if re.fullmatch(r"(\w+_)?device", leaf) and attrs <= {"index", "type"}:
+    if re.fullmatch(r"_*(\w+_)?device", leaf) and attrs <= {"index", "type"}:
         return "torch.device(DEVICE, 0)"  # its index or type read: a device, not a name
     if kind == "tensor" and trace is not None:
         return _tensor(key, trace, fn)
@@ -646,6 +686,11 @@ def use_of(key: str, fn: Function, trace: Trace | None = None, depth: int = 0,
 
 
 _TENSOR_DICT = re.compile(r"(typing\.)?(Dict|dict|Mapping)\[str,\s*(torch\.)?Tensor\]$")
+
+
+def _gives(shape: str) -> str:
+    """The harness's stand-in for a method whose result is used as ``shape`` says."""
+    return "_gives('context')" if shape == "context" else f"_gives({shape})"
 
 
 def _tensor_dict(names: set[str], fn: Function, where: tuple[ast.AST, ...]) -> bool:
@@ -691,7 +736,7 @@ def _fields(key: str, names: set[str], attrs: set[str], fn: Function, trace: Tra
                 fields[a] = f"lambda *args, **kwargs: ({values},)"
             elif (shape := harness_results.result_shape(
                     {f"{name}.{a}" for name in names}, (fn.node, *scopes))) is not None:
-                fields[a] = f"_gives({shape})"  # a list to extend, a dict to look up
+                fields[a] = _gives(shape)  # a list to extend, a dict to look up
             else:
                 fields[a] = "_first_tensor"  # what it is given, as a layer returns
             continue

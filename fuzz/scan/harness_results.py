@@ -4,9 +4,11 @@ A duck-typed collaborator's method stood in by one that returns ``None`` stopped
 harnesses at the first use of its result: ``works.extend(group.send(...))`` (not
 iterable), ``recv = group.send_recv(...)`` then ``recv.get(k)`` in a helper. The
 package's own use says what the result is: iterated, extended or listed, a list;
-looked up by key, or handed to a function that looks it up, a dict. Such a
-method stands for a send, a copy or a collective, so the harness's stand-in
-reads the tensors it is given on the current stream (``_gives`` in the harness).
+looked up by key, or handed to a function that looks it up, a dict; entered by
+a ``with``, a context: given a stream, that stream's (``self._stream_context(s)``,
+a device module's ``stream`` kept as an attribute). Such a method stands for a
+send, a copy or a collective, so the harness's stand-in reads the tensors it is
+given on the current stream (``_gives`` in the harness).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ def _text(node: ast.AST) -> str:
 
 
 def result_shape(names: set[str], where: Iterable[ast.AST]) -> str | None:
-    """``"list"`` or ``"dict"``: what the calls of ``names`` in ``where`` give, by the
-    first use of a result that says; None where no use says (the result is dropped,
-    tested, or used in a way neither fits)."""
+    """``"list"``, ``"dict"`` or ``"context"`` (entered by a ``with``): what the calls of
+    ``names`` in ``where`` give, by the first use of a result that says; None where no
+    use says (the result is dropped, tested, or used in a way none fits)."""
     for scope in where:
         parents = {child: node for node in ast.walk(scope) for child in ast.iter_child_nodes(node)}
         for call in ast.walk(scope):
@@ -42,6 +44,8 @@ def result_shape(names: set[str], where: Iterable[ast.AST]) -> str | None:
 def _use(value: ast.expr, parents: dict[ast.AST, ast.AST], depth: int) -> str | None:
     """What ``value``'s direct use says it is."""
     p = parents.get(value)
+    if isinstance(p, ast.withitem) and p.context_expr is value:
+        return "context"
     if isinstance(p, (ast.For, ast.comprehension)) and p.iter is value:
         return "list"
     if isinstance(p, ast.Call) and value in p.args:
