@@ -119,7 +119,9 @@ def decide(pkg: Package, sites: CallSites, fn: Function, trace: Trace) -> Argume
         for key, local, ann in _keyword_keys(fn.node, a.kwarg.arg):
             if key in out.values:
                 continue
-            value = annotated_value(ann, local or key, trace, fn) if ann else None
+            value = _tensor(local or key, trace, fn) if re.match(
+                r"(Optional\[)?(torch\.)?Tensor\b", ann) else annotated_value(
+                ann, local or key, trace, fn) if ann else None
             out.values[key] = value or (use_of(local, fn, trace) if local else
                                         _tensor(key, trace, fn))
             out.why[key] = f"read from **{a.kwarg.arg}" + (f" as {local}" if local else "")
