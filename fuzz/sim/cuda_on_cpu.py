@@ -43,6 +43,7 @@ from streamfuzz.fuzz.sim.device import (
     NotSimulated,
     Simulation,
     check_index,
+    check_stream,
     is_cuda,
     not_simulated,
     running,
@@ -78,8 +79,8 @@ def _cuda_patches(api: Any) -> dict[str, Any]:
         return api.main
 
     def set_stream(s: Any) -> None:
-        if s is not None and not hasattr(s, "stream_id"):
-            raise TypeError(f"torch.cuda.set_stream() takes a stream, not {type(s).__name__}")
+        if s is not None:
+            check_stream(s, "torch.cuda.set_stream()")
         api.set_stream(s)
 
     def synchronize(device: Any = None) -> None:

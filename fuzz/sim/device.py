@@ -106,6 +106,13 @@ def check_index(device: Any) -> None:
         raise NotSimulated(f"CUDA device {index} (the simulation has device 0 only)")
 
 
+def check_stream(value: Any, call: str) -> None:
+    """A stream where ``call`` takes one: anything else fails in the caller's line,
+    as torch fails there, never later inside the lifetime oracle."""
+    if not hasattr(value, "stream_id"):
+        raise TypeError(f"{call} takes a stream, not {type(value).__name__}")
+
+
 def not_simulated(name: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise NotSimulated(name)

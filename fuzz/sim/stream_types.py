@@ -20,7 +20,7 @@ import torch
 
 from streamfuzz.fuzz.errors import FuzzError
 from streamfuzz.fuzz.sim.cuda_on_cpu import DEVICE, TORCH_STREAM
-from streamfuzz.fuzz.sim.device import check_index
+from streamfuzz.fuzz.sim.device import check_index, check_stream
 
 TORCH_EVENT = torch.Event
 """torch's own ``Event``: a session swaps ``GenericEvent`` in for it."""
@@ -108,8 +108,7 @@ class SimStream(TORCH_STREAM):
         return SimStream.PRIORITIES
 
     def wait_stream(self, other: Any) -> None:  # type: ignore[override]
-        if not hasattr(other, "stream_id"):  # torch fails here too, in the caller's line
-            raise TypeError(f"Stream.wait_stream() takes a stream, not {type(other).__name__}")
+        check_stream(other, "Stream.wait_stream()")
         api = self._now("torch.cuda.Stream.wait_stream")
         if isinstance(other, SimStream) and other._api is not api:
             api.adopt(other)
@@ -185,9 +184,7 @@ class SimStreamContext:
     def __enter__(self) -> None:
         if self.stream is None:
             return
-        if not hasattr(self.stream, "stream_id"):  # torch fails here too, in the caller's line
-            raise TypeError(f"torch.cuda.stream() takes a stream, not "
-                            f"{type(self.stream).__name__}")
+        check_stream(self.stream, "torch.cuda.stream()")
         api = self._now()
         self._before = api.current_stream()
         api.set_stream(self.stream)
