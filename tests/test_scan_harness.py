@@ -455,10 +455,17 @@ def _rule_run(tmp_path: Path, name: str, files: dict[str, str], target: str, mar
     return out.read_text(), r
 
 
-@pytest.mark.parametrize("rule", list(_RULES))
-def test_each_harness_rule_runs_as_written_flags_the_bug_and_passes_the_fix(tmp_path, rule):
-    files, target, marker, fix = _RULES[rule]
+def _flags_bug_passes_fix(tmp_path: Path, files: dict[str, str], target: str, marker: str,
+                          fix: tuple[str, str]) -> subprocess.CompletedProcess:
+    """The harness of the buggy form fails with a streamfuzz finding, the fixed form's
+    passes; the fixed run, for what a caller checks of it besides."""
     _, bad = _rule_run(tmp_path, "buggy", files, target, marker, fix, fixed=False)
     assert bad.returncode == 1 and "StreamfuzzError" in bad.stdout, bad.stdout[-3000:]
     _, good = _rule_run(tmp_path, "fixed", files, target, marker, fix, fixed=True)
     assert good.returncode == 0, good.stdout[-3000:]
+    return good
+
+
+@pytest.mark.parametrize("rule", list(_RULES))
+def test_each_harness_rule_runs_as_written_flags_the_bug_and_passes_the_fix(tmp_path, rule):
+    _flags_bug_passes_fix(tmp_path, *_RULES[rule])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_scan_harness import _rule_run
+from tests.test_scan_harness import _flags_bug_passes_fix
 
 _COUNTED = '''
 import torch
@@ -188,8 +188,4 @@ _RULES = {
 @pytest.mark.parametrize("rule", list(_RULES))
 def test_each_count_rule_runs_as_written_flags_the_bug_and_passes_the_fix(tmp_path: Path,
                                                                           rule: str) -> None:
-    files, target, marker, fix = _RULES[rule]
-    _, bad = _rule_run(tmp_path, "buggy", files, target, marker, fix, fixed=False)
-    assert bad.returncode == 1 and "StreamfuzzError" in bad.stdout, bad.stdout[-3000:]
-    _, good = _rule_run(tmp_path, "fixed", files, target, marker, fix, fixed=True)
-    assert good.returncode == 0, good.stdout[-3000:]
+    _flags_bug_passes_fix(tmp_path, *_RULES[rule])

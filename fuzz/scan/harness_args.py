@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from streamfuzz.fuzz.scan import callers, harness_reads, harness_results, harness_state
 from streamfuzz.fuzz.scan.names import EVENTISH, INDEXISH, STREAMISH
+from streamfuzz.fuzz.scan.nodes import text as _text
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import SourceFile
@@ -135,31 +136,26 @@ def _keyword_keys(node: ast.AST, kwargs: str) -> list[tuple[str, str, str]]:
     """(key, the local it is read into or '', that local's annotation or '') for each
     constant key the function reads of its ``**kwargs``: ``kwargs["k"]``,
     ``kwargs.get("k")``, ``"k" in kwargs``."""
+    def read(n: ast.AST) -> str | None:
+        """The constant key ``n`` reads of ``kwargs``, if it reads one."""
+        got = n.slice if isinstance(n, ast.Subscript) and _text(n.value) == kwargs else \
+            n.args[0] if isinstance(n, ast.Call) and _text(n.func) == f"{kwargs}.get" and \
+            n.args else n.left if isinstance(n, ast.Compare) and len(n.ops) == 1 and \
+            isinstance(n.ops[0], ast.In) and _text(n.comparators[0]) == kwargs else None
+        return got.value if isinstance(got, ast.Constant) and isinstance(
+            got.value, str) and got.value.isidentifier() else None
+
     found: dict[str, tuple[str, str]] = {}
     for n in ast.walk(node):
-        key = None
-        if isinstance(n, ast.Subscript) and _text(n.value) == kwargs and isinstance(
-                n.slice, ast.Constant) and isinstance(n.slice.value, str):
-            key = n.slice.value
-        elif isinstance(n, ast.Call) and _text(n.func) == f"{kwargs}.get" and n.args and \
-                isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
-            key = n.args[0].value
-        elif isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(
-                n.ops[0], ast.In) and _text(n.comparators[0]) == kwargs and isinstance(
-                n.left, ast.Constant) and isinstance(n.left.value, str):
-            key = n.left.value
-        if key is not None and key.isidentifier():
+        key = read(n)
+        if key is not None:
             found.setdefault(key, ("", ""))
         if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
             target = n.targets[0] if isinstance(n, ast.Assign) else n.target
-            v = n.value
-            got = v.slice if isinstance(v, ast.Subscript) and _text(v.value) == kwargs else \
-                v.args[0] if isinstance(v, ast.Call) and _text(v.func) == f"{kwargs}.get" \
-                and v.args else None
-            if isinstance(target, ast.Name) and isinstance(got, ast.Constant) and isinstance(
-                    got.value, str) and got.value.isidentifier():
+            key = None if isinstance(n.value, ast.Compare) else read(n.value)  # a value
+            if isinstance(target, ast.Name) and key is not None:
                 ann = _text(n.annotation) if isinstance(n, ast.AnnAssign) else ""
-                found[got.value] = (target.id, ann)
+                found[key] = (target.id, ann)
     return [(k, local, ann) for k, (local, ann) in found.items()]
 
 
@@ -774,13 +770,6 @@ def _unpacked_from(fn: Function, methods: set[str]) -> list[str]:
 def _is_method_call(fn: Function, key: str, attr: str) -> bool:
     return any(isinstance(n, ast.Call) and _text(n.func) == f"{key}.{attr}"
                for n in ast.walk(fn.node))
-
-
-def _text(node: ast.AST) -> str:
-    try:
-        return ast.unparse(node)
-    except Exception:  # noqa: BLE001 - an odd node is no match
-        return ""
 
 
 def stream_param_passed_side(values: dict[str, str]) -> list[str]:

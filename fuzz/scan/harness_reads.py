@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from streamfuzz.fuzz.scan.functions import Function
+from streamfuzz.fuzz.scan.nodes import text as _text
 from streamfuzz.fuzz.scan.ops import Trace
 from streamfuzz.fuzz.scan.sources import SourceFile
 
@@ -96,13 +97,6 @@ def _defs(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctio
             for sub in stmt.body:
                 if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     yield sub, stmt.name
-
-
-def _text(node: ast.AST) -> str:
-    try:
-        return ast.unparse(node)
-    except Exception:  # noqa: BLE001 - an odd node is no match
-        return ""
 
 
 def passed_to(names: set[str], fn: Function,

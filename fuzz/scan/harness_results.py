@@ -16,15 +16,11 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 
+from streamfuzz.fuzz.scan.nodes import parents as _parents
+from streamfuzz.fuzz.scan.nodes import text as _text
+
 _LISTING = frozenset(("list", "tuple", "sorted", "set", "enumerate", "zip", "len"))
 _MAPPING = frozenset(("get", "items", "keys", "values", "setdefault", "pop"))
-
-
-def _text(node: ast.AST) -> str:
-    try:
-        return ast.unparse(node)
-    except Exception:  # noqa: BLE001 - an odd node is no match
-        return ""
 
 
 def result_shape(names: set[str], where: Iterable[ast.AST]) -> str | None:
@@ -32,7 +28,7 @@ def result_shape(names: set[str], where: Iterable[ast.AST]) -> str | None:
     ``names`` in ``where`` give, by the first use of a result that says; None where no
     use says (the result is dropped, tested, or used in a way none fits)."""
     for scope in where:
-        parents = {child: node for node in ast.walk(scope) for child in ast.iter_child_nodes(node)}
+        parents = _parents(scope)
         for call in ast.walk(scope):
             if isinstance(call, ast.Call) and _text(call.func) in names:
                 shape = _use(call, parents, 0)
@@ -79,7 +75,7 @@ def _enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.A
 def _name_use(name: str, func: ast.AST, depth: int) -> str | None:
     """What a local's uses in ``func`` say it is: directly, or as the argument of a
     function defined in ``func`` (a nested helper) whose parameter's uses say."""
-    parents = {child: node for node in ast.walk(func) for child in ast.iter_child_nodes(node)}
+    parents = _parents(func)
     nested = {n.name: n for n in ast.walk(func)
               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not func}
     for node in ast.walk(func):

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from streamfuzz.fuzz.scan.nodes import parents as _parents
+from streamfuzz.fuzz.scan.nodes import text as _text
 from streamfuzz.fuzz.scan.package import Function, Package
 from streamfuzz.fuzz.scan.sources import SourceFile
 
@@ -44,10 +46,6 @@ def fixing(values: dict[str, str]) -> Iterator[None]:
         yield
     finally:
         _FIXED.reset(token)
-
-
-def _text(node: ast.AST | None) -> str:
-    return ast.unparse(node) if node is not None else ""
 
 
 def _iterated(fn: ast.AST) -> dict[str, str]:
@@ -117,7 +115,7 @@ def branch_to(fn: Function, line: int) -> dict[str, str]:
     ``and`` of such in a body), the value that enters the branch holding the line. A
     flag is a name or attribute the function only tests; a harness that left it an
     object took the other branch of ``if not flag:`` and never ran the finding's code."""
-    parents = {c: n for n in ast.walk(fn.node) for c in ast.iter_child_nodes(n)}
+    parents = _parents(fn.node)
     inside = [n for n in ast.walk(fn.node) if isinstance(n, ast.stmt) and
               getattr(n, "lineno", 0) == line]
     if not inside:

@@ -7,6 +7,21 @@ import ast
 from collections.abc import Iterator
 
 
+def text(node: ast.AST | None) -> str:
+    """A node's source, as the harness rules match it; '' for none or an odd node."""
+    if node is None:
+        return ""
+    try:
+        return ast.unparse(node)
+    except Exception:  # noqa: BLE001 - an odd node is no match
+        return ""
+
+
+def parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    """Each node of ``tree`` (``tree`` itself aside) -> the node it is a child of."""
+    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
 def own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
     """The nodes of a function's body, not of the functions nested in it."""
     stack = list(ast.iter_child_nodes(fn))

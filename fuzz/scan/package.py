@@ -709,6 +709,10 @@ _STREAM_OR_EVENT = re.compile(r"Stream|Event")
 _RECORD = re.compile(r"^@(?:dataclasses\.)?dataclass\b.*\n(?:@.*\n)*class\s+(\w+)", re.M)
 _NAMED_TUPLE = re.compile(r"^class\s+(\w+)\((?:typing\.)?NamedTuple\)", re.M)
 
+_STREAM_TEXT = re.compile(r"stream|non_blocking|pin_memory|Event|async_op|isend|irecv|"
+                          r"synchronize|set_stream")
+"""A cheap filter before any parse or walk: the words stream code is made of."""
+
 
 def _only_assigns(init: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """An ``__init__`` whose statements only store values on ``self`` (no call in them)
@@ -727,6 +731,3 @@ def _only_assigns(init: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
             continue
         return False
     return True
-_STREAM_TEXT = re.compile(r"stream|non_blocking|pin_memory|Event|async_op|isend|irecv|"
-                          r"synchronize|set_stream")
-"""A cheap filter before any parse or walk: the words stream code is made of."""
