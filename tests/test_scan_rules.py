@@ -1990,6 +1990,155 @@ RULES: dict[str, Rule] = {
                 embeddings.record_stream(torch.cuda.current_stream())
                 return LazyNoWait(embeddings)
         ''', Hazard.LIFETIME, "Forward.__call__"),
+    # ``stream.record_event(ev)`` records ``ev`` (as ``ev.record(stream)`` does): a wait
+    # on it is ordered after what the stream did before that record, and no later work
+    "a-stream-records-the-event-it-is-given": Rule('''
+        import torch
+
+        def scale(x, out, side, ready):
+            torch.cuda.current_stream().record_event(ready)
+            x.mul_(2)
+            with torch.cuda.stream(side):
+                side.wait_event(ready)
+                out.copy_(x)
+            torch.cuda.current_stream().wait_stream(side)
+        ''', '''
+        import torch
+
+        def scale(x, out, side, ready):
+            x.mul_(2)
+            torch.cuda.current_stream().record_event(ready)
+            with torch.cuda.stream(side):
+                side.wait_event(ready)
+                out.copy_(x)
+            torch.cuda.current_stream().wait_stream(side)
+        ''', Hazard.EARLY_EVENT, "scale", "x"),
+    # the allocating stream waits for the side stream's work in the same branch as that
+    # work, after it: wherever the side work ran, the wait ran too
+    "a-join-back-in-the-branch-of-the-side-work": Rule('''
+        import torch
+        import torch.distributed as dist
+
+        def reduce(x, side, done_event, group=None, join=True):
+            part = torch.empty_like(x)
+            part.copy_(x)
+            if group is not None:
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    dist.all_reduce(part, group=group)
+                    done_event.record(side)
+            if join:
+                torch.cuda.current_stream().wait_event(done_event)
+            return x
+        ''', '''
+        import torch
+        import torch.distributed as dist
+
+        def reduce(x, side, done_event, group=None, join=True):
+            part = torch.empty_like(x)
+            part.copy_(x)
+            if group is not None:
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    dist.all_reduce(part, group=group)
+                    done_event.record(side)
+                torch.cuda.current_stream().wait_event(done_event)
+            return x
+        ''', Hazard.LIFETIME, "reduce", "part"),
+    # a caller's wait in the branch that also holds the call is on every path to it
+    "a-callers-wait-in-the-branch-that-holds-the-call": Rule('''
+        import torch
+
+        class Offload:
+            def __init__(self):
+                self.d2h = torch.cuda.Stream()
+
+            def _flush(self, items):
+                with torch.cuda.stream(self.d2h):
+                    for src, dst in items:
+                        dst.copy_(src, non_blocking=True)
+                        src.record_stream(self.d2h)
+
+            def commit(self, group, items, last):
+                if group == 0:
+                    self.d2h.wait_stream(torch.cuda.current_stream())
+                if group == last:
+                    self._flush(items)
+        ''', '''
+        import torch
+
+        class Offload:
+            def __init__(self):
+                self.d2h = torch.cuda.Stream()
+
+            def _flush(self, items):
+                with torch.cuda.stream(self.d2h):
+                    for src, dst in items:
+                        dst.copy_(src, non_blocking=True)
+                        src.record_stream(self.d2h)
+
+            def commit(self, group, items, last):
+                if group == 0:
+                    self.d2h.wait_stream(torch.cuda.current_stream())
+                    self._flush(items)
+                if group == last:
+                    self.d2h.wait_stream(torch.cuda.current_stream())
+                    torch.cuda.current_stream().wait_stream(self.d2h)
+                    if items:
+                        self._flush(items)
+        ''', Hazard.UNORDERED, "Offload._flush", "src"),
+    # a new thread's current stream is the default stream; a submitter that enters and
+    # sets no stream (nor does any caller of it) runs there too: one stream
+    "a-thread-submitted-from-the-default-stream": Rule('''
+        import concurrent.futures
+        import torch
+
+        class Saver:
+            def __init__(self):
+                self.side = torch.cuda.Stream()
+
+            def save(self, named):
+                def offload(name, t):
+                    return name, t.to("cpu", non_blocking=True)
+
+                with torch.cuda.stream(self.side):
+                    named = {n: t * 2 for n, t in named.items()}
+                    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                        futures = [pool.submit(offload, n, t) for n, t in named.items()]
+                torch.cuda.synchronize()
+                return dict(f.result() for f in futures)
+        ''', '''
+        import concurrent.futures
+        import torch
+
+        class Saver:
+            def save(self, named):
+                def offload(name, t):
+                    return name, t.to("cpu", non_blocking=True)
+
+                named = {n: t * 2 for n, t in named.items()}
+                with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                    futures = [pool.submit(offload, n, t) for n, t in named.items()]
+                torch.cuda.synchronize()
+                return dict(f.result() for f in futures)
+        ''', Hazard.UNORDERED, "Saver.save.offload", "t"),
+    # a blocking copy to the host waits for the current stream, so an earlier
+    # non-blocking copy on that stream has landed when the host reads it
+    "a-blocking-copy-to-the-host-after-a-non-blocking-one": Rule('''
+        import torch
+
+        def splits(local_counts, global_counts, n):
+            inp = local_counts.view(n, -1).sum(dim=1).to("cpu", non_blocking=True)
+            out = global_counts.view(n, -1).sum(dim=1).to("cpu", non_blocking=True)
+            return inp.tolist(), out
+        ''', '''
+        import torch
+
+        def splits(local_counts, global_counts, n):
+            inp = local_counts.view(n, -1).sum(dim=1).to("cpu", non_blocking=True)
+            out = global_counts.view(n, -1).sum(dim=1).to(torch.device("cpu"), non_blocking=False)
+            return inp.tolist(), out.tolist()
+        ''', Hazard.UNSYNCED_D2H, "splits", "inp"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from streamfuzz.fuzz.scan.functions import Function
 from streamfuzz.fuzz.scan.names import STREAMISH, dotted
-from streamfuzz.fuzz.scan.nodes import guarded_nodes, own_nodes
+from streamfuzz.fuzz.scan.nodes import branch_paths, own_nodes
 
 
 class Package(Protocol):
@@ -93,14 +93,15 @@ def entry_waits(pkg: Package, fn: Function, streams: set[str], recv: str | None)
 
 def _waits_before(caller: Function, call: ast.Call, stream: str) -> bool:
 
-    guarded = guarded_nodes(caller.node)
-    if id(call) in guarded:
-        return False  # the call is under a branch: leave it to the function's own walk
+    paths = branch_paths(caller.node)
+    here = paths.get(id(call), ())
     for node in own_nodes(caller.node):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                 node.func.attr in _WAITS and node.lineno < call.lineno and \
-                id(node) not in guarded and dotted(node.func.value) == stream:
-            return True
+                dotted(node.func.value) == stream:
+            there = paths.get(id(node), ())
+            if there == here[:len(there)]:
+                return True  # on every path to the call: the branches that hold it
     return False
 
 

@@ -130,6 +130,13 @@ class Calls(Namer):
             return None
         if name == "record_event":
             s = self.stream_of(recv) if recv is not None else self.cur
+            arg = c.args[0] if len(c.args) == 1 else kw_arg(c, "event")
+            given = (self.event_of(arg) or self.key(arg)) if arg is not None and s else None
+            if given:  # stream.record_event(ev) records ev, as ev.record(stream) does
+                self.t.events.add(given)
+                self.t.recorded.add(given)
+                self.emit(K.EVENT_RECORD, line, key=given, stream=s or self.cur)
+                return None
             made = f"<event@{line}:{c.col_offset}>"
             self.t.events.add(made)
             self.emit(K.EVENT_RECORD, line, key=made, stream=s or self.cur)
@@ -348,6 +355,9 @@ class Calls(Namer):
         elif name == "cpu" or (name == "to" and (
                 is_cpu_device(c.args[0] if c.args else kw_arg(c, "device")))):
             self.t.host.add(made)
+            if not is_true(kw_arg(c, "non_blocking")) and rk not in self.t.host:
+                # a blocking copy to the host waits for the current stream's work
+                self.emit(K.HOST_SYNC, line, key=self.cur)
         if is_true(kw_arg(c, "non_blocking")) and name in ("to", "cuda", "cpu"):
             self.emit(K.NB_COPY, line, stream=self.cur, key=made, other=rk,
                       flag="d2h" if made in self.t.host else "h2d")

@@ -230,6 +230,8 @@ class _Judge(Handoffs):
         if a == b:
             return "yes"
         use_guards = self.ops[p].guards if p < len(self.ops) else ()
+        # an order on the access's own path after it holds wherever the access ran
+        access_guards = self.ops[i].guards if 0 <= i < p else None
         best = "no"
         partial: list[tuple[int, ...]] = []
         span = range(max(i + 1, 0), min(p, len(self.ops))) if i < p else [
@@ -243,7 +245,8 @@ class _Judge(Handoffs):
                 if best == "no":
                     best = how
                 continue
-            if o.guards == use_guards[:len(o.guards)]:
+            if o.guards == use_guards[:len(o.guards)] or (
+                    access_guards is not None and o.guards == access_guards[:len(o.guards)]):
                 return "yes"
             partial.append(o.guards)
             if _all_paths(partial):

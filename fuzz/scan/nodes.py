@@ -33,12 +33,24 @@ def own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def guarded_nodes(fn: ast.AST) -> set[int]:
-    """The ids of the nodes that run only on some paths (under an ``if`` or an
-    ``except``)."""
-    out: set[int] = set()
-    for node in own_nodes(fn):
-        if isinstance(node, (ast.If, ast.ExceptHandler)):
-            for s in [*node.body, *getattr(node, "orelse", [])]:
-                out |= {id(n) for n in ast.walk(s)}
+def branch_paths(fn: ast.AST) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Each own node's id -> the branches it runs in, outermost first: (the ``if``
+    or ``except``, its part). A node runs wherever another whose path is a prefix
+    of its own runs: the branch that holds it also holds the other."""
+    out: dict[int, tuple[tuple[int, int], ...]] = {}
+    stack: list[tuple[ast.AST, tuple[tuple[int, int], ...]]] = [
+        (n, ()) for n in ast.iter_child_nodes(fn)]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        out[id(node)] = path
+        if isinstance(node, ast.If):
+            stack.append((node.test, path))
+            stack += [(s, (*path, (id(node), 0))) for s in node.body]
+            stack += [(s, (*path, (id(node), 1))) for s in node.orelse]
+        elif isinstance(node, ast.ExceptHandler):
+            stack += [(s, (*path, (id(node), 0))) for s in ast.iter_child_nodes(node)]
+        else:
+            stack += [(s, path) for s in ast.iter_child_nodes(node)]
     return out

@@ -102,6 +102,7 @@ class Package:
         self.by_name: dict[str, list[Function]] = {}
         self.inits: dict[str, list[Function]] = {}  # class name -> its __init__s
         self.thread_targets: set[tuple[str, str]] = set()
+        self._spawns: dict[tuple[str, str], list[ast.Call]] = {}
         self.caches: list[ModuleCache] = []
         for m in self.modules.values():
             self._index(m)
@@ -114,6 +115,7 @@ class Package:
                     self._host_votes.setdefault(name, []).append(host_args.host_args(call, hosted))
         self._summaries: dict[int, tuple[Effect, ...]] = {}
         self._call_index: dict[str, list[tuple[Function, ast.Call]]] | None = None
+        self.same_stream_threads = self._same_stream_threads()
 
     # -- indexing ------------------------------------------------------------
 
@@ -140,6 +142,7 @@ class Package:
                 target = _thread_target(cnode)
                 if target:
                     self.thread_targets.add((m.path, target))
+                    self._spawns.setdefault((m.path, target), []).append(cnode)
 
     def _module_value(self, m: Module, stmt: ast.Assign | ast.AnnAssign,
                       value: ast.expr) -> None:
@@ -184,10 +187,31 @@ class Package:
                 continue
             yield self.walk(fn)
 
+    def _same_stream_threads(self) -> set[tuple[str, str]]:
+        """Thread targets whose every submitter runs on the default stream: a new
+        thread's current stream is the default stream, so the two are one stream.
+        A submitter is taken to run there when neither it nor any caller of it in
+        the package enters or sets a stream."""
+        spawner = {id(node): fn for fn in self.functions for node in _own_nodes(fn.node)
+                   if isinstance(node, ast.Call)}
+        out = set()
+        for key, calls in self._spawns.items():
+            fns = [spawner.get(id(c)) for c in calls]
+            if all(f is None or not self._may_enter_stream(f) for f in fns):
+                out.add(key)
+        return out
+
+    def _may_enter_stream(self, fn: Function) -> bool:
+        if _ENTERS_STREAM.search(fn.text):
+            return True
+        return any(_ENTERS_STREAM.search(caller.text) for caller, call in
+                   self.call_index().get(fn.name, ()) if self.resolve(caller, call) is fn)
+
     def walk(self, fn: Function, depth: int = 0) -> Trace:
         m = self.modules[fn.file]
         params = fn.params()
-        thread = (fn.file, fn.name) in self.thread_targets
+        key = (fn.file, fn.name)
+        thread = key in self.thread_targets and key not in self.same_stream_threads
         facts = m.classes.get(fn.cls) if fn.cls else None
         learned: Trace | None = None
         for _ in range(2):  # the first walk learns what names are, the second uses it
@@ -705,6 +729,9 @@ def _thread_target(call: ast.Call) -> str | None:
 
 
 _ATTRIBUTE = re.compile(r"\.([A-Za-z_]\w*)")
+_ENTERS_STREAM = re.compile(r"\bstream\s*\(|set_stream|use_stream|StreamContext|stream_context|"
+                            r"with\s[^\n]*stream", re.I)
+"""Text of a function that may make a side stream current (a context, a setter)."""
 _STREAM_OR_EVENT = re.compile(r"Stream|Event")
 _RECORD = re.compile(r"^@(?:dataclasses\.)?dataclass\b.*\n(?:@.*\n)*class\s+(\w+)", re.M)
 _NAMED_TUPLE = re.compile(r"^class\s+(\w+)\((?:typing\.)?NamedTuple\)", re.M)
