@@ -2139,6 +2139,81 @@ RULES: dict[str, Rule] = {
             out = global_counts.view(n, -1).sum(dim=1).to(torch.device("cpu"), non_blocking=False)
             return inp.tolist(), out.tolist()
         ''', Hazard.UNSYNCED_D2H, "splits", "inp"),
+    # an optional argument named for an event that is a host thread's sync object
+    # (annotated so, tested with ``is_set()``, or handed to a parameter that is one)
+    # orders no stream: leaving it out is no missing wait
+    "an-optional-event-that-is-a-threads": Rule('''
+        import torch
+
+        def _load(x, side, done_event=None):
+            side.wait_event(done_event)
+            with torch.cuda.stream(side):
+                x.mul_(2)
+
+        def step(x, side, ev):
+            _load(x, side, done_event=ev)
+
+        def step_fast(x, side):
+            _load(x, side)
+        ''', '''
+        import threading
+        import torch
+
+        def _load(x, side, done_event: threading.Event | None = None):
+            if done_event is not None and done_event.is_set():
+                return
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                x.mul_(2)
+            x.record_stream(side)
+
+        def _retry(x, side, cancel_event=None):
+            _load(x, side, done_event=cancel_event)
+            x.record_stream(side)
+
+        def step(x, side, ev):
+            _retry(x, side, cancel_event=ev)
+
+        def step_fast(x, side):
+            _retry(x, side)
+        ''', Hazard.UNORDERED, "step_fast"),
+    # a context manager of the package's own whose name has "stream" in it but which
+    # enters no device stream (an HTTP response stream) switches no stream
+    "an-own-context-manager-named-for-a-stream-that-enters-none": Rule('''
+        import contextlib
+        import torch
+
+        @contextlib.contextmanager
+        def open_stream_with_retry(stream_side):
+            with torch.cuda.stream(stream_side):
+                yield stream_side
+
+        def fill(buf, payload, stream_side):
+            buf.zero_()
+            with open_stream_with_retry(stream_side):
+                buf.add_(payload)
+            torch.cuda.current_stream().wait_stream(stream_side)
+        ''', '''
+        import contextlib
+        import torch
+
+        @contextlib.contextmanager
+        def open_stream_with_retry(stream_payload):
+            response = post(stream_payload)
+            try:
+                yield response
+            finally:
+                response.close()
+
+        def post(payload):
+            return payload
+
+        def fill(buf, payload, stream_payload):
+            buf.zero_()
+            with open_stream_with_retry(stream_payload):
+                buf.add_(payload)
+            torch.cuda.current_stream().synchronize()
+        ''', Hazard.UNORDERED, "fill", "buf"),
 }
 
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from streamfuzz.fuzz.scan.ops import CURRENT, SUBMITTER, THREAD, ClassFacts, K, Op, Trace
+from streamfuzz.fuzz.scan.ops import CURRENT, OWN, SUBMITTER, THREAD, ClassFacts, K, Op, Trace
 
 # Method names, by what they do to their receiver.
 META = {"size", "dim", "numel", "data_ptr", "stride", "element_size", "is_pinned",
@@ -318,6 +318,12 @@ class Namer:
             return k
         return None
 
+    def own(self, call: ast.Call) -> bool:
+        """Is ``call`` of a function of the package's own that neither returns nor
+        enters a stream (its name then says nothing)?"""
+        found = self.helper(call) if self.helper is not None else None
+        return found is not None and found[0] == OWN
+
     def helped(self, call: ast.Call, kind: str) -> str | None:
         """The stream a package helper returns (``kind='stream'``) or enters
         (``'context'``), as this function names it."""
@@ -370,6 +376,8 @@ class Namer:
                     self.t.streams.add(s)
                 return s
             found = self.helped(node, "context")
+            if found is None and self.own(node):
+                return None  # a context manager of the package's own that enters no stream
             if found is None and node.args and STREAM_SWITCH.search(name):
                 found = self.stream_of(node.args[0])  # a platform's npu_stream_switch(s)
             if found is None and STREAM_CONTEXT.search(name) and not node.args:

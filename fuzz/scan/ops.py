@@ -29,6 +29,9 @@ default stream as its compute stream (``compute = default_stream()``) says it ru
 there, and keeps it as its current stream."""
 ANY = "<any>"
 """A stream or event a callee orders without naming it to the caller."""
+OWN = "own"
+"""A stream helper lookup's kind for a function of the package's own that neither
+returns nor enters a stream: its name (``open_chat_stream(payload)``) then says nothing."""
 COPY_SOURCE = "copy-source"
 """A use's flag: the key is read as the source of a copy to a device (``.to(device)``,
 ``.cuda()``). Such a source is host memory, whose pinned block the host allocator

@@ -23,6 +23,7 @@ from streamfuzz.fuzz.scan.nodes import own_nodes as _own_nodes
 from streamfuzz.fuzz.scan.ops import (
     ANY,
     CURRENT,
+    OWN,
     STORAGE,
     SUBMITTER,
     THREAD,
@@ -396,7 +397,7 @@ class Package:
         if callee.helper is None:
             callee.helper = _stream_helper(callee)
         if not callee.helper:
-            return None
+            return OWN, ""  # the package's own, and no stream helper: no name guesses
         kind, expr = callee.helper
         if expr is None:
             return kind, f"{callee.name}()"
@@ -433,6 +434,8 @@ class Package:
                     continue
                 if is_scalar_annotation(p.annotation):
                     continue  # ``x: str = None``: a value, not an event to wait on
+                if self._host_primitive(fn, p.arg, 0):
+                    continue  # a thread's Event, Lock or Condition: no stream waits on it
                 if not _STREAM_TEXT.search(fn.text):
                     continue
                 if not _reaches_wait(fn.node, p.arg) or self._none_is_ordered(fn, p.arg, 0):
@@ -441,6 +444,28 @@ class Package:
                 out.setdefault(fn.name, []).append((fn, p.arg, position))
         return out
 
+
+    def _host_primitive(self, fn: Function, param: str, depth: int) -> bool:
+        """Is ``param`` a host thread's sync object: annotated as one of ``threading``,
+        ``asyncio`` or ``multiprocessing``, set, cleared or tested with ``is_set()``
+        (which no device event has), or handed to a callee's parameter that is one?"""
+        p = next((a for a in [*fn.params(), *fn.node.args.kwonlyargs] if a.arg == param), None)
+        if p is not None and p.annotation is not None and \
+                _HOST_PRIMITIVE.search(ast.unparse(p.annotation)):
+            return True
+        for node in [*_own_nodes(fn.node), *_closure_nodes(fn.node, param)]:
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Attribute) and dotted(node.func.value) == param and \
+                    node.func.attr in ("is_set", "set", "clear"):
+                return True
+            if depth < _DEPTH:
+                callee = self.resolve(fn, node)
+                if callee is not None and callee is not fn and any(
+                        self._host_primitive(callee, name, depth + 1)
+                        for name in self._handed_as(fn, node, param)):
+                    return True
+        return False
 
     def _none_is_ordered(self, fn: Function, param: str, depth: int) -> bool:
         """Without ``param`` the function still orders its work: an ``if`` on it
@@ -732,6 +757,8 @@ _ATTRIBUTE = re.compile(r"\.([A-Za-z_]\w*)")
 _ENTERS_STREAM = re.compile(r"\bstream\s*\(|set_stream|use_stream|StreamContext|stream_context|"
                             r"with\s[^\n]*stream", re.I)
 """Text of a function that may make a side stream current (a context, a setter)."""
+_HOST_PRIMITIVE = re.compile(r"\b(?:threading|asyncio|multiprocessing|mp)\.|"
+                             r"\b(?:Lock|RLock|Condition|Semaphore|Barrier)\b")
 _STREAM_OR_EVENT = re.compile(r"Stream|Event")
 _RECORD = re.compile(r"^@(?:dataclasses\.)?dataclass\b.*\n(?:@.*\n)*class\s+(\w+)", re.M)
 _NAMED_TUPLE = re.compile(r"^class\s+(\w+)\((?:typing\.)?NamedTuple\)", re.M)
