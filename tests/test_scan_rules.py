@@ -2214,6 +2214,65 @@ RULES: dict[str, Rule] = {
                 buf.add_(payload)
             torch.cuda.current_stream().synchronize()
         ''', Hazard.UNORDERED, "fill", "buf"),
+    # a sync in a branch that returns covers no host read after the branch
+    "a-sync-in-a-branch-left-covers-no-later-read": Rule('''
+        import torch
+
+        def counts(dev_counts, host_counts, exact):
+            host_counts.copy_(dev_counts, non_blocking=True)
+            if exact:
+                torch.cuda.synchronize()
+                return None
+            return host_counts.tolist()
+        ''', '''
+        import torch
+
+        def counts(dev_counts, host_counts, exact):
+            host_counts.copy_(dev_counts, non_blocking=True)
+            if exact:
+                return dev_counts.cpu()
+            torch.cuda.current_stream().synchronize()
+            return host_counts.tolist()
+        ''', Hazard.UNSYNCED_D2H, "counts", "host_counts"),
+    # the same across methods: the copy left in flight by one method, read by another
+    # after a branch that syncs and returns
+    "a-sync-in-a-branch-left-covers-no-read-in-another-method": Rule('''
+        import torch
+
+        class Relay:
+            def __init__(self, n):
+                self.ring = torch.zeros(n, pin_memory=True)
+                self.buf = torch.zeros(n, device="cuda")
+                self.copy_stream = torch.cuda.Stream()
+
+            def issue(self):
+                with torch.cuda.stream(self.copy_stream):
+                    self.ring.copy_(self.buf, non_blocking=True)
+
+            def resolve(self, exact):
+                if exact:
+                    torch.cuda.synchronize()
+                    return None
+                return self.ring.tolist()
+        ''', '''
+        import torch
+
+        class Relay:
+            def __init__(self, n):
+                self.ring = torch.zeros(n, pin_memory=True)
+                self.buf = torch.zeros(n, device="cuda")
+                self.copy_stream = torch.cuda.Stream()
+
+            def issue(self):
+                with torch.cuda.stream(self.copy_stream):
+                    self.ring.copy_(self.buf, non_blocking=True)
+
+            def resolve(self, exact):
+                if exact:
+                    return self.buf.cpu()
+                self.copy_stream.synchronize()
+                return self.ring.tolist()
+        ''', Hazard.UNSYNCED_D2H, "Relay.resolve", "self.ring"),
 }
 
 

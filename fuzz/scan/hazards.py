@@ -601,7 +601,10 @@ class _Judge(Handoffs):
         return any(o.kind is K.ALLOC and o.key == k for o in self.ops[j + 1:w])
 
     def _synced(self, j: int, stream: str, w: int) -> bool:
+        path = self.ops[w].guards
         for x in self.ops[j + 1:w]:
+            if x.guards != path[:len(x.guards)]:
+                continue  # in a branch the read is not in
             if x.kind is K.HOST_SYNC:
                 recs = self.records.get(x.key)
                 if x.key in ("", stream) or (x.key in self.t.events and (
