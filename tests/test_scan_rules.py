@@ -2273,6 +2273,47 @@ RULES: dict[str, Rule] = {
                 self.copy_stream.synchronize()
                 return self.ring.tolist()
         ''', Hazard.UNSYNCED_D2H, "Relay.resolve", "self.ring"),
+    # a poll that leaves when the copy's event is not done (``if not done[i].query():
+    # return``) is a sync past it; the events may be kept in a list
+    "a-poll-that-leaves-when-not-done": Rule('''
+        import torch
+
+        class Relay:
+            def __init__(self, n, depth):
+                self.ring = [torch.zeros(n, pin_memory=True) for _ in range(depth)]
+                self.buf = torch.zeros(n, device="cuda")
+                self.done = [torch.cuda.Event() for _ in range(depth)]
+                self.copy_stream = torch.cuda.Stream()
+
+            def issue(self, slot):
+                with torch.cuda.stream(self.copy_stream):
+                    self.ring[slot].copy_(self.buf, non_blocking=True)
+                    self.done[slot].record()
+
+            def resolve(self, slot):
+                if not self.done[slot].query():
+                    print("pending")
+                return self.ring[slot].tolist()
+        ''', '''
+        import torch
+
+        class Relay:
+            def __init__(self, n, depth):
+                self.ring = [torch.zeros(n, pin_memory=True) for _ in range(depth)]
+                self.buf = torch.zeros(n, device="cuda")
+                self.done = [torch.cuda.Event() for _ in range(depth)]
+                self.copy_stream = torch.cuda.Stream()
+
+            def issue(self, slot):
+                with torch.cuda.stream(self.copy_stream):
+                    self.ring[slot].copy_(self.buf, non_blocking=True)
+                    self.done[slot].record()
+
+            def resolve(self, slot):
+                if not self.done[slot].query():
+                    return None
+                return self.ring[slot].tolist()
+        ''', Hazard.UNSYNCED_D2H, "Relay.resolve", "self.ring"),
 }
 
 

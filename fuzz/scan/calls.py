@@ -356,8 +356,9 @@ class Calls(Namer):
                 is_cpu_device(c.args[0] if c.args else kw_arg(c, "device")))):
             self.t.host.add(made)
             if not is_true(kw_arg(c, "non_blocking")) and rk not in self.t.host:
-                # a blocking copy to the host waits for the current stream's work
-                self.emit(K.HOST_SYNC, line, key=self.cur)
+                # a blocking copy to the host waits for the current stream's work, as
+                # .item() and .tolist() do: a sync for the host's reads of copies
+                self.emit(K.HOST_READ, line, key=rk, flag="cpu")
         if is_true(kw_arg(c, "non_blocking")) and name in ("to", "cuda", "cpu"):
             self.emit(K.NB_COPY, line, stream=self.cur, key=made, other=rk,
                       flag="d2h" if made in self.t.host else "h2d")

@@ -21,6 +21,7 @@ from streamfuzz.fuzz.scan.names import HOSTISH, covers
 from streamfuzz.fuzz.scan.ops import (
     ANY,
     ARGUMENT,
+    BLOCKING_READS,
     COPY_SOURCE,
     CURRENT,
     DEFAULT,
@@ -610,7 +611,7 @@ class _Judge(Handoffs):
                 if x.key in ("", stream) or (x.key in self.t.events and (
                         not recs or any(r > j for r, _ in recs))):
                     return True
-            if x.kind is K.HOST_READ and x.flag in ("item", "tolist") and \
+            if x.kind is K.HOST_READ and x.flag in BLOCKING_READS and \
                     x.key not in self.t.host:
                 return True  # a device read blocks the host on the current stream
         return False

@@ -29,6 +29,9 @@ default stream as its compute stream (``compute = default_stream()``) says it ru
 there, and keeps it as its current stream."""
 ANY = "<any>"
 """A stream or event a callee orders without naming it to the caller."""
+BLOCKING_READS = frozenset({"item", "tolist", "cpu"})
+"""Host reads of a device tensor (a ``HOST_READ``'s flag) that block the host until the
+current stream has run up to them: a sync for the host's reads of earlier copies."""
 OWN = "own"
 """A stream helper lookup's kind for a function of the package's own that neither
 returns nor enters a stream: its name (``open_chat_stream(payload)``) then says nothing."""

@@ -710,8 +710,9 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
             elif isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
                     v.func.attr in ("current_stream", "default_stream"):
                 facts.alias.setdefault(name, CURRENT)  # the stream current where it is made
-            elif made == "event":
-                facts.events.add(name)
+            elif made == "event" or isinstance(v, (ast.List, ast.Tuple, ast.ListComp)) and any(
+                    _makes(n) == "event" for n in ast.walk(v)):
+                facts.events.add(name)  # an event, or a list of them (``self.done[i]``)
             elif _pins(v):
                 facts.pinned.add(name)
                 facts.tensors.add(name)

@@ -20,7 +20,7 @@ from streamfuzz.fuzz.scan.hazards import (
 )
 from streamfuzz.fuzz.scan.names import HOSTISH, dotted
 from streamfuzz.fuzz.scan.nodes import own_nodes
-from streamfuzz.fuzz.scan.ops import CURRENT, K, Op, Trace
+from streamfuzz.fuzz.scan.ops import BLOCKING_READS, CURRENT, K, Op, Trace
 from streamfuzz.fuzz.scan.package import Function, ModuleCache, Package
 
 
@@ -257,7 +257,7 @@ def _covers(o: Op, t: Trace, after: set[str]) -> bool:
     run? A device or stream sync, a device read, or a sync of one of those events; an
     event a helper syncs covers only what came before its record, which is not known."""
     if o.kind is K.HOST_READ:
-        return o.flag in ("item", "tolist") and o.key not in t.host
+        return o.flag in BLOCKING_READS and o.key not in t.host
     return o.kind is K.HOST_SYNC and o.flag != "event" and (
         o.key in ("", t.base) or o.key in t.streams or o.key in after)
 

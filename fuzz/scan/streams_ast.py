@@ -62,12 +62,16 @@ class Walker(Calls, Binding):
             self.expr(s.test)
             self.guards.append(id(s))
             self.t.tests[id(s)] = s.test
+            polled = []  # `if not ev.query(): return`: past the `if`, ev's work is done
             for node in ast.walk(s.test):  # `if ev.query():` the work before ev is done
                 if isinstance(node, ast.Call) and callee_name(node) == "query" and \
                         isinstance(node.func, ast.Attribute):
                     target = self.stream_of(node.func.value) or self.key(node.func.value)
                     if target and not negated(s.test, node):
                         self.emit(K.HOST_SYNC, s.lineno, key=target)
+                    elif target and not s.orelse and s.body and isinstance(
+                            s.body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break)):
+                        polled.append(target)
             before = dict(self.alias)
             none = _none_tested(s.test)
             k = self.key(none) if none is not None else None
@@ -82,6 +86,8 @@ class Walker(Calls, Binding):
                 self.walk(s.orelse)
                 self.alias = self._merge(before, in_body, self.alias)
             self.guards.pop()
+            for target in polled:
+                self.emit(K.HOST_SYNC, s.lineno, key=target)
         elif isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
             if isinstance(s, ast.While):
                 self.expr(s.test)
