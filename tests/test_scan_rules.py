@@ -2314,6 +2314,40 @@ RULES: dict[str, Rule] = {
                     return None
                 return self.ring[slot].tolist()
         ''', Hazard.UNSYNCED_D2H, "Relay.resolve", "self.ring"),
+    # a node's backward on its own stream frees the gradients it was handed by hand:
+    # ``if grads:`` with ``for g in grads:`` tests a sequence (no tensor's truth),
+    # iterating reads no storage, and ``untyped_storage()`` names the bytes it frees
+    "a-sequence-tested-iterated-and-freed-by-storage": Rule('''
+        import torch
+
+        class Node:
+            def __init__(self, stream, fn):
+                self.stream = stream
+                self.fn = fn
+
+            def backward(self, *grads):
+                with torch.cuda.stream(self.stream):
+                    grads = self.fn(grads)
+                if grads:
+                    for g in grads:
+                        g.mul_(0.5)
+                        g.untyped_storage().resize_(0)
+        ''', '''
+        import torch
+
+        class Node:
+            def __init__(self, stream, fn):
+                self.stream = stream
+                self.fn = fn
+
+            def backward(self, *grads):
+                with torch.cuda.stream(self.stream):
+                    grads = self.fn(grads)
+                if grads:
+                    for g in grads:
+                        g.record_stream(self.stream)
+                        g.untyped_storage().resize_(0)
+        ''', Hazard.UNORDERED, "Node.backward", "grads"),
 }
 
 

@@ -334,7 +334,8 @@ class Calls(Namer):
             # the storage goes back to the allocator: a free, not a kernel's write
             self.emit(K.FREE, line, key=rk, flag=STORAGE)
             return rk
-        if name not in SHAPED_MAKERS:  # x.new_empty(n) reads none of x's storage
+        if name not in SHAPED_MAKERS and name not in _STORAGES:
+            # x.new_empty(n) reads none of x's storage; x.untyped_storage() names it
             self.emit(K.USE, line, stream=self.cur, key=rk, write=write,
                       flag=COPY_SOURCE if self._to_device(c, name) else "",
                       part=self.part(c.func.value) if isinstance(c.func, ast.Attribute) else "")

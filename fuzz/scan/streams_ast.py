@@ -22,7 +22,7 @@ import ast
 
 from streamfuzz.fuzz.scan.binding import Binding
 from streamfuzz.fuzz.scan.calls import Calls
-from streamfuzz.fuzz.scan.names import INDEXISH, META_ATTRS, callee_name, negated
+from streamfuzz.fuzz.scan.names import INDEXISH, META_ATTRS, callee_name, dotted, negated
 from streamfuzz.fuzz.scan.ops import K, Loop
 
 
@@ -59,7 +59,8 @@ class Walker(Calls, Binding):
                 if isinstance(tgt, ast.Name):
                     self.alias.pop(tgt.id, None)
         elif isinstance(s, ast.If):
-            self.expr(s.test)
+            if not _truth_of_iterated(s):
+                self.expr(s.test)
             self.guards.append(id(s))
             self.t.tests[id(s)] = s.test
             polled = []  # `if not ev.query(): return`: past the `if`, ev's work is done
@@ -91,8 +92,8 @@ class Walker(Calls, Binding):
         elif isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
             if isinstance(s, ast.While):
                 self.expr(s.test)
-            else:
-                self.expr(s.iter)
+            elif not isinstance(s.iter, (ast.Name, ast.Attribute)):
+                self.expr(s.iter)  # iterating a name reads none of it: items, or views
             items = s.iter.elts if isinstance(s, (ast.For, ast.AsyncFor)) and isinstance(
                 s.iter, (ast.Tuple, ast.List)) and isinstance(s.target, ast.Name) and all(
                 isinstance(e, (ast.Name, ast.Attribute)) for e in s.iter.elts) else None
@@ -251,6 +252,18 @@ class Walker(Calls, Binding):
             if isinstance(child, ast.expr):
                 self.expr(child)
         return None
+
+
+def _truth_of_iterated(s: ast.If) -> bool:
+    """``if xs: for x in xs: ...``: a name tested for truth and iterated in the branch is
+    a Python sequence (a tensor of more elements has no truth value), so the test reads
+    no tensor."""
+    test = s.test.operand if isinstance(s.test, ast.UnaryOp) and isinstance(
+        s.test.op, ast.Not) else s.test
+    name = dotted(test) if isinstance(test, (ast.Name, ast.Attribute)) else None
+    return name is not None and any(
+        isinstance(n, (ast.For, ast.AsyncFor)) and dotted(n.iter) == name
+        for b in s.body for n in ast.walk(b))
 
 
 def _loop(s: ast.For | ast.AsyncFor | ast.While, depth: int) -> Loop:
