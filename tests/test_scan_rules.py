@@ -2348,6 +2348,68 @@ RULES: dict[str, Rule] = {
                         g.record_stream(self.stream)
                         g.untyped_storage().resize_(0)
         ''', Hazard.UNORDERED, "Node.backward", "grads"),
+    # a package wrapper's ``(tensor, work)`` pair unpacked by name: the work is the part
+    # named for a handle (else the last), waited for later; its group or mode arguments
+    # are no tensors the collective reads
+    "a-work-handle-unpacked-from-a-wrappers-pair": Rule('''
+        import torch
+        import torch.distributed as dist
+
+        def reduce_scatter(x, dim, mode, async_op=False):
+            out = torch.empty_like(x)
+            work = dist.reduce_scatter_tensor(out, x, group=mode, async_op=async_op)
+            return out, work
+
+        def backward(ctx, grad, weight):
+            input_grad = torch.matmul(grad, weight)
+            input_grad, input_op = reduce_scatter(input_grad, 0, ctx.input_mode, async_op=True)
+            bias, bias_op = reduce_scatter(grad.sum(0), 0, ctx.input_mode, async_op=True)
+            return input_grad, bias
+        ''', '''
+        import torch
+        import torch.distributed as dist
+
+        def reduce_scatter(x, dim, mode, async_op=False):
+            out = torch.empty_like(x)
+            work = dist.reduce_scatter_tensor(out, x, group=mode, async_op=async_op)
+            return out, work
+
+        def backward(ctx, grad, weight):
+            input_grad = torch.matmul(grad, weight)
+            input_grad, input_op = reduce_scatter(input_grad, 0, ctx.input_mode, async_op=True)
+            bias, bias_op = reduce_scatter(grad.sum(0), 0, ctx.input_mode, async_op=True)
+            input_op.wait()
+            bias_op.wait()
+            return input_grad, bias
+        ''', Hazard.ASYNC_COLLECTIVE, "backward"),
+    # futures of async collectives handed to ``collect_all`` in a list are handed on
+    "futures-collected-in-a-list-are-handed-on": Rule('''
+        import torch
+        import torch.distributed as dist
+
+        def hook(bucket, group):
+            flat = bucket.buffer()
+            out = torch.empty_like(flat)
+            scale = flat.abs().amax().reshape(1)
+            scales = torch.empty(2, device=flat.device)
+            fut0 = dist.all_to_all_single(out, flat, group=group, async_op=True).get_future()
+            fut1 = dist.all_gather_into_tensor(scales, scale, group=group,
+                                               async_op=True).get_future()
+            return out
+        ''', '''
+        import torch
+        import torch.distributed as dist
+
+        def hook(bucket, group):
+            flat = bucket.buffer()
+            out = torch.empty_like(flat)
+            scale = flat.abs().amax().reshape(1)
+            scales = torch.empty(2, device=flat.device)
+            fut0 = dist.all_to_all_single(out, flat, group=group, async_op=True).get_future()
+            fut1 = dist.all_gather_into_tensor(scales, scale, group=group,
+                                               async_op=True).get_future()
+            return torch.futures.collect_all([fut0, fut1])
+        ''', Hazard.ASYNC_COLLECTIVE, "hook"),
 }
 
 
@@ -2662,3 +2724,39 @@ def test_a_buffers_own_copy_helpers_are_no_host_readers(tmp_path):
                 return self.cpu[:n].copy_(self.gpu[:n], non_blocking=True)
         '''))
     assert not [f.what for f in found if f.hazard is Hazard.UNSYNCED_D2H]
+
+
+def test_a_method_name_another_unread_file_defines_too_is_not_resolved(tmp_path):
+    """``self.reducer.flush()`` is not the one ``flush`` of the files read when a file
+    with no stream words (not walked) defines another: the receiver's class is unknown."""
+    (tmp_path / "ddp.py").write_text(textwrap.dedent('''
+        import torch
+
+        class DDP:
+            def __init__(self, reducer):
+                self.reducer = reducer
+                self.comm_stream = torch.cuda.Stream()
+
+            def step(self, loss):
+                loss.backward()
+                with torch.cuda.stream(self.comm_stream):
+                    self.reducer.flush()
+                torch.cuda.current_stream().wait_stream(self.comm_stream)
+
+        class Cache:
+            def __init__(self):
+                self.table = torch.zeros(8, device="cuda")
+
+            def flush(self):
+                self.table.add_(1)
+        '''))
+    (tmp_path / "reducer.py").write_text(textwrap.dedent('''
+        class Reducer:
+            def flush(self):
+                return None
+        '''))
+    only = [f for f in scan(open_source(str(tmp_path / "ddp.py"))).active
+            if f.function == "DDP.step"]
+    both = [f for f in scan(open_source(str(tmp_path))).active if f.function == "DDP.step"]
+    assert only and "self.reducer.table" in only[0].tensors
+    assert not both, [f.what for f in both]

@@ -8,6 +8,7 @@ value stored in an attribute, a container or returned outlives the call.
 from __future__ import annotations
 
 import ast
+import re
 
 from streamfuzz.fuzz.scan.names import (
     CONTAINER_ANN,
@@ -61,7 +62,7 @@ class Binding(Namer):
         """``tgt`` bound to ``value`` (None where unknown: a loop target, ``as``), whose
         evaluation made ``made``."""
         if isinstance(tgt, (ast.Tuple, ast.List)):
-            self._bind_parts(tgt, value, line)
+            self._bind_parts(tgt, value, line, made)
         elif isinstance(tgt, ast.Starred):
             self.bind(tgt.value, None, line)
         elif isinstance(tgt, ast.Subscript):
@@ -80,7 +81,7 @@ class Binding(Namer):
                 self._bind_local(name, value, line, made)
 
     def _bind_parts(self, tgt: ast.Tuple | ast.List, value: ast.expr | None,
-                    line: int) -> None:
+                    line: int, made: str | None = None) -> None:
         held = self.stream_of(value) if isinstance(value, (ast.Name, ast.Attribute)) else None
         if held is None and isinstance(value, (ast.Name, ast.Attribute)):
             k = self.key(value)
@@ -100,10 +101,16 @@ class Binding(Namer):
                 self.alias[t.id], self.parts[t.id] = cut, f"c{i}"  # type: ignore[attr-defined]
             return
         split = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(tgt.elts)
+        # out, work = wrapper(x, async_op=True): the async work is the part named for a
+        # handle (op, work, handle), else the last
+        handle = _handle_part(tgt) if made and made.startswith("<work@") and not split else -1
         for i, t in enumerate(tgt.elts):
             v = value.elts[i] if split else None  # type: ignore[union-attr]
             m = self.expr(v) if v is not None and not isinstance(
                 v, (ast.Name, ast.Attribute)) else None  # another name: no stream work
+            if i == handle:
+                self.bind(t, None, line, made)
+                continue
             if v is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
                     isinstance(t, ast.Name):
                 m = self.fresh(t)  # unpacked from a call made on a side stream
@@ -290,3 +297,12 @@ def _listed(value: ast.expr) -> list[ast.expr]:
                 value.elt.id == gen.target.id and isinstance(gen.iter, (ast.List, ast.Tuple)):
             return list(gen.iter.elts)
     return []
+
+
+_HANDLE = re.compile(r"(?:^|_)(?:op|ops|work|works|handle|handles|req|future|fut)$")
+
+
+def _handle_part(tgt: ast.Tuple | ast.List) -> int:
+    names = [e.id if isinstance(e, ast.Name) else "" for e in tgt.elts]
+    named = [i for i, n in enumerate(names) if _HANDLE.search(n)]
+    return named[0] if len(named) == 1 else len(names) - 1

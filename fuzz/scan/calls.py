@@ -9,6 +9,7 @@ the package, whose effects its own walk lends (``streamfuzz.fuzz.scan.package``)
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 from streamfuzz.fuzz.scan.names import (
@@ -43,6 +44,8 @@ _NO_STORAGE = frozenset({"isinstance", "issubclass", "type", "id", "callable", "
 """Builtins that look at an object, not at a tensor's bytes."""
 _STORAGES = frozenset({"untyped_storage", "storage", "_typed_storage"})
 """Calls that give a tensor's storage."""
+_NOT_TENSOR_ARG = re.compile(r"(?:^|_)(?:mode|group|pg|op|dim|rank|src|dst|world_size)$")
+"""A collective's argument named as its group, mode, rank or dimension: not a tensor."""
 _PASS = "<pass>"
 """An ordering rule's answer when the call is not of its shape."""
 
@@ -203,6 +206,11 @@ class Calls(Namer):
                 if not isinstance(a, (ast.Name, ast.Attribute, ast.Constant, ast.Starred)):
                     self.expr(a)
             return None
+        for a in [*c.args, *(k.value for k in c.keywords)]:
+            for e in a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a]:
+                k = self.key(e) if isinstance(e, (ast.Name, ast.Attribute)) else None
+                if k and k.startswith("<work@"):  # collect_all([fut0, fut1]): handed on
+                    self.emit(K.USE, line, stream=self.cur, key=k)
         effects = list(self.callee(c)) if self.callee is not None and self._may_lend(
             c, name, recv, rk) else None
         lent = {e.param for e in effects or () if e.what == "use"}  # the callee's uses
@@ -253,7 +261,7 @@ class Calls(Namer):
         if is_true(kw_arg(c, "async_op")) or name in ASYNC_COLLECTIVE:
             work = f"<work@{line}:{c.col_offset}>"
             for k in arg_keys:
-                if k:
+                if k and not _NOT_TENSOR_ARG.search(k.rsplit(".", 1)[-1]):
                     self.t.tensors.add(k)
                     self.emit(K.COLLECTIVE, line, key=k, other=work, stream=self.cur)
             return work

@@ -87,11 +87,13 @@ class Package:
         self.quiet_attributes: set[str] = set()  # attributes named in files not read
         self.records: set[str] = set()
         """Classes declared as dataclasses or named tuples, in any file of the package."""
+        self._quiet_defs: set[str] = set()  # function names defined in files not read
         for f in files:
             if "dataclass" in f.text or "NamedTuple" in f.text:
                 self.records |= set(_RECORD.findall(f.text)) | set(_NAMED_TUPLE.findall(f.text))
             if not _STREAM_TEXT.search(f.text):
                 self.quiet_attributes |= set(_ATTRIBUTE.findall(f.text))
+                self._quiet_defs |= set(_DEF.findall(f.text))
                 continue  # no stream word: nothing to walk, no wait or sync to lend
             try:
                 tree = ast.parse(f.text, filename=f.path)
@@ -306,7 +308,8 @@ class Package:
             typed = [c for c in cands if cls is not None and c.cls == cls]
             if len(typed) == 1:
                 return typed[0]
-        return cands[0] if len(cands) == 1 else None
+        # one function of that name, unless a file not read defines another
+        return cands[0] if len(cands) == 1 and name not in self._quiet_defs else None
 
     def holds(self, call: ast.Call) -> bool:
         """Whether ``Cls(...)`` makes an object of the package's that only stores what it
@@ -755,6 +758,7 @@ def _thread_target(call: ast.Call) -> str | None:
 
 
 _ATTRIBUTE = re.compile(r"\.([A-Za-z_]\w*)")
+_DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
 _ENTERS_STREAM = re.compile(r"\bstream\s*\(|set_stream|use_stream|StreamContext|stream_context|"
                             r"with\s[^\n]*stream", re.I)
 """Text of a function that may make a side stream current (a context, a setter)."""
