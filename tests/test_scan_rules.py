@@ -2410,6 +2410,43 @@ RULES: dict[str, Rule] = {
                                                async_op=True).get_future()
             return torch.futures.collect_all([fut0, fut1])
         ''', Hazard.ASYNC_COLLECTIVE, "hook"),
+    # a sync under a test that what it syncs exists (``if self.ev is not None``) is on
+    # every path: with no event there is no copy to wait for
+    "a-sync-guarded-by-its-events-presence": Rule('''
+        import torch
+
+        class Runner:
+            def __init__(self, n, spec):
+                self.counts_cpu = torch.zeros(n, pin_memory=True)
+                self.counts = torch.zeros(n, device="cuda")
+                self.ev = torch.cuda.Event() if spec else None
+
+            def after_step(self, n):
+                self.counts_cpu[:n].copy_(self.counts[:n], non_blocking=True)
+                self.ev.record()
+
+            def build(self, n, exact):
+                if exact:
+                    self.ev.synchronize()
+                return self.counts_cpu[:n].tolist()
+        ''', '''
+        import torch
+
+        class Runner:
+            def __init__(self, n, spec):
+                self.counts_cpu = torch.zeros(n, pin_memory=True)
+                self.counts = torch.zeros(n, device="cuda")
+                self.ev = torch.cuda.Event() if spec else None
+
+            def after_step(self, n):
+                self.counts_cpu[:n].copy_(self.counts[:n], non_blocking=True)
+                self.ev.record()
+
+            def build(self, n, exact):
+                if self.ev is not None:
+                    self.ev.synchronize()
+                return self.counts_cpu[:n].tolist()
+        ''', Hazard.UNSYNCED_D2H, "Runner.build", "self.counts_cpu"),
 }
 
 

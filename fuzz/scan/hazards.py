@@ -604,7 +604,7 @@ class _Judge(Handoffs):
     def _synced(self, j: int, stream: str, w: int) -> bool:
         path = self.ops[w].guards
         for x in self.ops[j + 1:w]:
-            if x.guards != path[:len(x.guards)]:
+            if not self.t.on_path(x, path):
                 continue  # in a branch the read is not in
             if x.kind is K.HOST_SYNC:
                 recs = self.records.get(x.key)

@@ -152,6 +152,16 @@ class Trace:
         """Where tensors the function did not make were made."""
         return SUBMITTER if self.thread else CURRENT
 
+    def on_path(self, op: Op, path: tuple[int, ...]) -> bool:
+        """Does ``op`` run wherever something with the branches ``path`` runs? Its
+        branches hold that path, or the ones it adds only test that what it syncs or
+        waits on exists (``if self.ev is not None: self.ev.synchronize()``: with no
+        event there is nothing to wait for)."""
+        common = next((i for i, (a, b) in enumerate(zip(op.guards, path)) if a != b),
+                      min(len(op.guards), len(path)))
+        return all(g > 0 and _tests_presence(self.tests.get(g), op.key)
+                   for g in op.guards[common:])
+
     def uses_streams(self) -> bool:
         return any(o.kind in _STREAM_KINDS or (o.kind in (K.USE, K.ALLOC)
                                                 and o.stream != self.base) for o in self.ops)
@@ -173,3 +183,17 @@ class ClassFacts:
     alias: dict[str, str] = field(default_factory=dict)  # self.x_np -> self.x
     contexts: dict[str, str] = field(default_factory=dict)  # self.ctx -> the stream it enters
     modules: set[str] = field(default_factory=set)  # names bound by ``import``: never tensors
+
+
+def _tests_presence(test: ast.expr | None, key: str) -> bool:
+    """Is ``test`` ``key is not None`` or ``key`` itself (its truth)?"""
+    if test is None or not key:
+        return False
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(
+            test.ops[0], ast.IsNot) and isinstance(test.comparators[0], ast.Constant) and \
+            test.comparators[0].value is None:
+        test = test.left
+    try:
+        return ast.unparse(test) == key
+    except Exception:  # noqa: BLE001 - an odd node tests nothing known
+        return False

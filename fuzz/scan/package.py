@@ -660,6 +660,8 @@ def _fills_with_event(body: list[ast.stmt], param: str) -> bool:
 
 
 def _makes(value: ast.AST) -> str | None:
+    if isinstance(value, ast.IfExp):  # Event() if spec else None: an event, or none
+        return _makes(value.body) or _makes(value.orelse)
     if isinstance(value, ast.Call):
         f = value.func
         name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) \

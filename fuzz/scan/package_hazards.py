@@ -269,13 +269,13 @@ def _unsynced_read(t: Trace, key: str, views: dict[str, str], after: set[str]) -
     device is no host read."""
     copied = {o.line for o in t.ops if o.kind is K.NB_COPY}
     filled = {o.line for o in t.ops if o.kind is K.HOST_WRITE}
-    synced: list[tuple[int, ...]] = []  # the branches of each covering sync so far
+    synced: list[Op] = []  # each covering sync so far
     for o in t.ops:
         if _covers(o, t, after):
-            synced.append(o.guards)
+            synced.append(o)
         elif (o.kind is K.HOST_READ or o.kind is K.KEEP and o.line in filled) and \
                 o.line not in copied and _storage(o.key, views) == key:
-            if any(g == o.guards[:len(g)] for g in synced):
+            if any(t.on_path(x, o.guards) for x in synced):
                 return None  # a sync on the read's own path (not one in a branch left)
             return o.line
     return None
