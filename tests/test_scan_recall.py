@@ -36,7 +36,8 @@ PUBLISHED = [
     ("A12 DeepSpeed #7965", "deepspeed", "0.18.9", "runtime/zero/stage_1_and_2.py",
      "allreduce_and_copy", 1741, "cross-stream-lifetime"),
     ("A16 torchrec #4231", "torchrec", "1.6.1", "distributed/memory_stashing.py",
-     "_stash_tensors", 187, "cross-stream-lifetime"),
+     "_stash_tensors", 195, "cross-stream-lifetime"),  # the copy; l.187 its loop's line,
+    # where the finding stood while iterating a list counted as a read of it
     ("issue 40 packed weights", "vllm", "0.34.0",
      "distributed/weight_transfer/packed_tensor.py", "packed_nccl_broadcast_producer", 181,
      "unordered-streams"),
