@@ -2447,6 +2447,30 @@ RULES: dict[str, Rule] = {
                     self.ev.synchronize()
                 return self.counts_cpu[:n].tolist()
         ''', Hazard.UNSYNCED_D2H, "Runner.build", "self.counts_cpu"),
+    # a sync in the copy's own branch covers the read after that branch: every path
+    # that made the copy synced it (a sync in another branch covers nothing)
+    "a-sync-in-the-copys-own-branch": Rule('''
+        import torch
+
+        def frames(videos, exact):
+            if videos.is_cuda:
+                host = torch.empty(videos.shape, dtype=videos.dtype, pin_memory=True)
+                host.copy_(videos, non_blocking=True)
+                videos = host.numpy()
+            if exact:
+                torch.cuda.current_stream().synchronize()
+            return list(videos)
+        ''', '''
+        import torch
+
+        def frames(videos, exact):
+            if videos.is_cuda:
+                host = torch.empty(videos.shape, dtype=videos.dtype, pin_memory=True)
+                host.copy_(videos, non_blocking=True)
+                torch.cuda.current_stream().synchronize()
+                videos = host.numpy()
+            return list(videos)
+        ''', Hazard.UNSYNCED_D2H, "frames"),
 }
 
 

@@ -602,10 +602,10 @@ class _Judge(Handoffs):
         return any(o.kind is K.ALLOC and o.key == k for o in self.ops[j + 1:w])
 
     def _synced(self, j: int, stream: str, w: int) -> bool:
-        path = self.ops[w].guards
+        path, copied = self.ops[w].guards, self.ops[j].guards
         for x in self.ops[j + 1:w]:
-            if not self.t.on_path(x, path):
-                continue  # in a branch the read is not in
+            if not self.t.on_path(x, path) and not self.t.on_path(x, copied):
+                continue  # in a branch that neither the read nor the copy is in
             if x.kind is K.HOST_SYNC:
                 recs = self.records.get(x.key)
                 if x.key in ("", stream) or (x.key in self.t.events and (
