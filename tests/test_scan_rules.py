@@ -2471,6 +2471,51 @@ RULES: dict[str, Rule] = {
                 videos = host.numpy()
             return list(videos)
         ''', Hazard.UNSYNCED_D2H, "frames"),
+    # every caller of the function's only caller waits first: a wait two calls up
+    "a-wait-by-every-caller-of-its-caller": Rule('''
+        import torch
+
+        class Offloader:
+            def __init__(self):
+                self.d2h_stream = torch.cuda.Stream()
+
+            def _offload_group(self, group):
+                with torch.cuda.stream(self.d2h_stream):
+                    for name, t in group.items():
+                        group[name] = t.to("cpu", non_blocking=True)
+                        t.record_stream(self.d2h_stream)
+
+            def offload(self, group, ready):
+                if ready:
+                    self._offload_group(group)
+
+            def commit(self, group):
+                self.d2h_stream.wait_stream(torch.cuda.current_stream())
+                self.offload(group, True)
+
+            def flush(self, group):
+                self.offload(group, True)
+        ''', '''
+        import torch
+
+        class Offloader:
+            def __init__(self):
+                self.d2h_stream = torch.cuda.Stream()
+
+            def _offload_group(self, group):
+                with torch.cuda.stream(self.d2h_stream):
+                    for name, t in group.items():
+                        group[name] = t.to("cpu", non_blocking=True)
+                        t.record_stream(self.d2h_stream)
+
+            def offload(self, group, ready):
+                if ready:
+                    self._offload_group(group)
+
+            def commit(self, group):
+                self.d2h_stream.wait_stream(torch.cuda.current_stream())
+                self.offload(group, True)
+        ''', Hazard.UNORDERED, "Offloader._offload_group"),
 }
 
 

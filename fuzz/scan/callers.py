@@ -74,9 +74,12 @@ def _as_caller_names(fn: Function, call: ast.Call, stream: str, recv: str | None
     return None
 
 
-def entry_waits(pkg: Package, fn: Function, streams: set[str], recv: str | None) -> set[str]:
+def entry_waits(pkg: Package, fn: Function, streams: set[str], recv: str | None,
+                depth: int = 0) -> set[str]:
     """The streams of ``streams`` that every caller of ``fn`` makes wait (a
-    ``wait_stream`` or ``wait_event`` on them, on every path to the call) before it."""
+    ``wait_stream`` or ``wait_event`` on them, on every path to the call) before it;
+    a caller that does not may itself be entered so by every one of its callers (one
+    level more: ``commit()`` waits, then calls ``offload()``, which calls ``_flush()``)."""
     sites = _sites(pkg, fn)
     if not sites:
         return set()
@@ -84,7 +87,10 @@ def entry_waits(pkg: Package, fn: Function, streams: set[str], recv: str | None)
     for s in sorted(streams):
         for caller, call in sites:
             there = _as_caller_names(fn, call, s, recv)
-            if there is None or not _waits_before(caller, call, there):
+            if there is None:
+                break
+            if not _waits_before(caller, call, there) and (depth >= 1 or there not in entry_waits(
+                    pkg, caller, {there}, caller.receiver(), depth + 1)):
                 break
         else:
             out.add(s)

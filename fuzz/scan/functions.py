@@ -22,6 +22,15 @@ class Function:
     def name(self) -> str:
         return self.node.name
 
+    def receiver(self) -> str | None:
+        """The name a method calls its object by (``self``), or None for a function."""
+        a = self.node.args
+        first = [*a.posonlyargs, *a.args][:1]
+        decos = {ast.unparse(d) for d in self.node.decorator_list}
+        if self.cls is None or not first or "staticmethod" in decos:
+            return None
+        return first[0].arg
+
     def params(self) -> list[ast.arg]:
         a = self.node.args
         ps = [*a.posonlyargs, *a.args]

@@ -257,7 +257,7 @@ class Package:
             t.base, ANY, THREAD, SUBMITTER}
         if not used:
             return
-        waited = callers.entry_waits(self, fn, used, _receiver(fn))
+        waited = callers.entry_waits(self, fn, used, fn.receiver())
         if not waited:
             return
         t.ops[:0] = [Op(K.WAIT, fn.node.lineno, stream=s, other=t.base) for s in sorted(waited)]
@@ -347,8 +347,8 @@ class Package:
         self._summaries[key] = ()  # recursion guard
         t = self.walk(callee, depth + 1)
         params = set(t.params)
-        if _receiver(callee) is not None:
-            params.add(_receiver(callee) or "")  # what it does to its object's attributes
+        if callee.receiver() is not None:
+            params.add(callee.receiver() or "")  # what it does to its object's attributes
         found: dict[Effect, None] = {}
         for o in t.ops:
             root = o.key.split(".")[0] if o.key else ""
@@ -381,7 +381,7 @@ class Package:
             names = [p.arg for p in callee.params()] if callee else []
             arg: ast.expr | None = next((k.value for k in call.keywords if k.arg == e.param),
                                         None)
-            if callee is not None and e.param == _receiver(callee) and isinstance(
+            if callee is not None and e.param == callee.receiver() and isinstance(
                     call.func, ast.Attribute):
                 arg = call.func.value  # self.x of the callee is receiver.x here
             elif arg is None and e.param in names and names.index(e.param) < len(call.args):
@@ -405,7 +405,7 @@ class Package:
         if expr is None:
             return kind, f"{callee.name}()"
         names = [p.arg for p in callee.params()]
-        recv = _receiver(callee)
+        recv = callee.receiver()
         root = expr
         while isinstance(root, (ast.Attribute, ast.Subscript)):
             root = root.value
@@ -575,16 +575,6 @@ def _device_call(c: ast.Call) -> bool:
 def _call_name(c: ast.Call) -> str:
     f = c.func
     return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-
-
-def _receiver(fn: Function) -> str | None:
-    """The name a method calls its object by (``self``), or None for a function."""
-    a = fn.node.args
-    first = [*a.posonlyargs, *a.args][:1]
-    decos = {dotted(d) for d in fn.node.decorator_list}
-    if fn.cls is None or not first or "staticmethod" in decos:
-        return None
-    return first[0].arg
 
 
 def _reaches_wait(fn: ast.AST, param: str) -> bool:
