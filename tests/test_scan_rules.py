@@ -2516,6 +2516,29 @@ RULES: dict[str, Rule] = {
                 self.d2h_stream.wait_stream(torch.cuda.current_stream())
                 self.offload(group, True)
         ''', Hazard.UNORDERED, "Offloader._offload_group"),
+    # a wait under a test that the waiting stream exists: with no side stream the
+    # context enters none, and the work stays on the current stream
+    "a-wait-guarded-by-its-streams-presence": Rule('''
+        import torch
+
+        def reduce_grad(chunk, grad, reduce_stream, eager):
+            chunk.add_(grad)
+            if eager:
+                reduce_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(reduce_stream):
+                chunk.div_(8)
+            torch.cuda.current_stream().wait_stream(reduce_stream)
+        ''', '''
+        import torch
+
+        def reduce_grad(chunk, grad, reduce_stream, eager):
+            chunk.add_(grad)
+            if reduce_stream is not None:
+                reduce_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(reduce_stream):
+                chunk.div_(8)
+            torch.cuda.current_stream().wait_stream(reduce_stream)
+        ''', Hazard.UNORDERED, "reduce_grad", "chunk"),
 }
 
 

@@ -154,12 +154,13 @@ class Trace:
 
     def on_path(self, op: Op, path: tuple[int, ...]) -> bool:
         """Does ``op`` run wherever something with the branches ``path`` runs? Its
-        branches hold that path, or the ones it adds only test that what it syncs or
-        waits on exists (``if self.ev is not None: self.ev.synchronize()``: with no
-        event there is nothing to wait for)."""
+        branches hold that path, or the ones it adds only test that what it syncs, or
+        the stream that waits, exists (``if self.ev is not None: self.ev.synchronize()``:
+        with no event there is nothing to wait for; with no side stream no side work)."""
         common = next((i for i, (a, b) in enumerate(zip(op.guards, path)) if a != b),
                       min(len(op.guards), len(path)))
-        return all(g > 0 and _tests_presence(self.tests.get(g), op.key)
+        return all(g > 0 and (_tests_presence(self.tests.get(g), op.key) or
+                              _tests_presence(self.tests.get(g), op.stream))
                    for g in op.guards[common:])
 
     def uses_streams(self) -> bool:
