@@ -246,7 +246,7 @@ class _Judge(Handoffs):
                 if best == "no":
                     best = how
                 continue
-            if o.guards == use_guards[:len(o.guards)] or self.t.on_path(o, use_guards) or (
+            if self.t.on_path(o, use_guards) or (
                     access_guards is not None and o.guards == access_guards[:len(o.guards)]):
                 return "yes"
             partial.append(o.guards)

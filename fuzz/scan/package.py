@@ -195,8 +195,9 @@ class Package:
         thread's current stream is the default stream, so the two are one stream.
         A submitter is taken to run there when neither it nor any caller of it in
         the package enters or sets a stream."""
-        spawner = {id(node): fn for fn in self.functions for node in _own_nodes(fn.node)
-                   if isinstance(node, ast.Call)}
+        files = {path for path, _ in self._spawns}  # only these hold a spawn call
+        spawner = {id(node): fn for fn in self.functions if fn.file in files
+                   for node in _own_nodes(fn.node) if isinstance(node, ast.Call)}
         out = set()
         for key, calls in self._spawns.items():
             fns = [spawner.get(id(c)) for c in calls]
