@@ -27,7 +27,7 @@ def _step():
     batch_class = _kit.dense_batch_class(module.Pipelineable)
     mixin = module.AsyncInplaceCopyMixin()
     device = torch.ones(1, device="cuda").device
-    mixin._setup_async_inplace_copy(True, torch.device("cuda"))
+    mixin._setup_async_inplace_copy(True, device)  # the pipeline passes its indexed device
     host = batch_class(torch.arange(64, dtype=torch.float32).pin_memory())  # the data loader's
     future = mixin._submit_inplace_copy(host, device, torch.cuda.Stream())
     on_device = future.result()
