@@ -2177,6 +2177,107 @@ RULES: dict[str, Rule] = {
         def step_fast(x, side):
             _retry(x, side)
         ''', Hazard.UNORDERED, "step_fast"),
+    # a global made by ``threading.Event()`` (or an ``Event`` imported from
+    # ``threading``, ``asyncio`` or ``multiprocessing``) is a host thread's flag, not a
+    # device event cached across callers
+    "a-threads-event-kept-in-a-global-is-no-device-event": Rule('''
+        import torch
+
+        _done = torch.cuda.Event()
+
+        def _prime():
+            global _done
+            _done = torch.cuda.Event()
+        ''', '''
+        import threading
+        import multiprocessing as mp
+        import torch
+
+        _done = threading.Event()
+        _stop = mp.Event()
+
+        class Prefetch:
+            ready = threading.Event()
+
+        def _prime():
+            global _done
+            from asyncio import Event
+            _done = Event()
+            with torch.cuda.stream(torch.cuda.Stream()):
+                pass
+        ''', Hazard.CACHED_STREAM, "_done"),
+    # another array framework's stream (MLX's ``mx.stream``, JAX's) orders no torch work:
+    # a helper that returns one, or a ``with`` on one, switches no torch stream
+    "another-frameworks-stream-is-no-torch-stream": Rule('''
+        import torch
+
+        _side = torch.cuda.Stream()
+
+        def _generation_context():
+            return torch.cuda.stream(_side)
+
+        def iter_responses(responses):
+            it = iter(responses)
+            while True:
+                with _generation_context():  # the generation stream
+                    response = next(it)
+                yield response
+        ''', '''
+        import paddle
+        import torch
+
+        def _generation_context():
+            import mlx.core as mx
+            from mlx_vlm.generate import generation_stream
+            return mx.stream(generation_stream)
+
+        def iter_responses(responses):
+            it = iter(responses)
+            while True:
+                with _generation_context():  # the generation stream
+                    response = next(it)
+                with paddle.device.stream_guard(paddle.device.Stream()):
+                    response = response + 1
+                yield response
+        ''', Hazard.LIFETIME, "iter_responses"),
+    # a work handle bound again in a branch that asserts the first binding's branch was
+    # not taken still holds the first work on that path: its wait there waits it
+    "a-handle-bound-again-in-a-branch-asserted-exclusive": Rule('''
+        import torch
+        import torch.distributed as dist
+
+        def backward(grad, weight, allreduce, scatter, out):
+            grad_input = grad.matmul(weight)
+            if allreduce:
+                handle = dist.all_reduce(grad_input, async_op=True)
+            if scatter:
+                handle = dist.reduce_scatter_tensor(out, grad_input, async_op=True)
+            grad_weight = grad.t().matmul(weight)
+            if scatter:
+                handle.wait()
+                return out, grad_weight
+            if allreduce:
+                handle.wait()
+            return grad_input, grad_weight
+        ''', '''
+        import torch
+        import torch.distributed as dist
+
+        def backward(grad, weight, allreduce, scatter, out):
+            grad_input = grad.matmul(weight)
+            if allreduce:
+                handle = dist.all_reduce(grad_input, async_op=True)
+            if scatter:
+                assert not allreduce
+                handle = dist.reduce_scatter_tensor(out, grad_input, async_op=True)
+            grad_weight = grad.t().matmul(weight)
+            if scatter:
+                handle.wait()
+                return out, grad_weight
+            if allreduce:
+                handle.wait()
+            return grad_input, grad_weight
+        ''', Hazard.ASYNC_COLLECTIVE, "backward"),
     # a context manager of the package's own whose name has "stream" in it but which
     # enters no device stream (an HTTP response stream) switches no stream
     "an-own-context-manager-named-for-a-stream-that-enters-none": Rule('''

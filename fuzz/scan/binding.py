@@ -23,7 +23,7 @@ from streamfuzz.fuzz.scan.names import (
     is_true,
     kw_arg,
 )
-from streamfuzz.fuzz.scan.ops import REBOUND, K
+from streamfuzz.fuzz.scan.ops import REBOUND, K, Op
 
 
 class Binding(Namer):
@@ -142,7 +142,19 @@ class Binding(Namer):
             return self.key(value.args[0]) if value.args else None
         return self.key(recv)
 
+    def _keep_exclusive_work(self, name: str, made: str | None) -> None:
+        """A handle bound again in a branch that asserts the first binding's branch not
+        taken (``assert not allreduce``): on that branch's path it holds the first work."""
+        old = self.alias.get(name, "")
+        if not (made and made.startswith("<work@") and old.startswith("<work@")):
+            return
+        launch = next((o for o in self.t.ops if o.kind is K.COLLECTIVE and o.other == old), None)
+        here = Op(K.USE, 0, guards=tuple(self.guards))
+        if launch is not None and self.t.excluded(here, self.t.tests_of(launch)):
+            self.also_holds.setdefault(name, set()).add(old)
+
     def _bind_unknown(self, name: str, line: int, made: str | None) -> None:
+        self._keep_exclusive_work(name, made)
         self.parts.pop(name, None)
         self.alias.pop(name, None)
         self.rebind(name, line)
@@ -200,6 +212,7 @@ class Binding(Namer):
             self.t.persistent.add(made)
 
     def _bind_local(self, name: str, value: ast.expr, line: int, made: str | None) -> None:
+        self._keep_exclusive_work(name, made)
         vk = self.key(value) if made is None else None
         self.rebind(name, line, still=vk)
         self.parts.pop(name, None)

@@ -150,6 +150,9 @@ class Calls(Namer):
                 self.emit(K.WAIT_EVENT, line, stream=s or self.cur, key=rk)
             else:
                 self.emit(K.WORK_WAIT, line, key=rk, stream=self.cur)
+                for other in sorted(self.also_holds.get(  # type: ignore[attr-defined]
+                        ast.unparse(recv) if recv is not None else "", ())):
+                    self.emit(K.WORK_WAIT, line, key=other, stream=self.cur)
             return None
         return _PASS
 

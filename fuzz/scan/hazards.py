@@ -682,8 +682,9 @@ class _Judge(Handoffs):
             start = launched[0][0]
             held = {work} | {o.other for o in self.ops if o.kind is K.KEEP and o.key == work
                              and o.other}  # the containers it was put in
+            launch_tests = self.t.tests_of(launched[0][1])
             waits = [j for j, o in enumerate(self.ops) if o.kind is K.WORK_WAIT and
-                     o.key in held and j > start]
+                     o.key in held and j > start and not self.t.excluded(o, launch_tests)]
             boxes = held - {work}  # a local list of handles hands them on only if it is used
             boxed = {o.line for o in self.ops if o.kind is K.KEEP and o.key == work and
                      o.other in self.t.containers}
@@ -699,7 +700,7 @@ class _Judge(Handoffs):
             with_work = {o.line for o in self.ops if o.key in held and o.kind in (K.USE, K.KEEP)
                          and o.line not in boxed}
             touched = [o for j, o in enumerate(self.ops[start + 1:end], start + 1)
-                       if o.key in keys and (
+                       if o.key in keys and not self.t.excluded(o, launch_tests) and (
                            (o.kind is K.FREE and not any(k < j for k in kept)) or (
                                o.kind is K.USE and o.stream != ANY and j not in relaunch
                                and o.line not in with_work))]

@@ -73,6 +73,8 @@ NOT_STREAM_CALLS = {"stream", "Stream", "ExternalStream", "wait_stream", "record
 DEVICE_MODULES = {"cuda", "accelerator", "xpu", "npu", "mps", "device_module"}
 """The last name of a device module's path (``torch.cuda``, ``self.device_module``)."""
 MODULES = frozenset({"torch", "np", "numpy", "F", "math"})
+# array frameworks with streams of their own, which order no torch work
+OTHER_FRAMEWORKS = frozenset({"mlx", "jax", "jaxlib", "tensorflow", "paddle"})
 """Module names that are never tensors, wherever the file imports them from."""
 _SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)
 
@@ -179,6 +181,7 @@ class Namer:
         self.parts: dict[str, str] = {}  # a local name -> the region of its storage (part)
         self.stream_lists: dict[str, list[str]] = {}  # a local list of streams -> them
         self.unset: list[str] = []  # names an enclosing `if x is None` says hold nothing
+        self.also_holds: dict[str, set[str]] = {}  # a handle -> works it still may hold
         self.contexts = {**self.module.contexts, **self.facts.contexts}
         self.modules = MODULES | self.module.modules
         for k in self.facts.alias:
@@ -366,6 +369,8 @@ class Namer:
             return self.context_stream(node.body) or self.context_stream(node.orelse)
         if isinstance(node, ast.Call):
             name = callee_name(node)
+            if (dotted(node.func) or "").split(".")[0] in self.module.foreign | OTHER_FRAMEWORKS:
+                return None  # another framework's stream (``mx.stream``): no torch stream
             if (name in ("stream", "StreamContext", "use_stream", "cuda_stream") or
                     STREAM_CONTEXT.search(name)) and node.args:
                 s = self.stream_of(node.args[0])

@@ -138,6 +138,9 @@ class Trace:
     waited: set[str] = field(default_factory=set)  # x.wait() / x.query() seen
     loops: list[Loop] = field(default_factory=list)
     tests: dict[int, ast.expr] = field(default_factory=dict)  # an if's id -> its test
+    # an if's id -> the tests its body asserts false (``assert not x``): their branches
+    # were not taken on its path
+    excludes: dict[int, set[str]] = field(default_factory=dict)
 
     def name(self, key: str) -> str:
         root, dot, rest = key.partition(".")
@@ -163,6 +166,14 @@ class Trace:
                               _tests_presence(self.tests.get(g), op.stream))
                    for g in op.guards[common:])
 
+    def tests_of(self, op: Op) -> set[str]:
+        """The tests of the branches ``op`` runs in (their bodies)."""
+        return {ast.unparse(self.tests[g]) for g in op.guards if g in self.tests}
+
+    def excluded(self, op: Op, tests: set[str]) -> bool:
+        """Does ``op`` run in a branch that asserts one of ``tests`` false?"""
+        return any(self.excludes.get(g, set()) & tests for g in op.guards)
+
     def uses_streams(self) -> bool:
         return any(o.kind in _STREAM_KINDS or (o.kind in (K.USE, K.ALLOC)
                                                 and o.stream != self.base) for o in self.ops)
@@ -184,6 +195,7 @@ class ClassFacts:
     alias: dict[str, str] = field(default_factory=dict)  # self.x_np -> self.x
     contexts: dict[str, str] = field(default_factory=dict)  # self.ctx -> the stream it enters
     modules: set[str] = field(default_factory=set)  # names bound by ``import``: never tensors
+    foreign: set[str] = field(default_factory=set)  # names of another framework's modules
 
 
 def _tests_presence(test: ast.expr | None, key: str) -> bool:

@@ -18,7 +18,13 @@ from typing import NamedTuple
 
 from streamfuzz.fuzz.scan import callers, host_args
 from streamfuzz.fuzz.scan.functions import Function
-from streamfuzz.fuzz.scan.names import DEVICE_MODULES, MODULES, dotted, is_scalar_annotation
+from streamfuzz.fuzz.scan.names import (
+    DEVICE_MODULES,
+    MODULES,
+    OTHER_FRAMEWORKS,
+    dotted,
+    is_scalar_annotation,
+)
 from streamfuzz.fuzz.scan.nodes import own_nodes as _own_nodes
 from streamfuzz.fuzz.scan.ops import (
     ANY,
@@ -78,6 +84,7 @@ class Module:
     lines: list[str]
     facts: ClassFacts = field(default_factory=ClassFacts)
     classes: dict[str, ClassFacts] = field(default_factory=dict)
+    host: frozenset[str] = frozenset()  # its names for threading, asyncio, multiprocessing
 
 
 class Package:
@@ -123,9 +130,15 @@ class Package:
     # -- indexing ------------------------------------------------------------
 
     def _index(self, m: Module) -> None:
+        m.host = _host_names(m.tree)
         for node in ast.walk(m.tree):
             if isinstance(node, ast.Import):
                 m.facts.modules |= {(a.asname or a.name).split(".")[0] for a in node.names}
+                m.facts.foreign |= {(a.asname or a.name).split(".")[0] for a in node.names
+                                    if a.name.split(".")[0] in OTHER_FRAMEWORKS}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                    (node.module or "").split(".")[0] in OTHER_FRAMEWORKS:
+                m.facts.foreign |= {a.asname or a.name for a in node.names}
         for stmt in m.tree.body:
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                 self._module_value(m, stmt, stmt.value)
@@ -151,7 +164,7 @@ class Package:
                       value: ast.expr) -> None:
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
         names = [t.id for t in targets if isinstance(t, ast.Name)]
-        made = _makes(value)
+        made = _makes(value, m.host)
         for n in names:
             if made:
                 (m.facts.streams if made == "stream" else m.facts.events).add(n)
@@ -169,12 +182,12 @@ class Package:
         globs = {n for s in ast.walk(fn.node) if isinstance(s, ast.Global) for n in s.names}
         for node in _own_nodes(fn.node):
             if isinstance(node, ast.Call):
-                made = _makes(node)
+                made = _makes(node, m.host)
                 if made and cached:
                     self.caches.append(ModuleCache(m.path, node.lineno, fn.qualname, made,
                                                    "made once by a cached function"))
             elif isinstance(node, ast.Assign) and globs:
-                made = _makes(node.value)
+                made = _makes(node.value, m.host)
                 for t in node.targets:
                     if made and isinstance(t, ast.Name) and t.id in globs:
                         self.caches.append(ModuleCache(m.path, node.lineno, t.id, made,
@@ -399,7 +412,7 @@ class Package:
         if callee is None:
             return None
         if callee.helper is None:
-            callee.helper = _stream_helper(callee)
+            callee.helper = _stream_helper(callee, self.modules[callee.file].facts.foreign)
         if not callee.helper:
             return OWN, ""  # the package's own, and no stream helper: no name guesses
         kind, expr = callee.helper
@@ -532,10 +545,11 @@ _CONTEXTS = {"stream", "StreamContext", "use_stream", "cuda_stream"}
 _MAKERS = {"Stream", "ExternalStream"}
 
 
-def _stream_helper(fn: Function) -> tuple[str, ast.expr | None] | tuple[()]:
+def _stream_helper(fn: Function, foreign: set[str]) -> tuple[str, ast.expr | None] | tuple[()]:
     """Does ``fn`` return a stream, or enter one for its caller (a context manager
     that enters a stream context or sets the current stream, or returns such a
-    context)? The stream as ``fn`` names it (None: one it makes)."""
+    context)? The stream as ``fn`` names it (None: one it makes). A context of
+    another framework's module (``foreign``: ``mx.stream``) is none of torch's."""
     decos = {((dotted(d.func) if isinstance(d, ast.Call) else dotted(d)) or "").rsplit(".", 1)[-1]
              for d in fn.node.decorator_list}
     generator = "contextmanager" in decos or "asynccontextmanager" in decos
@@ -544,14 +558,16 @@ def _stream_helper(fn: Function) -> tuple[str, ast.expr | None] | tuple[()]:
         if generator and isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
                 c = item.context_expr
-                if isinstance(c, ast.Call) and _call_name(c) in _CONTEXTS and c.args:
+                if isinstance(c, ast.Call) and _call_name(c) in _CONTEXTS and c.args and \
+                        not _foreign_call(c, foreign):
                     return "context", c.args[0]
         if generator and isinstance(node, ast.Call) and _call_name(node) == "set_stream" and \
                 node.args and _device_call(node):
             return "context", node.args[0]
         if isinstance(node, ast.Return) and node.value is not None:
             v = node.value
-            if isinstance(v, ast.Call) and _call_name(v) in _CONTEXTS and v.args:
+            if isinstance(v, ast.Call) and _call_name(v) in _CONTEXTS and v.args and \
+                    not _foreign_call(v, foreign):
                 return "context", v.args[0]
             if isinstance(v, ast.Call) and _call_name(v) in _MAKERS:
                 return "stream", None
@@ -562,6 +578,13 @@ def _stream_helper(fn: Function) -> tuple[str, ast.expr | None] | tuple[()]:
                                                  not last.endswith("streams")):
                     return "stream", v
     return ()
+
+
+def _foreign_call(c: ast.Call, foreign: set[str]) -> bool:
+    """Is ``c`` called on another framework's module, as the package or ``c``'s own
+    function imports it (``import mlx.core as mx`` in the helper)?"""
+    root = (dotted(c.func) or "").split(".")[0]
+    return root in foreign or root in OTHER_FRAMEWORKS
 
 
 def _device_call(c: ast.Call) -> bool:
@@ -650,16 +673,40 @@ def _fills_with_event(body: list[ast.stmt], param: str) -> bool:
     return bound and recorded
 
 
-def _makes(value: ast.AST) -> str | None:
+def _makes(value: ast.AST, host: frozenset[str] = frozenset()) -> str | None:
+    """"stream" or "event" where ``value`` makes one; ``host`` names the module's
+    imports of ``threading``, ``asyncio`` and ``multiprocessing``, whose ``Event()`` is a
+    thread's flag, not a device event."""
     if isinstance(value, ast.IfExp):  # Event() if spec else None: an event, or none
-        return _makes(value.body) or _makes(value.orelse)
+        return _makes(value.body, host) or _makes(value.orelse, host)
     if isinstance(value, ast.Call):
         f = value.func
         name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) \
             else ""
+        root = (dotted(f) or "").split(".")[0]
+        if root in host or root in _HOST_MODULES:
+            return None
         if name in _MAKES_STREAM:
             return _MAKES_STREAM[name]
     return None
+
+
+_HOST_MODULES = frozenset({"threading", "asyncio", "multiprocessing"})
+
+
+def _host_names(tree: ast.Module) -> frozenset[str]:
+    """Names a module binds to ``threading``, ``asyncio`` or ``multiprocessing`` or to
+    something imported from them, anywhere in it (``from threading import Event`` in a
+    function)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.asname or a.name for a in node.names
+                      if a.name.split(".")[0] in _HOST_MODULES}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                (node.module or "").split(".")[0] in _HOST_MODULES:
+            names |= {a.asname or a.name for a in node.names}
+    return frozenset(names)
 
 
 def _pins(value: ast.AST) -> bool:
@@ -678,11 +725,11 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
         if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and \
                 "Tensor" in ast.unparse(s.annotation):
             facts.tensors.add(f"self.{s.target.id}")
-        if isinstance(s, ast.Assign) and _makes(s.value):
+        if isinstance(s, ast.Assign) and _makes(s.value, m.host):
             for t in s.targets:
                 if isinstance(t, ast.Name):
                     caches.append(ModuleCache(m.path, s.lineno, f"{cls.name}.{t.id}",
-                                              _makes(s.value) or "", "a class attribute, "
+                                              _makes(s.value, m.host) or "", "a class attribute, "
                                               "shared by every instance"))
     for node in ast.walk(cls):
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
@@ -693,7 +740,7 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
             if not name or not name.startswith("self."):
                 continue
             v = node.value
-            made = _makes(v)
+            made = _makes(v, m.host)
             if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
                     v.func.attr in ("stream", "StreamContext") and v.args and dotted(v.args[0]):
                 facts.contexts[name] = dotted(v.args[0]) or ""
@@ -701,13 +748,13 @@ def _class_facts(m: Module, cls: ast.ClassDef, caches: list[ModuleCache]) -> Cla
             elif made == "stream":
                 facts.streams.add(name)
             elif isinstance(v, (ast.List, ast.Tuple, ast.Dict, ast.ListComp, ast.DictComp)) \
-                    and any(_makes(n) == "stream" for n in ast.walk(v)):
+                    and any(_makes(n, m.host) == "stream" for n in ast.walk(v)):
                 facts.streams.add(name + "[]")  # a container of streams: each is one
             elif isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
                     v.func.attr in ("current_stream", "default_stream"):
                 facts.alias.setdefault(name, CURRENT)  # the stream current where it is made
             elif made == "event" or isinstance(v, (ast.List, ast.Tuple, ast.ListComp)) and any(
-                    _makes(n) == "event" for n in ast.walk(v)):
+                    _makes(n, m.host) == "event" for n in ast.walk(v)):
                 facts.events.add(name)  # an event, or a list of them (``self.done[i]``)
             elif _pins(v):
                 facts.pinned.add(name)

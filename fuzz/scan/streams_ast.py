@@ -78,6 +78,9 @@ class Walker(Calls, Binding):
             k = self.key(none) if none is not None else None
             if k:  # `if self.buf is None: self.buf = ...`: nothing is dropped there
                 self.unset.append(k)
+            excluded = _asserted_false(s.body)
+            if excluded:
+                self.t.excludes[id(s)] = excluded
             self.walk(s.body)
             if k:
                 self.unset.pop()
@@ -252,6 +255,13 @@ class Walker(Calls, Binding):
             if isinstance(child, ast.expr):
                 self.expr(child)
         return None
+
+
+def _asserted_false(body: list[ast.stmt]) -> set[str]:
+    """The tests a branch asserts false at its top level (``assert not x``): the
+    branch that tests them cannot have been taken on this path."""
+    return {ast.unparse(s.test.operand) for s in body if isinstance(s, ast.Assert) and
+            isinstance(s.test, ast.UnaryOp) and isinstance(s.test.op, ast.Not)}
 
 
 def _truth_of_iterated(s: ast.If) -> bool:
