@@ -2278,6 +2278,48 @@ RULES: dict[str, Rule] = {
                 handle.wait()
             return grad_input, grad_weight
         ''', Hazard.ASYNC_COLLECTIVE, "backward"),
+    # a wait guarded by "the current stream is not the side stream" holds on every
+    # path: where the test is false the side stream is the current one, with nothing
+    # to wait for (the test in the ``if`` or in a name bound to it just before)
+    "a-wait-guarded-by-the-current-stream-being-another": Rule('''
+        import torch
+
+        class Dispatcher:
+            def __init__(self):
+                self.dtoh = torch.cuda.Stream()
+
+            def to_host(self, splits):
+                on_side = torch.cuda.current_stream() != self.dtoh
+                if splits is not None:
+                    self.dtoh.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.dtoh):
+                    self.splits = splits.to("cpu", non_blocking=True)
+                    splits.record_stream(self.dtoh)
+                self.done = self.dtoh.record_event()
+        ''', '''
+        import torch
+
+        class Dispatcher:
+            def __init__(self):
+                self.dtoh = torch.cuda.Stream()
+
+            def to_host(self, splits):
+                on_side = torch.cuda.current_stream() != self.dtoh
+                if on_side:
+                    self.dtoh.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.dtoh):
+                    self.splits = splits.to("cpu", non_blocking=True)
+                    splits.record_stream(self.dtoh)
+                self.done = self.dtoh.record_event()
+
+            def to_host_inline(self, counts):
+                if self.dtoh is not torch.cuda.current_stream():
+                    self.dtoh.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.dtoh):
+                    self.counts = counts.to("cpu", non_blocking=True)
+                    counts.record_stream(self.dtoh)
+                self.done = self.dtoh.record_event()
+        ''', Hazard.UNORDERED, "Dispatcher.to_host"),
     # a context manager of the package's own whose name has "stream" in it but which
     # enters no device stream (an HTTP response stream) switches no stream
     "an-own-context-manager-named-for-a-stream-that-enters-none": Rule('''

@@ -56,6 +56,11 @@ class Binding(Namer):
         made = None if isinstance(value, (ast.Name, ast.Attribute)) else self.expr(value)
         for tgt in targets:
             self.bind(tgt, value, s.lineno, made)
+            if isinstance(tgt, ast.Name):  # on_side = current_stream() != s: `if on_side:`
+                if isinstance(value, ast.Compare):
+                    self.compares[tgt.id] = value
+                else:
+                    self.compares.pop(tgt.id, None)
 
     def bind(self, tgt: ast.expr, value: ast.expr | None, line: int,
              made: str | None = None) -> None:

@@ -181,6 +181,7 @@ class Namer:
         self.parts: dict[str, str] = {}  # a local name -> the region of its storage (part)
         self.stream_lists: dict[str, list[str]] = {}  # a local list of streams -> them
         self.unset: list[str] = []  # names an enclosing `if x is None` says hold nothing
+        self.compares: dict[str, ast.Compare] = {}  # a local name -> the test bound to it
         self.also_holds: dict[str, set[str]] = {}  # a handle -> works it still may hold
         self.contexts = {**self.module.contexts, **self.facts.contexts}
         self.modules = MODULES | self.module.modules

@@ -163,7 +163,8 @@ class Trace:
         common = next((i for i, (a, b) in enumerate(zip(op.guards, path)) if a != b),
                       min(len(op.guards), len(path)))
         return all(g > 0 and (_tests_presence(self.tests.get(g), op.key) or
-                              _tests_presence(self.tests.get(g), op.stream))
+                              _tests_presence(self.tests.get(g), op.stream) or
+                              _tests_not_current(self.tests.get(g), op.stream))
                    for g in op.guards[common:])
 
     def tests_of(self, op: Op) -> set[str]:
@@ -196,6 +197,19 @@ class ClassFacts:
     contexts: dict[str, str] = field(default_factory=dict)  # self.ctx -> the stream it enters
     modules: set[str] = field(default_factory=set)  # names bound by ``import``: never tensors
     foreign: set[str] = field(default_factory=set)  # names of another framework's modules
+
+
+def _tests_not_current(test: ast.expr | None, stream: str) -> bool:
+    """Is ``test`` ``current_stream() != stream`` (or ``is not``)? Where it is false the
+    stream is the current one: a wait of it for the current stream has nothing to order."""
+    if not isinstance(test, ast.Compare) or len(test.ops) != 1 or not stream or \
+            not isinstance(test.ops[0], (ast.NotEq, ast.IsNot)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    current = [isinstance(x, ast.Call) and isinstance(x.func, (ast.Attribute, ast.Name)) and
+               (x.func.attr if isinstance(x.func, ast.Attribute) else x.func.id) ==
+               "current_stream" for x in sides]
+    return current.count(True) == 1 and ast.unparse(sides[current.index(False)]) == stream
 
 
 def _tests_presence(test: ast.expr | None, key: str) -> bool:

@@ -62,7 +62,8 @@ class Walker(Calls, Binding):
             if not _truth_of_iterated(s):
                 self.expr(s.test)
             self.guards.append(id(s))
-            self.t.tests[id(s)] = s.test
+            self.t.tests[id(s)] = self.compares.get(s.test.id, s.test) if isinstance(
+                s.test, ast.Name) else s.test
             polled = []  # `if not ev.query(): return`: past the `if`, ev's work is done
             for node in ast.walk(s.test):  # `if ev.query():` the work before ev is done
                 if isinstance(node, ast.Call) and callee_name(node) == "query" and \
