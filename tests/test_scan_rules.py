@@ -2320,6 +2320,30 @@ RULES: dict[str, Rule] = {
                     counts.record_stream(self.dtoh)
                 self.done = self.dtoh.record_event()
         ''', Hazard.UNORDERED, "Dispatcher.to_host"),
+    # a helper that only records an event on the stream it is given puts no work on
+    # it: the work, and its order, are its callers'
+    "a-helper-that-only-records-on-the-stream-it-is-given": Rule('''
+        import torch
+
+        class Group:
+            def __init__(self):
+                self._offload_event = torch.cuda.Event()
+
+            def record_offload_event(self, stream):
+                with torch.cuda.stream(stream):
+                    _offload_all()
+                self._offload_event.record(stream)
+        ''', '''
+        import torch
+
+        class Group:
+            def __init__(self):
+                self._offload_event = torch.cuda.Event()
+
+            def record_offload_event(self, stream):
+                """Record the offload event."""
+                self._offload_event.record(stream)
+        ''', Hazard.UNORDERED, "Group.record_offload_event"),
     # a context manager of the package's own whose name has "stream" in it but which
     # enters no device stream (an HTTP response stream) switches no stream
     "an-own-context-manager-named-for-a-stream-that-enters-none": Rule('''

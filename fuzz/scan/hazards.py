@@ -410,6 +410,9 @@ class _Judge(Handoffs):
                 continue
             if o.stream not in self.t.streams:
                 continue
+            if o.stream in self.t.params and o.stream not in self.t.entered and \
+                    all(w.kind is K.EVENT_RECORD for w in self.ops):
+                continue  # it only marks the stream it is given: the work is its callers'
             waits = [w for w in self.ops if w.kind in (K.WAIT, K.WAIT_EVENT)
                      and w.stream in (o.stream, ANY)]
             if _all_paths([w.guards for w in waits]) or TIMING.search(o.key.rsplit(".", 1)[-1]):
