@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-import zipfile
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import streamfuzz
+from streamfuzz.fuzz.scan.sources import open_source
 from streamfuzz.standins import Loaded, load
 
 _CACHE = Path(os.environ.get("STREAMFUZZ_SCAN_WHEELS",
@@ -24,10 +24,12 @@ _CACHE = Path(os.environ.get("STREAMFUZZ_SCAN_WHEELS",
 
 
 def wheel(prefix: str) -> str:
-    """The wheel named ``prefix*`` in the download cache (``pip download NAME==X --no-deps``)."""
-    found = sorted(_CACHE.glob(prefix + "*.whl"))
+    """The wheel ``prefix*.whl``, else the sdist ``prefix.tar.gz``, in the download cache
+    (``pip download NAME==X --no-deps``: a release with no wheel comes as its sdist)."""
+    found = sorted(_CACHE.glob(prefix + "*.whl")) or sorted(_CACHE.glob(prefix + ".tar.gz"))
     if not found:
-        raise SystemExit(f"no {prefix}*.whl in {_CACHE}: pip download the release there")
+        raise SystemExit(f"no {prefix}*.whl or {prefix}.tar.gz in {_CACHE}: "
+                         "pip download the release there")
     return str(found[0])
 
 
@@ -39,10 +41,9 @@ def release(prefix: str, file: str) -> Loaded:
 def twin(prefix: str, file: str, old: str, new: str) -> Loaded:
     """``file`` of the release with ``old`` replaced by ``new`` once: the fixed twin."""
     root = Path(tempfile.mkdtemp(prefix="twin-"))
-    with zipfile.ZipFile(wheel(prefix)) as zf:
-        for name in zf.namelist():
-            if name.endswith(".py"):
-                zf.extract(name, root)
+    for f in open_source(wheel(prefix)).files():  # as the release loads: an sdist's top dir off
+        (root / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (root / f.path).write_text(f.text)
     path = root / file
     text = path.read_text()
     if text.count(old) != 1:
