@@ -14,6 +14,8 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import streamfuzz
 from streamfuzz.fuzz.scan.sources import open_source
 from streamfuzz.standins import Loaded, load
@@ -57,6 +59,28 @@ def kernel(reads: list[Any], writes: list[Any], label: str) -> None:
     with streamfuzz.opaque(reads=[t for t in reads if t is not None],
                            writes=[t for t in writes if t is not None], label=label):
         pass
+
+
+def p2p_op(op: str, tensor: Any, peer: int, group: Any = None) -> Obj:
+    """``dist.P2POp`` as the described ``batch_isend_irecv`` reads it (``op``: isend, irecv)."""
+    return Obj(op=op, tensor=tensor)
+
+
+def batch_isend_irecv(stream: Any) -> Callable[[list[Any]], list[Obj]]:
+    """``dist.batch_isend_irecv`` as ProcessGroupNCCL orders it: the group's stream
+    (``stream``) waits for the caller's, runs one kernel reading the sends and writing
+    the receives, and each request's ``wait`` makes the then current stream wait for it."""
+
+    def run(ops: list[Any]) -> list[Obj]:
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            kernel([op.tensor for op in ops if op.op == "isend"],
+                   [op.tensor for op in ops if op.op == "irecv"], "nccl_send_recv")
+            done = torch.cuda.Event()
+            done.record()
+        return [Obj(wait=lambda: torch.cuda.current_stream().wait_event(done))]
+
+    return run
 
 
 def findings(run: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:

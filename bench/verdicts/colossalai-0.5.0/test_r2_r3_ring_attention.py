@@ -59,24 +59,12 @@ class _Group:
 
 
 def _dist(me):
-    comm_stream = torch.cuda.Stream()
-
-    def batch_isend_irecv(ops):
-        comm_stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(comm_stream):
-            _kit.kernel([op.tensor for op in ops if op.op == "isend"],
-                        [op.tensor for op in ops if op.op == "irecv"], "nccl_send_recv")
-            done = torch.cuda.Event()
-            done.record()
-        return [_kit.Obj(wait=lambda: torch.cuda.current_stream().wait_event(done))]
-
     return _kit.Obj(
         get_world_size=lambda group=None: len(group.ranks),
         get_rank=lambda group=None: group.ranks.index(me) if group is not None else me,
         get_global_rank=lambda group, rank: group.ranks[rank],
-        P2POp=lambda op, tensor, peer, group=None: _kit.Obj(op=op, tensor=tensor),
-        isend="isend", irecv="irecv", batch_isend_irecv=batch_isend_irecv,
-        ProcessGroup=_Group)
+        P2POp=_kit.p2p_op, isend="isend", irecv="irecv",
+        batch_isend_irecv=_kit.batch_isend_irecv(torch.cuda.Stream()), ProcessGroup=_Group)
 
 
 def _flash_attn_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, **kwargs):
