@@ -23,10 +23,10 @@ reduces).
 Hand edits: the optimizer and its stores are built without ``__init__``
 (which asks ``torch.distributed`` for ranks): the attributes the reduction
 reads, two ranks (the stores' base class, past the loader's import depth, is
-stood in: its ``world_size`` and ``local_rank`` are plain attributes); ``get_accelerator()`` (stood in on a CPU-only load) answers
-with ``torch.cuda``; ``dist.all_reduce`` and ``dist.reduce_scatter_tensor`` are
-one kernel each on the stream that calls them, as NCCL's synchronous calls
-order them.
+stood in: its ``world_size`` and ``local_rank`` are plain attributes);
+``get_accelerator()`` (stood in on a CPU-only load) answers with ``torch.cuda``;
+``dist.all_reduce`` and ``dist.reduce_scatter_tensor`` are one kernel each on
+the stream that calls them, as NCCL's synchronous calls order them.
 """
 
 import pytest

@@ -40,9 +40,8 @@ from bench.verdicts import _kit
 
 REL = "colossalai-0.5.0"
 FILE = "colossalai/zero/gemini/gemini_ddp.py"
-UNORDERED = ("            if async_reduce_stream is not None:\n"
-             "                async_reduce_stream.wait_stream(get_accelerator().current_stream())\n",
-             "")
+UNORDERED = (" " * 16 + "async_reduce_stream.wait_stream(get_accelerator().current_stream())\n",
+             " " * 16 + "pass\n")
 SIZE = 64
 
 
