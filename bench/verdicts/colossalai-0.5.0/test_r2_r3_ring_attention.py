@@ -6,9 +6,9 @@ The ring's steps alternate between the current stream and ``sp_stream``:
 step ``i`` runs flash attention on ``sp_streams[i % 2]`` and then rescales the
 running ``out`` and ``softmax_lse`` there, reading what step ``i - 1`` wrote on
 the other stream. The only wait at a step's start is the KV receive's
-(``local_kv_comms[(i + 1) % 2].wait()``), and that receive was issued at the
-start of step ``i - 1`` (or ``i - 2``), before that step's attention and
-rescale, so nothing orders them before step ``i``'s reads. (The scan's own
+(``local_kv_comms[(i + 1) % 2].wait()``), and that receive was issued on the
+same stream two steps before (step 0's prefetch, for step 1), so nothing of
+step ``i - 1``, on the other stream, is ordered before step ``i``'s reads. (The scan's own
 words name ``block_softmax_lse``, a list slot each step rebinds to a fresh
 tensor; the unordered tensors are the running ``out`` and ``softmax_lse``.)
 
@@ -16,8 +16,9 @@ Driven as ``RingAttention.attention`` drives it on one rank of a ring of four
 (causal batches; rank 2's view of a single ring for rank 2, and ranks 1 and 2
 of a 2x2 double ring, ``inner_ring_size=2``, for rank 3): flagged, a race on
 the running output between the two streams. The fixed twin, each step's
-stream waiting for the other before its attention, is clean in the ring: no
-race, and nothing freed in it while the other stream may use it. What the
+stream waiting for the other before its attention (which gives up the
+overlap of a rescale with the next attention), is clean in the ring: no race,
+and nothing freed in it while the other stream may use it. What the
 twin still shows on the double ring is the ring's ``softmax_lse``, made on
 ``sp_stream`` by the last rescale, read on the current stream for
 ``save_for_backward`` and freed once ``forward`` returns; the release shows it
