@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-import zipfile
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import streamfuzz
+from streamfuzz.fuzz.scan.sources import open_source
 from streamfuzz.standins import Loaded, load
 
 _CACHE = Path(os.environ.get("STREAMFUZZ_SCAN_WHEELS",
@@ -24,10 +26,12 @@ _CACHE = Path(os.environ.get("STREAMFUZZ_SCAN_WHEELS",
 
 
 def wheel(prefix: str) -> str:
-    """The wheel named ``prefix*`` in the download cache (``pip download NAME==X --no-deps``)."""
-    found = sorted(_CACHE.glob(prefix + "*.whl"))
+    """The wheel ``prefix*.whl``, else the sdist ``prefix.tar.gz``, in the download cache
+    (``pip download NAME==X --no-deps``: a release with no wheel comes as its sdist)."""
+    found = sorted(_CACHE.glob(prefix + "*.whl")) or sorted(_CACHE.glob(prefix + ".tar.gz"))
     if not found:
-        raise SystemExit(f"no {prefix}*.whl in {_CACHE}: pip download the release there")
+        raise SystemExit(f"no {prefix}*.whl or {prefix}.tar.gz in {_CACHE}: "
+                         "pip download the release there")
     return str(found[0])
 
 
@@ -39,10 +43,9 @@ def release(prefix: str, file: str) -> Loaded:
 def twin(prefix: str, file: str, old: str, new: str) -> Loaded:
     """``file`` of the release with ``old`` replaced by ``new`` once: the fixed twin."""
     root = Path(tempfile.mkdtemp(prefix="twin-"))
-    with zipfile.ZipFile(wheel(prefix)) as zf:
-        for name in zf.namelist():
-            if name.endswith(".py"):
-                zf.extract(name, root)
+    for f in open_source(wheel(prefix)).files():  # as the release loads: an sdist's top dir off
+        (root / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (root / f.path).write_text(f.text)
     path = root / file
     text = path.read_text()
     if text.count(old) != 1:
@@ -56,6 +59,28 @@ def kernel(reads: list[Any], writes: list[Any], label: str) -> None:
     with streamfuzz.opaque(reads=[t for t in reads if t is not None],
                            writes=[t for t in writes if t is not None], label=label):
         pass
+
+
+def p2p_op(op: str, tensor: Any, peer: int, group: Any = None) -> Obj:
+    """``dist.P2POp`` as the described ``batch_isend_irecv`` reads it (``op``: isend, irecv)."""
+    return Obj(op=op, tensor=tensor)
+
+
+def batch_isend_irecv(stream: Any) -> Callable[[list[Any]], list[Obj]]:
+    """``dist.batch_isend_irecv`` as ProcessGroupNCCL orders it: the group's stream
+    (``stream``) waits for the caller's, runs one kernel reading the sends and writing
+    the receives, and each request's ``wait`` makes the then current stream wait for it."""
+
+    def run(ops: list[Any]) -> list[Obj]:
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            kernel([op.tensor for op in ops if op.op == "isend"],
+                   [op.tensor for op in ops if op.op == "irecv"], "nccl_send_recv")
+            done = torch.cuda.Event()
+            done.record()
+        return [Obj(wait=lambda: torch.cuda.current_stream().wait_event(done))]
+
+    return run
 
 
 def findings(run: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:
