@@ -2344,6 +2344,52 @@ RULES: dict[str, Rule] = {
                 """Record the offload event."""
                 self._offload_event.record(stream)
         ''', Hazard.UNORDERED, "Group.record_offload_event"),
+    # a function that returns its async work (``return dist.batch_isend_irecv(ops)``)
+    # hands it on: its caller waits
+    "a-returned-work-is-handed-on": Rule('''
+        import torch.distributed as dist
+
+        def communicate_step(recv, send, peer):
+            ops = [dist.P2POp(dist.irecv, recv, peer), dist.P2POp(dist.isend, send, peer)]
+            dist.batch_isend_irecv(ops)
+        ''', '''
+        import torch.distributed as dist
+
+        def communicate_step(recv, send, peer):
+            ops = [dist.P2POp(dist.irecv, recv, peer), dist.P2POp(dist.isend, send, peer)]
+            return dist.batch_isend_irecv(ops)
+        ''', Hazard.ASYNC_COLLECTIVE, "communicate_step"),
+    # a stream chosen in an if (a side stream that waits first, else the current one):
+    # the wait holds wherever the side stream is the one used
+    "a-wait-in-the-branch-that-chooses-the-side-stream": Rule('''
+        import torch
+
+        def run_reduction(store, overlap, grads):
+            flat = torch.cat(grads)
+            flat /= store.world_size
+            if overlap:
+                stream = store.comm_stream
+                flat.record_stream(stream)
+            else:
+                stream = torch.cuda.current_stream()
+                stream.wait_stream(store.comm_stream)
+            with torch.cuda.stream(stream):
+                store.reduce(flat)
+        ''', '''
+        import torch
+
+        def run_reduction(store, overlap, grads):
+            flat = torch.cat(grads)
+            flat /= store.world_size
+            if overlap:
+                stream = store.comm_stream
+                flat.record_stream(stream)
+                stream.wait_stream(torch.cuda.current_stream())
+            else:
+                stream = torch.cuda.current_stream()
+            with torch.cuda.stream(stream):
+                store.reduce(flat)
+        ''', Hazard.UNORDERED, "run_reduction"),
     # a context manager of the package's own whose name has "stream" in it but which
     # enters no device stream (an HTTP response stream) switches no stream
     "an-own-context-manager-named-for-a-stream-that-enters-none": Rule('''

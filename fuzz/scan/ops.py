@@ -141,6 +141,9 @@ class Trace:
     # an if's id -> the tests its body asserts false (``assert not x``): their branches
     # were not taken on its path
     excludes: dict[int, set[str]] = field(default_factory=dict)
+    # a branch's guard -> the side streams chosen only there (``stream = side`` here,
+    # ``stream = current_stream()`` in the other branch)
+    chosen: dict[int, set[str]] = field(default_factory=dict)
 
     def name(self, key: str) -> str:
         root, dot, rest = key.partition(".")
@@ -159,12 +162,15 @@ class Trace:
         """Does ``op`` run wherever something with the branches ``path`` runs? Its
         branches hold that path, or the ones it adds only test that what it syncs, or
         the stream that waits, exists (``if self.ev is not None: self.ev.synchronize()``:
-        with no event there is nothing to wait for; with no side stream no side work)."""
+        with no event there is nothing to wait for; with no side stream no side work),
+        that the waiting stream is not the current one, or that pick the waiting stream
+        (the branch that chooses it over the current one)."""
         common = next((i for i, (a, b) in enumerate(zip(op.guards, path)) if a != b),
                       min(len(op.guards), len(path)))
         return all(g > 0 and (_tests_presence(self.tests.get(g), op.key) or
                               _tests_presence(self.tests.get(g), op.stream) or
-                              _tests_not_current(self.tests.get(g), op.stream))
+                              _tests_not_current(self.tests.get(g), op.stream)) or
+                   op.stream in self.chosen.get(g, ())
                    for g in op.guards[common:])
 
     def tests_of(self, op: Op) -> set[str]:

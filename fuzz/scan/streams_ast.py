@@ -49,7 +49,9 @@ class Walker(Calls, Binding):
             self.assign(s)
         elif isinstance(s, ast.Return):
             if s.value is not None:
-                self.expr(s.value)
+                made = self.expr(s.value)
+                if made is not None and made.startswith("<work@"):
+                    self.emit(K.KEEP, s.lineno, key=made)  # its caller waits for the work
                 self.keep(s.value, s.lineno)
         elif isinstance(s, ast.Delete):
             for tgt in s.targets:
@@ -89,6 +91,7 @@ class Walker(Calls, Binding):
             if s.orelse:
                 in_body, self.alias = self.alias, dict(before)
                 self.walk(s.orelse)
+                self._chosen(id(s), in_body, self.alias)
                 self.alias = self._merge(before, in_body, self.alias)
             self.guards.pop()
             for target in polled:
@@ -136,6 +139,17 @@ class Walker(Calls, Binding):
             for child in ast.iter_child_nodes(s):
                 if isinstance(child, ast.expr):
                     self.expr(child)
+
+    def _chosen(self, if_id: int, body: dict[str, str], orelse: dict[str, str]) -> None:
+        """A name that one branch binds to a side stream and the other to the current
+        one: that branch is the only path the side stream is used on."""
+        base = self.t.base
+        for n, v in body.items():
+            if v in self.t.streams and v != base and orelse.get(n) == base:
+                self.t.chosen.setdefault(if_id, set()).add(v)
+        for n, v in orelse.items():
+            if v in self.t.streams and v != base and body.get(n) == base:
+                self.t.chosen.setdefault(-if_id, set()).add(v)
 
     def _merge(self, before: dict[str, str], body: dict[str, str],
                orelse: dict[str, str]) -> dict[str, str]:
