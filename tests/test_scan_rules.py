@@ -2390,6 +2390,31 @@ RULES: dict[str, Rule] = {
             with torch.cuda.stream(stream):
                 store.reduce(flat)
         ''', Hazard.UNORDERED, "run_reduction"),
+    # a device module's query (``torch.cuda.memory_reserved()``, ``mem_get_info()``,
+    # ``current_device()``) returns host numbers, not a tensor made on the stream
+    "a-device-query-on-a-side-stream-makes-no-tensor": Rule('''
+        import torch
+
+        def record(block, x, side):
+            current = torch.cuda.current_stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                before = block(x)
+            current.wait_stream(side)
+            return before.sum()
+        ''', '''
+        import torch
+
+        def record(block, x, side):
+            current = torch.cuda.current_stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                before = torch.cuda.memory_reserved()
+                free, total = torch.cuda.mem_get_info()
+                block(x)
+            current.wait_stream(side)
+            return max(0, torch.cuda.memory_reserved() - before) + free
+        ''', Hazard.LIFETIME, "record"),
     # a context manager of the package's own whose name has "stream" in it but which
     # enters no device stream (an HTTP response stream) switches no stream
     "an-own-context-manager-named-for-a-stream-that-enters-none": Rule('''

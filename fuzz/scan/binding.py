@@ -12,6 +12,7 @@ import re
 
 from streamfuzz.fuzz.scan.names import (
     CONTAINER_ANN,
+    DEVICE_MODULES,
     EVENTISH,
     HOSTISH,
     SPLITS,
@@ -117,7 +118,7 @@ class Binding(Namer):
                 self.bind(t, None, line, made)
                 continue
             if v is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
-                    isinstance(t, ast.Name):
+                    isinstance(t, ast.Name) and not _device_query(value):
                 m = self.fresh(t)  # unpacked from a call made on a side stream
                 self.t.maybe.add(m)
             self.bind(t, v, line, m)
@@ -236,7 +237,7 @@ class Binding(Namer):
             self.t.host.add(made or name)  # staged = self._to_cpu(ids): the helper says host
             self.t.hosted.add(made or name)
         if made is None and isinstance(value, ast.Call) and self.cur != self.t.base and \
-                vk is None:
+                vk is None and not _device_query(value):
             if EVENTISH.search(callee_name(value)) or EVENTISH.search(name.rsplit(".", 1)[-1]):
                 self.t.events.add(name)  # event = backend.create_event(dev): no tensor
             else:
@@ -317,6 +318,15 @@ def _listed(value: ast.expr) -> list[ast.expr]:
     return []
 
 
+def _device_query(c: ast.Call) -> bool:
+    """Is ``c`` a device module's query (``torch.cuda.memory_reserved()``,
+    ``mem_get_info()``, ``current_device()``), which returns host numbers?"""
+    parts = (dotted(c.func) or "").split(".")
+    return len(parts) >= 2 and parts[-2] in DEVICE_MODULES and bool(_QUERY.match(parts[-1]))
+
+
+_QUERY = re.compile(r"(?:memory_|max_memory|mem_get_info|current_device|device_count|"
+                    r"get_device|is_|utilization|temperature|power_draw|clock_rate)")
 _HANDLE = re.compile(r"(?:^|_)(?:op|ops|work|works|handle|handles|req|future|fut)$")
 
 
