@@ -2415,6 +2415,35 @@ RULES: dict[str, Rule] = {
             current.wait_stream(side)
             return max(0, torch.cuda.memory_reserved() - before) + free
         ''', Hazard.LIFETIME, "record"),
+    # a helper that returns the current stream (``return torch.cuda.current_stream()``)
+    # gives the current stream, also as the fallback of an ``or``
+    "a-helper-that-returns-the-current-stream": Rule('''
+        import torch
+
+        class Prefetcher:
+            def _compute(self):
+                return torch.cuda.Stream()
+
+            def forget(self, group, slot):
+                compute = None
+                compute = compute or self._compute()
+                with torch.cuda.stream(compute):
+                    group.weight = slot.clone()
+                slot.zero_()
+        ''', '''
+        import torch
+
+        class Prefetcher:
+            def _compute(self):
+                return torch.cuda.current_stream(self.device)
+
+            def forget(self, group, slot):
+                compute = None
+                compute = compute or self._compute()
+                with torch.cuda.stream(compute):
+                    group.weight = slot.clone()
+                slot.zero_()
+        ''', Hazard.UNORDERED, "Prefetcher.forget"),
     # a context manager of the package's own whose name has "stream" in it but which
     # enters no device stream (an HTTP response stream) switches no stream
     "an-own-context-manager-named-for-a-stream-that-enters-none": Rule('''

@@ -62,6 +62,10 @@ class Binding(Namer):
                     self.compares[tgt.id] = value
                 else:
                     self.compares.pop(tgt.id, None)
+                if isinstance(value, ast.Constant) and value.value is None:
+                    self.nones.add(tgt.id)  # `s = None`, then `s = s or self._compute()`
+                else:
+                    self.nones.discard(tgt.id)
 
     def bind(self, tgt: ast.expr, value: ast.expr | None, line: int,
              made: str | None = None) -> None:
@@ -284,7 +288,7 @@ class Binding(Namer):
         if isinstance(value, ast.Call) and callee_name(value) in ("current_stream",
                                                                      "default_stream"):
             return self.stream_of(value)
-        if isinstance(value, (ast.Name, ast.Attribute, ast.IfExp, ast.Subscript)):
+        if isinstance(value, (ast.Name, ast.Attribute, ast.IfExp, ast.Subscript, ast.BoolOp)):
             return self.stream_of(value)
         if isinstance(value, ast.Call) and callee_name(value) not in ("Stream", "ExternalStream"):
             return self.stream_of(value)  # a helper, or a call named like one, gives a stream

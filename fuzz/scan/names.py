@@ -182,6 +182,7 @@ class Namer:
         self.stream_lists: dict[str, list[str]] = {}  # a local list of streams -> them
         self.unset: list[str] = []  # names an enclosing `if x is None` says hold nothing
         self.compares: dict[str, ast.Compare] = {}  # a local name -> the test bound to it
+        self.nones: set[str] = set()  # local names last bound to None
         self.also_holds: dict[str, set[str]] = {}  # a handle -> works it still may hold
         self.contexts = {**self.module.contexts, **self.facts.contexts}
         self.modules = MODULES | self.module.modules
@@ -292,8 +293,10 @@ class Namer:
             return None
         if isinstance(node, ast.IfExp):
             return self.stream_of(node.body) or self.stream_of(node.orelse)
-        if isinstance(node, ast.BoolOp):
-            return next((s for s in map(self.stream_of, node.values) if s), None)
+        if isinstance(node, ast.BoolOp):  # a name still None is no stream: the next one
+            return next((s for s in map(self.stream_of, [
+                v for v in node.values if not (isinstance(v, ast.Name) and v.id in self.nones)])
+                if s), None)
         if isinstance(node, ast.Subscript):  # streams[i]: one of a set of streams
             base = self.key(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) \
                 else None

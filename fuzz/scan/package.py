@@ -432,6 +432,8 @@ class Package:
             if arg is None and i < len(call.args) and not isinstance(call.args[i], ast.Starred):
                 arg = call.args[i]
             return (kind, arg) if arg is not None else None
+        if isinstance(expr, ast.Call) and _call_name(expr) == "current_stream":
+            return kind, expr
         return kind, f"{callee.name}()"
 
     def optional_waits(self) -> dict[str, list[tuple[Function, str, int]]]:
@@ -571,6 +573,8 @@ def _stream_helper(fn: Function, foreign: set[str]) -> tuple[str, ast.expr | Non
                 return "context", v.args[0]
             if isinstance(v, ast.Call) and _call_name(v) in _MAKERS:
                 return "stream", None
+            if isinstance(v, ast.Call) and _call_name(v) == "current_stream":
+                return "stream", v  # the caller's current stream
             if isinstance(v, (ast.Name, ast.Attribute, ast.Subscript)):
                 text = dotted(v.value if isinstance(v, ast.Subscript) else v) or ""
                 last = text.rsplit(".", 1)[-1]
