@@ -212,8 +212,9 @@ class _PlatformTorch(types.ModuleType):
     (``PLATFORMS``) is ``torch.cuda``."""
 
     def __getattr__(self, attr: str) -> Any:
-        import torch
-
+        torch = sys.modules.get("torch")
+        if torch is None:  # at interpreter exit (an engine's __del__): nothing to answer
+            raise AttributeError(attr)
         if attr in PLATFORMS:
             return torch.cuda
         if attr == "get_device_module":  # the accelerator's module: the simulated one
