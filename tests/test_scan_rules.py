@@ -2472,6 +2472,35 @@ RULES: dict[str, Rule] = {
                 scratch = torch.empty_like(param)
                 return scratch
         ''', Hazard.LIFETIME, "Model.reduce_scatter_handler"),
+    # a dictionary looked up with a tensor as its key hashes the tensor's identity and
+    # reads none of its bytes (a parameter annotated as a mapping, or a local dict)
+    "a-dict-looked-up-by-a-tensor-key-reads-no-bytes": Rule('''
+        import torch
+
+        def grad_handle(grad, table: torch.Tensor, p: torch.Tensor, side):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                shard = grad.to("cuda")
+                shard.add_(1)
+                manager.move(shard, table[p])
+            grad.record_stream(side)
+            shard.record_stream(side)
+        ''', '''
+        from typing import Dict
+
+        import torch
+
+        def grad_handle(grad, devices: Dict, p: torch.Tensor, side):
+            side.wait_stream(torch.cuda.current_stream())
+            seen = {}
+            with torch.cuda.stream(side):
+                shard = grad.to("cuda")
+                shard.add_(1)
+                seen[p] = devices[p]
+                manager.move(shard, devices[p], seen[p])
+            grad.record_stream(side)
+            shard.record_stream(side)
+        ''', Hazard.LIFETIME, "grad_handle"),
     # a context manager of the package's own whose name has "stream" in it but which
     # enters no device stream (an HTTP response stream) switches no stream
     "an-own-context-manager-named-for-a-stream-that-enters-none": Rule('''

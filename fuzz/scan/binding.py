@@ -130,7 +130,8 @@ class Binding(Namer):
     def _bind_item(self, tgt: ast.Subscript, value: ast.expr | None, line: int,
                    made: str | None) -> None:
         k = self.key(tgt.value)
-        self.expr(tgt.slice)
+        if dotted(tgt.value) not in self.t.mappings:
+            self.expr(tgt.slice)
         into = ""
         if k and k in self.t.containers:  # a container's item: a reference stored
             into = k
@@ -237,6 +238,11 @@ class Binding(Namer):
             self.parts[name] = self.part(value)  # lo = x[:n]: that side of x
         if is_container(value):
             self.t.containers.add(name)
+        if isinstance(value, (ast.Dict, ast.DictComp)) or (isinstance(value, ast.Call) and
+                                                           callee_name(value) in _DICT_MAKERS):
+            self.t.mappings.add(name)
+        else:
+            self.t.mappings.discard(name)
         if isinstance(value, ast.Call) and HOSTISH.search(callee_name(value)):
             self.t.host.add(made or name)  # staged = self._to_cpu(ids): the helper says host
             self.t.hosted.add(made or name)
@@ -320,6 +326,9 @@ def _listed(value: ast.expr) -> list[ast.expr]:
                 value.elt.id == gen.target.id and isinstance(gen.iter, (ast.List, ast.Tuple)):
             return list(gen.iter.elts)
     return []
+
+
+_DICT_MAKERS = {"dict", "defaultdict", "OrderedDict"}
 
 
 def _device_query(c: ast.Call) -> bool:

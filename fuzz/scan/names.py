@@ -64,6 +64,9 @@ CONTAINER_ANN = re.compile(r"^(typing\.)?(list|dict|tuple|set|deque|defaultdict|
                            r"Set|Sequence|Mapping|MutableMapping|Deque|DefaultDict)\b")
 """An annotation of a Python container: its items may be tensors, it is not one."""
 CONTAINER_MAKERS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict"}
+MAPPING_ANN = re.compile(r"^(typing\.|collections\.)?(dict|Dict|Mapping|MutableMapping|"
+                         r"defaultdict|DefaultDict|OrderedDict)\b")
+"""An annotation of a mapping: looked up by a tensor, it hashes the tensor's identity."""
 CONTAINER_METHODS = {"append", "extend", "insert", "appendleft", "add", "update",
                      "setdefault"}
 """A container's methods that store references: no stream touches a tensor there."""
@@ -261,7 +264,7 @@ class Namer:
     def is_gather(self, node: ast.Subscript) -> bool:
         """``t[idx]`` with a tensor (or list) index makes a new tensor; slices are views."""
         base = dotted(node.value)
-        if base and (STREAMISH.search(base) or EVENTISH.search(base)):
+        if base and (STREAMISH.search(base) or EVENTISH.search(base) or base in self.t.mappings):
             return False
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         for p in parts:

@@ -134,6 +134,7 @@ class Trace:
 
     maybe: set[str] = field(default_factory=set)  # made here, tensors only if used as ones
     containers: set[str] = field(default_factory=set)  # Python lists, dicts...: hold references
+    mappings: set[str] = field(default_factory=set)  # dicts: a key lookup reads no key bytes
     recorded: set[str] = field(default_factory=set)  # x.record() seen
     waited: set[str] = field(default_factory=set)  # x.wait() / x.query() seen
     loops: list[Loop] = field(default_factory=list)

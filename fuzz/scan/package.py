@@ -20,6 +20,7 @@ from streamfuzz.fuzz.scan import callers, host_args
 from streamfuzz.fuzz.scan.functions import Function
 from streamfuzz.fuzz.scan.names import (
     DEVICE_MODULES,
+    MAPPING_ANN,
     MODULES,
     OTHER_FRAMEWORKS,
     dotted,
@@ -249,6 +250,8 @@ class Package:
                     t.events.add(p.arg)
                 elif "Stream" in ann:
                     t.streams.add(p.arg)
+                elif MAPPING_ANN.match(ann):
+                    t.mappings.add(p.arg)
             w = Walker(t, facts, m.facts, callee=lambda call: self._call_effects(fn, call, depth),
                        helper=lambda call: self.stream_helper(fn, call), holds=self.holds)
             w.bound |= set(t.params)

@@ -238,6 +238,8 @@ class Walker(Calls, Binding):
                 self.emit(K.USE, node.lineno, stream=self.cur, key=k, part=self.part(node))
             return None
         if isinstance(node, ast.Subscript):
+            if dotted(node.value) in self.t.mappings:
+                return None  # devices[p]: a dict hashes p's identity, reads none of it
             self.expr(node.slice)
             base = self.key(node.value)
             if self.is_gather(node):
