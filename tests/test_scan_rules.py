@@ -2444,34 +2444,6 @@ RULES: dict[str, Rule] = {
                     group.weight = slot.clone()
                 slot.zero_()
         ''', Hazard.UNORDERED, "Prefetcher.forget"),
-    # a tensor the current stream made, freed while a side stream may still read it,
-    # is safe where the current stream waits for the side stream before it allocates
-    # again: the caching allocator gives the current stream's blocks only to it
-    "a-free-joined-before-the-owner-allocates-again": Rule('''
-        import torch
-
-        class Model:
-            def reduce_scatter_handler(self, param, grad):
-                self.comm_stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(self.comm_stream):
-                    grad.data = grad.data.to(param.dtype)
-                    self.reducer.reduce_scatter_async(grad)
-                scratch = torch.empty_like(param)
-                torch.cuda.current_stream().wait_stream(self.comm_stream)
-                return scratch
-        ''', '''
-        import torch
-
-        class Model:
-            def reduce_scatter_handler(self, param, grad):
-                self.comm_stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(self.comm_stream):
-                    grad.data = grad.data.to(param.dtype)
-                    self.reducer.reduce_scatter_async(grad)
-                torch.cuda.current_stream().wait_stream(self.comm_stream)
-                scratch = torch.empty_like(param)
-                return scratch
-        ''', Hazard.LIFETIME, "Model.reduce_scatter_handler"),
     # a dictionary looked up with a tensor as its key hashes the tensor's identity and
     # reads none of its bytes (a parameter annotated as a mapping, or a local dict)
     "a-dict-looked-up-by-a-tensor-key-reads-no-bytes": Rule('''

@@ -447,8 +447,7 @@ class _Judge(Handoffs):
                     last = max(p for p, o in uses if o.stream == b)
                     how = self.ordered(b, last, a, end)
                     if how == "yes" or self._synced_in_a_later_pass(
-                            [p for p, o in uses if o.stream == b], b, end) or (
-                                freed and self._joined_before_reuse(a, b, end)):
+                            [p for p, o in uses if o.stream == b], b, end):
                         continue
                     cond = cond or how == "cond"
                     bad.append(b)
@@ -549,22 +548,6 @@ class _Judge(Handoffs):
         if o.kind is K.WAIT_EVENT and o.stream in (a, ANY):
             recs = self.records.get(o.key)
             return not recs or any(s in (b, ANY) for _, s in recs)
-        return False
-
-    def _joined_before_reuse(self, a: str, b: str, end: int) -> bool:
-        """Does stream ``a`` wait for ``b`` after the free at ``end``, on its path, before
-        any work of its own (an allocation, or a call that may allocate)? The caching
-        allocator gives a block freed from ``a``'s pool only to ``a``'s later
-        allocations, which that wait orders after ``b``'s use."""
-        if end >= len(self.ops):
-            return False
-        path = self.ops[end].guards
-        for o in self.ops[end + 1:]:
-            if o.kind is K.WAIT and o.stream == a and o.other in (b, ANY) and \
-                    self.t.on_path(o, path):
-                return True
-            if o.stream == a and o.kind is not K.WAIT:
-                return False
         return False
 
     def _generations(self, k: str) -> Iterator[tuple[int, str, int, bool]]:
