@@ -76,9 +76,9 @@ NOT_STREAM_CALLS = {"stream", "Stream", "ExternalStream", "wait_stream", "record
 DEVICE_MODULES = {"cuda", "accelerator", "xpu", "npu", "mps", "device_module"}
 """The last name of a device module's path (``torch.cuda``, ``self.device_module``)."""
 MODULES = frozenset({"torch", "np", "numpy", "F", "math"})
-# array frameworks with streams of their own, which order no torch work
-OTHER_FRAMEWORKS = frozenset({"mlx", "jax", "jaxlib", "tensorflow", "paddle"})
 """Module names that are never tensors, wherever the file imports them from."""
+OTHER_FRAMEWORKS = frozenset({"mlx", "jax", "jaxlib", "tensorflow", "paddle"})
+"""Array frameworks with streams of their own, which order no torch work."""
 _SCALAR_ANN = re.compile(r"^(int|float|bool|str|bytes|None|list\[int\]|dict|set)", re.I)
 
 

@@ -131,15 +131,14 @@ class Package:
     # -- indexing ------------------------------------------------------------
 
     def _index(self, m: Module) -> None:
-        m.host = _host_names(m.tree)
+        host: set[str] = set()
         for node in ast.walk(m.tree):
             if isinstance(node, ast.Import):
                 m.facts.modules |= {(a.asname or a.name).split(".")[0] for a in node.names}
-                m.facts.foreign |= {(a.asname or a.name).split(".")[0] for a in node.names
-                                    if a.name.split(".")[0] in OTHER_FRAMEWORKS}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
-                    (node.module or "").split(".")[0] in OTHER_FRAMEWORKS:
-                m.facts.foreign |= {a.asname or a.name for a in node.names}
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                m.facts.foreign |= _imported_from(node, OTHER_FRAMEWORKS)
+                host |= _imported_from(node, _HOST_MODULES)
+        m.host = frozenset(host)
         for stmt in m.tree.body:
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                 self._module_value(m, stmt, stmt.value)
@@ -701,19 +700,15 @@ def _makes(value: ast.AST, host: frozenset[str] = frozenset()) -> str | None:
 _HOST_MODULES = frozenset({"threading", "asyncio", "multiprocessing"})
 
 
-def _host_names(tree: ast.Module) -> frozenset[str]:
-    """Names a module binds to ``threading``, ``asyncio`` or ``multiprocessing`` or to
-    something imported from them, anywhere in it (``from threading import Event`` in a
-    function)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.asname or a.name for a in node.names
-                      if a.name.split(".")[0] in _HOST_MODULES}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
-                (node.module or "").split(".")[0] in _HOST_MODULES:
-            names |= {a.asname or a.name for a in node.names}
-    return frozenset(names)
+def _imported_from(node: ast.Import | ast.ImportFrom, roots: frozenset[str]) -> set[str]:
+    """The names an import binds to modules under ``roots``, or to what it takes from
+    them (``import mlx.core as mx``, ``from threading import Event``)."""
+    if isinstance(node, ast.Import):
+        return {(a.asname or a.name).split(".")[0] for a in node.names
+                if a.name.split(".")[0] in roots}
+    if node.level == 0 and (node.module or "").split(".")[0] in roots:
+        return {a.asname or a.name for a in node.names}
+    return set()
 
 
 def _pins(value: ast.AST) -> bool:
